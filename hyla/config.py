@@ -1,0 +1,400 @@
+"""Frozen configuration dataclasses: the model's declarative layer pattern and engine settings.
+
+`ModelConfig` is the only description of a model that hyla's model code sees. Hugging Face
+configs are converted into it by the per-family adapters in `hyla.models` (see
+`hyla.models.registry.config_from_hf`); hyla's own JSON layout is read by `ModelConfig.from_dict`.
+
+Every config is validated once in `__post_init__`; a bad value raises `ConfigError` naming the
+field and the limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LINEAR_KINDS = ("kda", "gdn")
+ATTENTION_KINDS = ("mla", "gqa", "dsa")
+LAYER_KINDS = LINEAR_KINDS + ATTENTION_KINDS
+FFN_KINDS = ("dense", "moe")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")
+
+
+class ConfigError(ValueError):
+    """A configuration field is missing, malformed or out of range. The message names the field."""
+
+
+def _require(cond: bool, field_name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field_name}: {msg}")
+
+
+def _positive(obj: Any, prefix: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value > 0,
+            f"{prefix}{name}",
+            f"must be a positive integer, got {value!r}",
+        )
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding settings.
+
+    `style` is "neox" (rotate halves, `rotate_half`) or "interleave" (rotate adjacent pairs, as
+    DeepSeek MLA's `apply_rotary_pos_emb_interleave`). `rotary_dim` is the number of channels that
+    rotate (partial rotary: the first `rotary_dim` channels of a head). `scaling` holds the HF
+    `rope_parameters` extras (e.g. yarn factor) as a sorted tuple of items.
+    """
+
+    theta: float = 10000.0
+    rotary_dim: int = 64
+    style: str = "neox"
+    scaling_type: str = "default"
+    scaling: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(self.theta > 0, "rope.theta", f"must be > 0, got {self.theta}")
+        _positive(self, "rope.", "rotary_dim")
+        _require(self.rotary_dim % 2 == 0, "rope.rotary_dim", "must be even")
+        _require(self.style in ("neox", "interleave"), "rope.style", "must be neox|interleave")
+
+    def scaling_dict(self) -> dict[str, Any]:
+        return dict(self.scaling)
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Linear-attention (KDA / Gated DeltaNet) layer dimensions.
+
+    `num_k_heads` query/key heads of `head_k_dim`; `num_v_heads` value heads of `head_v_dim`
+    (GVA: `num_v_heads` is a multiple of `num_k_heads`). `conv_kernel_size` is the short causal
+    convolution width W; the carried conv state holds the last W - 1 inputs.
+    """
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel_size: int = 4
+
+    def __post_init__(self) -> None:
+        _positive(self, "linear.", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
+        _positive(self, "linear.", "conv_kernel_size")
+        _require(
+            self.num_v_heads % self.num_k_heads == 0,
+            "linear.num_v_heads",
+            f"must be a multiple of num_k_heads={self.num_k_heads}, got {self.num_v_heads}",
+        )
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2 section 2.1) dimensions.
+
+    `q_lora_rank` None means a direct q projection. `qk_rope_head_dim` 0 with `use_rope=False`
+    is Kimi-Linear's NoPE MLA. The paged cache stores `kv_lora_rank + qk_rope_head_dim` values per
+    token per layer.
+    """
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+    use_rope: bool = True
+
+    def __post_init__(self) -> None:
+        _positive(self, "mla.", "num_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim")
+        _require(self.qk_rope_head_dim >= 0, "mla.qk_rope_head_dim", "must be >= 0")
+        if self.q_lora_rank is not None:
+            _positive(self, "mla.", "q_lora_rank")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class GQAConfig:
+    """Grouped-query attention dimensions (Qwen3-Next: q/k RMSNorm and a sigmoid output gate)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    qk_norm: bool = False
+    output_gate: bool = False
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        _positive(self, "gqa.", "num_heads", "num_kv_heads", "head_dim")
+        _require(
+            self.num_heads % self.num_kv_heads == 0,
+            "gqa.num_heads",
+            f"must be a multiple of num_kv_heads={self.num_kv_heads}",
+        )
+
+
+@dataclass(frozen=True)
+class DSAConfig:
+    """DeepSeek Sparse Attention lightning indexer (DeepSeek-V3.2 report, section 2.1)."""
+
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+
+    def __post_init__(self) -> None:
+        _positive(self, "dsa.", "index_n_heads", "index_head_dim", "index_topk")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Mixture-of-experts FFN.
+
+    `scoring` is "sigmoid" (DeepSeek-V3 / Kimi: grouped top-k over sigmoid scores plus a correction
+    bias, weights from the unbiased scores) or "softmax" (Qwen3-Next). `shared_expert_gate` adds
+    Qwen3-Next's sigmoid gate on the shared expert output.
+    """
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    num_shared_experts: int = 0
+    shared_intermediate_size: int = 0
+    scoring: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    has_correction_bias: bool = False
+    shared_expert_gate: bool = False
+
+    def __post_init__(self) -> None:
+        _positive(self, "moe.", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+        _positive(self, "moe.", "n_group", "topk_group")
+        _require(self.scoring in ("softmax", "sigmoid"), "moe.scoring", "must be softmax|sigmoid")
+        _require(
+            self.num_experts_per_tok <= self.num_experts,
+            "moe.num_experts_per_tok",
+            f"must be <= num_experts={self.num_experts}",
+        )
+        _require(
+            self.num_experts % self.n_group == 0,
+            "moe.n_group",
+            f"must divide num_experts={self.num_experts}",
+        )
+        _require(self.topk_group <= self.n_group, "moe.topk_group", f"must be <= {self.n_group}")
+
+
+_SUBCONFIGS = {
+    "rope": RopeConfig,
+    "linear": LinearAttentionConfig,
+    "mla": MLAConfig,
+    "gqa": GQAConfig,
+    "dsa": DSAConfig,
+    "moe": MoEConfig,
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A hybrid decoder: one mixer kind and one FFN kind per layer.
+
+    `layer_pattern[i]` is one of `kda`, `gdn` (linear: recurrent state + short-conv state in a
+    state slot), `mla`, `gqa` (full attention over the paged KV cache) or `dsa` (MLA whose queries
+    attend only to the `dsa.index_topk` tokens the lightning indexer picks). `ffn_pattern[i]` is
+    `dense` or `moe`. `norm_offset` is 1.0 for zero-centred RMSNorm weights (Qwen3-Next:
+    `x * (1 + w)`), else 0.0. `architecture` names the adapter family (e.g. "kimi_linear") or
+    "hyla" for the native layout; it decides the checkpoint tensor names only.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layer_pattern: tuple[str, ...]
+    ffn_pattern: tuple[str, ...]
+    architecture: str = "hyla"
+    rms_norm_eps: float = 1e-6
+    norm_offset: float = 0.0
+    tie_word_embeddings: bool = False
+    max_context_len: int = 4096
+    kv_cache_dtype: str = "auto"
+    dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    rope: RopeConfig | None = None
+    linear: LinearAttentionConfig | None = None
+    mla: MLAConfig | None = None
+    gqa: GQAConfig | None = None
+    dsa: DSAConfig | None = None
+    moe: MoEConfig | None = None
+    extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        _positive(self, "", "vocab_size", "hidden_size", "intermediate_size", "max_context_len")
+        _require(len(self.layer_pattern) > 0, "layer_pattern", "must not be empty")
+        for i, kind in enumerate(self.layer_pattern):
+            _require(kind in LAYER_KINDS, f"layer_pattern[{i}]", f"{kind!r} not in {LAYER_KINDS}")
+        _require(
+            len(self.ffn_pattern) == len(self.layer_pattern),
+            "ffn_pattern",
+            f"length {len(self.ffn_pattern)} != layer_pattern length {len(self.layer_pattern)}",
+        )
+        for i, kind in enumerate(self.ffn_pattern):
+            _require(kind in FFN_KINDS, f"ffn_pattern[{i}]", f"{kind!r} not in {FFN_KINDS}")
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"not in {KV_CACHE_DTYPES}")
+        _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32|bfloat16|float16")
+        kinds = set(self.layer_pattern)
+        self._need(kinds & set(LINEAR_KINDS), "linear")
+        self._need(kinds & {"mla", "dsa"}, "mla")
+        self._need("gqa" in kinds, "gqa")
+        self._need("dsa" in kinds, "dsa")
+        self._need("moe" in self.ffn_pattern, "moe")
+        if "gqa" in kinds or ("mla" in kinds or "dsa" in kinds) and self.mla.use_rope:
+            _require(self.rope is not None, "rope", "required by rotary attention layers")
+
+    def _need(self, used: Any, name: str) -> None:
+        _require(not used or getattr(self, name) is not None, name, "required by the layer pattern")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_pattern)
+
+    def layer_ids(self, *kinds: str) -> list[int]:
+        """Indices of the layers whose kind is in `kinds`."""
+        return [i for i, k in enumerate(self.layer_pattern) if k in kinds]
+
+    def extra_dict(self) -> dict[str, Any]:
+        return dict(self.extra)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    # -- hyla's own JSON layout ------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Build from hyla's JSON layout (the `to_dict` output). Raises ConfigError."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"config: expected a JSON object, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known - {"model_type"})
+        if unknown:
+            raise ConfigError(f"{unknown[0]}: unknown field in hyla config")
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "model_type":
+                continue
+            if key in _SUBCONFIGS and value is not None:
+                kwargs[key] = _build_sub(key, value)
+            elif key in ("layer_pattern", "ffn_pattern", "eos_token_ids"):
+                kwargs[key] = _as_tuple(key, value)
+            elif key == "extra":
+                kwargs[key] = tuple(sorted(dict(value).items()))
+            else:
+                kwargs[key] = value
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in kwargs
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            raise ConfigError(f"{missing[0]}: required field missing from hyla config")
+        try:
+            return cls(**kwargs)
+        except TypeError as e:
+            raise ConfigError(f"config: {e}") from e
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["model_type"] = "hyla"
+        out["layer_pattern"] = list(self.layer_pattern)
+        out["ffn_pattern"] = list(self.ffn_pattern)
+        out["eos_token_ids"] = list(self.eos_token_ids)
+        out["extra"] = dict(self.extra)
+        if self.rope is not None:
+            out["rope"]["scaling"] = dict(self.rope.scaling)
+        return out
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ModelConfig:
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config: {path} is not valid JSON ({e})") from e
+        return cls.from_dict(data)
+
+
+def _as_tuple(name: str, value: Any) -> tuple:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{name}: expected a list, got {type(value).__name__}")
+    return tuple(value)
+
+
+def _build_sub(name: str, value: Any) -> Any:
+    sub = _SUBCONFIGS[name]
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name}: expected an object, got {type(value).__name__}")
+    known = {f.name for f in dataclasses.fields(sub)}
+    for key in value:
+        if key not in known:
+            raise ConfigError(f"{name}.{key}: unknown field")
+    value = dict(value)
+    if name == "rope" and "scaling" in value:
+        value["scaling"] = tuple(sorted(dict(value["scaling"]).items()))
+    try:
+        return sub(**value)
+    except TypeError as e:
+        raise ConfigError(f"{name}: {e}") from e
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged-cache settings. `block_size` tokens per block; pools are sized from
+    `kv_cache_memory` bytes when set, else from `gpu_memory_fraction` of free device memory
+    (CPU: of `cpu_cache_memory_default`)."""
+
+    block_size: int = 16
+    kv_cache_memory: int | None = None
+    memory_fraction: float = 0.5
+    num_state_slots: int | None = None
+    enable_prefix_caching: bool = True
+    state_checkpoint_stride: int = 256
+
+    def __post_init__(self) -> None:
+        _positive(self, "", "block_size", "state_checkpoint_stride")
+        if self.kv_cache_memory is not None:
+            _positive(self, "", "kv_cache_memory")
+        _require(0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]")
+        _require(
+            self.state_checkpoint_stride % self.block_size == 0,
+            "state_checkpoint_stride",
+            f"must be a multiple of block_size={self.block_size}",
+        )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Token budgets of one engine step."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        _positive(self, "", "max_num_batched_tokens", "max_num_seqs")
+        _require(self.policy in ("fcfs", "priority"), "policy", "must be fcfs|priority")

@@ -1,0 +1,153 @@
+"""The one structure that carries a packed variable-length step into the model.
+
+A step packs N sequences' new tokens into T rows. Sequence i contributes `query_lens[i]` new
+tokens that follow `context_lens[i]` tokens already in its cache:
+
+    tokens:      | seq0 new tokens | seq1 new tokens | ... |
+    cu_seqlens:  0                 q0                q0+q1 ...  (int32, N + 1 entries)
+    positions:   c0, c0+1, ...     c1, c1+1, ...              (absolute positions)
+
+Attention-like layers write each new token's entry at `slot_mapping[t]` of their paged cache
+(viewed as `[num_blocks * block_size, ...]`; slot = block_id * block_size + offset) and read a
+sequence's whole context through `block_tables[i]`:
+
+    block_tables[i] = [b7, b2, b9, ...]   token j of seq i lives in block b = block_tables[i][j // B]
+                                          at offset j % B
+
+Linear layers read and write one state slot per sequence, `state_indices[i]`; when
+`context_lens[i] == 0` the slot's previous contents are ignored (zero initial state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hyla.cache.spec import layer_cache_specs
+from hyla.config import ModelConfig
+
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+}
+
+LayerCache = dict[str, torch.Tensor]
+
+
+@dataclass
+class ForwardBatch:
+    """Inputs of one model step besides the token ids.
+
+    Attributes:
+        positions: [T] int64 absolute position of each new token.
+        cu_seqlens: [N + 1] int32 offsets of each sequence's new tokens in the packed rows.
+        query_lens: host list of N new-token counts.
+        context_lens: host list of N counts of tokens already cached before this step.
+        block_tables: [N, max_blocks] int32 block ids (rows padded with 0 past the sequence).
+        slot_mapping: [T] int64 flat cache slot of each new token.
+        state_indices: [N] int64 state slot of each sequence (linear layers).
+        block_size: tokens per block B.
+        caches: per layer index, that layer's cache tensors by name (see `hyla.cache.spec`).
+    """
+
+    positions: torch.Tensor
+    cu_seqlens: torch.Tensor
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+    state_indices: torch.Tensor
+    block_size: int
+    caches: list[LayerCache] = field(default_factory=list)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.query_lens))
+
+    @property
+    def seq_lens(self) -> list[int]:
+        """Context plus new tokens, per sequence (host list)."""
+        return [c + q for c, q in zip(self.context_lens, self.query_lens, strict=True)]
+
+    @property
+    def has_initial_state(self) -> list[bool]:
+        return [c > 0 for c in self.context_lens]
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return all(q == 1 for q in self.query_lens)
+
+
+def allocate_caches(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    num_slots: int,
+    device: torch.device | str = "cpu",
+) -> list[LayerCache]:
+    """Allocate every layer's cache tensors, zero-filled.
+
+    Returns: a list with one dict per layer; "token" tensors are `[num_blocks, block_size, *shape]`,
+    "slot" tensors `[num_slots, *shape]`, dtypes from `hyla.cache.spec`.
+    """
+    caches: list[LayerCache] = []
+    for i in range(config.num_layers):
+        layer: LayerCache = {}
+        for spec in layer_cache_specs(config, i):
+            lead = (num_blocks, block_size) if spec.per == "token" else (num_slots,)
+            layer[spec.name] = torch.zeros(
+                lead + spec.shape, dtype=TORCH_DTYPES[spec.dtype], device=device
+            )
+        caches.append(layer)
+    return caches
+
+
+def build_forward_batch(
+    query_lens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    state_indices: list[int],
+    block_size: int,
+    caches: list[LayerCache],
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """Build a ForwardBatch from host-side bookkeeping (block ids and state slots per sequence).
+
+    Raises:
+        ValueError: a sequence's block table is too short for its context plus new tokens.
+    """
+    positions: list[int] = []
+    slots: list[int] = []
+    for i, (q, c) in enumerate(zip(query_lens, context_lens, strict=True)):
+        table = block_tables[i]
+        if (c + q + block_size - 1) // block_size > len(table):
+            raise ValueError(
+                f"block_tables[{i}]: {len(table)} blocks cannot hold {c + q} tokens "
+                f"of block_size {block_size}"
+            )
+        for pos in range(c, c + q):
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    width = max((len(t) for t in block_tables), default=0) or 1
+    padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+    cu = [0]
+    for q in query_lens:
+        cu.append(cu[-1] + q)
+    return ForwardBatch(
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+        query_lens=list(query_lens),
+        context_lens=list(context_lens),
+        block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(-1, width),
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        state_indices=torch.tensor(state_indices, dtype=torch.long, device=device),
+        block_size=block_size,
+        caches=caches,
+    )

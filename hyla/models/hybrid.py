@@ -1,0 +1,86 @@
+"""The hybrid decoder: embedding, one (mixer, FFN) pair per layer of the pattern, final norm.
+
+Each layer is pre-norm residual (as in all supported families):
+
+    h = h + mixer(input_layernorm(h))
+    h = h + mlp(post_attention_layernorm(h))
+
+Mixer classes come from `MIXERS` by layer kind, FFN classes from `FFNS`; both registries are the
+only places that name concrete layer classes.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import nn
+
+from hyla.config import ModelConfig
+from hyla.forward_batch import ForwardBatch
+from hyla.layers.norm import RMSNorm
+
+# kind -> "module:Class"; imported lazily so a pattern only loads what it uses.
+MIXERS = {
+    "kda": "hyla.layers.linear_attention:KimiDeltaAttention",
+    "gdn": "hyla.layers.linear_attention:GatedDeltaNet",
+    "mla": "hyla.layers.attention:MLAttention",
+    "gqa": "hyla.layers.attention:GQAttention",
+    "dsa": "hyla.layers.sparse_attention:DSAttention",
+}
+FFNS = {
+    "dense": "hyla.layers.mlp:GatedMLP",
+    "moe": "hyla.layers.moe:MoE",
+}
+
+
+def _resolve(path: str) -> type[nn.Module]:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm residual block: `mixer` of kind `layer_pattern[i]`, `mlp` of `ffn_pattern[i]`."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        eps, offset = config.rms_norm_eps, config.norm_offset
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, offset)
+        self.mixer = _resolve(MIXERS[config.layer_pattern[layer_idx]])(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset)
+        self.mlp = _resolve(FFNS[config.ffn_pattern[layer_idx]])(config, layer_idx)
+
+    def forward(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        h = hidden_states + self.mixer(self.input_layernorm(hidden_states), positions, batch)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class HybridModel(nn.Module):
+    """A causal LM over a hybrid layer pattern.
+
+    `forward(input_ids [T] int64, positions [T] int64, batch) -> hidden [T, D]` over a packed
+    varlen batch; `compute_logits(hidden [n, D]) -> [n, V] float32`.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(h, positions, batch)
+        return self.norm(h)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states).float()

@@ -1,0 +1,98 @@
+"""A minimal stateful runner over a fixed set of sequences, for tests and parity checks.
+
+Each sequence owns a private, deliberately non-contiguous set of blocks and one state slot, so
+paged reads and slot indexing are exercised exactly as the engine exercises them. The engine's
+`ModelRunner` does the same over shared pools; this one needs no scheduler.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from hyla.forward_batch import allocate_caches, build_forward_batch
+from hyla.models.hybrid import HybridModel
+
+
+class SequenceRunner:
+    """Feed chunks of tokens to N sequences and get their logits.
+
+    Args:
+        model: the model (any device; caches follow its parameters' device).
+        num_seqs: N sequences, ids 0..N-1.
+        max_len: most tokens any sequence will hold.
+        block_size: paged-cache block size B.
+        poison: fill caches with NaN first, so a read of an unwritten entry shows up as NaN.
+        seed: shuffles the block ids and state slots handed to sequences.
+    """
+
+    def __init__(
+        self,
+        model: HybridModel,
+        num_seqs: int,
+        max_len: int,
+        block_size: int = 16,
+        poison: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        device = next(model.parameters()).device
+        self.device = device
+        per_seq = (max_len + block_size - 1) // block_size
+        num_blocks = num_seqs * per_seq + 1
+        rng = random.Random(seed)
+        blocks = list(range(1, num_blocks))
+        rng.shuffle(blocks)
+        self.block_tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(num_seqs)]
+        self.state_slots = list(range(num_seqs + 1))[1:]
+        rng.shuffle(self.state_slots)
+        self.caches = allocate_caches(model.config, num_blocks, block_size, num_seqs + 1, device)
+        if poison:
+            for layer in self.caches:
+                for t in layer.values():
+                    t.fill_(float("nan"))
+        self.lens = [0] * num_seqs
+        self.max_len = max_len
+
+    @torch.no_grad()
+    def step(
+        self, chunks: dict[int, list[int]], all_logits: bool = False
+    ) -> dict[int, torch.Tensor]:
+        """Append `chunks[seq_id]` (token ids) to each listed sequence in one packed forward.
+
+        Returns: per seq id, logits float32 `[V]` of its last new token, or `[q, V]` of all
+        its new tokens when `all_logits`.
+        Raises: ValueError when a sequence would exceed `max_len` or a chunk is empty.
+        """
+        ids = list(chunks)
+        for i in ids:
+            if not chunks[i]:
+                raise ValueError(f"chunks[{i}]: empty chunk")
+            if self.lens[i] + len(chunks[i]) > self.max_len:
+                raise ValueError(f"chunks[{i}]: sequence would exceed max_len={self.max_len}")
+        batch = build_forward_batch(
+            query_lens=[len(chunks[i]) for i in ids],
+            context_lens=[self.lens[i] for i in ids],
+            block_tables=[self.block_tables[i] for i in ids],
+            state_indices=[self.state_slots[i] for i in ids],
+            block_size=self.block_size,
+            caches=self.caches,
+            device=self.device,
+        )
+        input_ids = torch.tensor(
+            [t for i in ids for t in chunks[i]], dtype=torch.long, device=self.device
+        )
+        hidden = self.model(input_ids, batch.positions, batch)
+        out: dict[int, torch.Tensor] = {}
+        cu = batch.cu_seqlens.tolist()
+        for n, i in enumerate(ids):
+            self.lens[i] += len(chunks[i])
+            rows = hidden[cu[n] : cu[n + 1]] if all_logits else hidden[cu[n + 1] - 1]
+            out[i] = self.model.compute_logits(rows)
+        return out
+
+    def reset(self, seq_id: int) -> None:
+        """Forget sequence `seq_id` (its next chunk starts from an empty context)."""
+        self.lens[seq_id] = 0
