@@ -97,9 +97,12 @@ class LinearAttentionConfig:
 class MLAConfig:
     """Multi-head latent attention (DeepSeek-V2 section 2.1) dimensions.
 
-    `q_lora_rank` None means a direct q projection. `qk_rope_head_dim` 0 with `use_rope=False`
-    is Kimi-Linear's NoPE MLA. The paged cache stores `kv_lora_rank + qk_rope_head_dim` values per
-    token per layer.
+    `q_lora_rank` None means a direct q projection. `use_rope=False` is Kimi-Linear's NoPE MLA:
+    its `qk_rope_head_dim` channels (e.g. 64) still exist and are shared across heads, but are never
+    rotated. The paged cache stores `kv_lora_rank + qk_rope_head_dim` values per token per layer.
+    `norm_eps` is the epsilon of `q_a_layernorm` / `kv_a_layernorm` (HF builds both with the
+    default 1e-6, not `rms_norm_eps`); `bias` is HF's `attention_bias` (q_a_proj,
+    kv_a_proj_with_mqa, o_proj).
     """
 
     num_heads: int
@@ -109,6 +112,8 @@ class MLAConfig:
     v_head_dim: int
     q_lora_rank: int | None = None
     use_rope: bool = True
+    norm_eps: float = 1e-6
+    bias: bool = False
 
     def __post_init__(self) -> None:
         _positive(self, "mla.", "num_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim")

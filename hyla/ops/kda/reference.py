@@ -1,0 +1,205 @@
+"""Kimi Delta Attention (KDA): the gated delta rule with one decay per key channel.
+
+Source: Kimi Linear technical report (arXiv 2510.26692), section 3 ("Kimi Delta Attention"), and
+`recurrent_kimi_delta_attention` / `chunk_kimi_delta_attention` in transformers'
+`models/kimi_linear/modeling_kimi_linear.py`. Per value head, with state S [K, V]:
+
+    S_t = diag(exp(g_t)) S_{t-1}                       decay, one factor per key channel
+    u_t = beta_t * (v_t - S_t^T k_t)                   delta: what the state mispredicts
+    S_t = S_t + k_t u_t^T                              write the correction
+    o_t = S_t^T (scale * q_t)
+
+`recurrent_kda` runs this token by token and is the definition; `chunk_kda` computes the same
+thing in chunks (a triangular solve per chunk, the WY/UT form of Yang et al. 2024, "Parallelizing
+Linear Transformers with the Delta Rule over Sequence Length") and is tested against it.
+
+Both take packed varlen inputs: sequence i owns rows `cu_seqlens[i]:cu_seqlens[i+1]`; sequences
+never mix. Everything is computed in fp32; the output takes v's dtype, states stay fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """`x / sqrt(sum(x^2) + eps)` over the last dim (fla's l2norm: eps inside the root)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def check_delta_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    g_dims: int,
+) -> None:
+    """Raise ValueError unless the shapes of a delta-rule call agree (see `recurrent_kda`)."""
+    T, H, K = q.shape
+    HV, V = v.shape[1:]
+    if k.shape != q.shape:
+        raise ValueError(f"k: shape {tuple(k.shape)} != q shape {tuple(q.shape)}")
+    if v.shape[0] != T or HV % H != 0:
+        raise ValueError(f"v: shape {tuple(v.shape)} needs T={T} and heads a multiple of H={H}")
+    g_shape = (T, HV, K) if g_dims == 3 else (T, HV)
+    if tuple(g.shape) != g_shape:
+        raise ValueError(f"g: shape {tuple(g.shape)} != {g_shape}")
+    if tuple(beta.shape) != (T, HV):
+        raise ValueError(f"beta: shape {tuple(beta.shape)} != {(T, HV)}")
+    if cu_seqlens.dim() != 1 or int(cu_seqlens[-1]) != T or int(cu_seqlens[0]) != 0:
+        raise ValueError(f"cu_seqlens: must run from 0 to T={T}, got {cu_seqlens.tolist()}")
+    N = cu_seqlens.numel() - 1
+    if initial_state is not None and tuple(initial_state.shape) != (N, HV, K, V):
+        raise ValueError(f"initial_state: shape {tuple(initial_state.shape)} != {(N, HV, K, V)}")
+
+
+def prepare_qk(
+    q: torch.Tensor, k: torch.Tensor, num_v_heads: int, scale: float | None, use_qk_l2norm: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 q, k repeated to `num_v_heads` (GVA: value head j reads key head j // (HV // H)),
+    optionally L2-normalized, q multiplied by `scale` (default K^-0.5). Returns [T, HV, K] each."""
+    q, k = q.float(), k.float()
+    if use_qk_l2norm:
+        q, k = l2_normalize(q), l2_normalize(k)
+    group = num_v_heads // q.shape[1]
+    if group > 1:
+        q = q.repeat_interleave(group, dim=1)
+        k = k.repeat_interleave(group, dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return q * scale, k
+
+
+def _initial(
+    initial_state: torch.Tensor | None, n: int, HV: int, K: int, V: int, device: torch.device
+) -> torch.Tensor:
+    if initial_state is None:
+        return torch.zeros(n, HV, K, V, dtype=torch.float32, device=device)
+    return initial_state.float()
+
+
+def recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA token by token in fp32 (the definition; see the module docstring).
+
+    Args:
+        q, k: [T, H, K] queries and keys.
+        v: [T, HV, V] values; HV is a multiple of H (GVA).
+        g: [T, HV, K] log-space decay per key channel (<= 0; the state is multiplied by exp(g)).
+        beta: [T, HV] write strength of each token.
+        cu_seqlens: [N + 1] int32 offsets of the packed sequences.
+        initial_state: [N, HV, K, V] state before each sequence, or None for zeros.
+        scale: query scale, default K^-0.5.
+        use_qk_l2norm: L2-normalize q and k per head first (in fp32).
+    Returns:
+        o: [T, HV, V] in v's dtype; final_state: [N, HV, K, V] float32.
+    Raises:
+        ValueError: inconsistent shapes.
+    """
+    check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=3)
+    T, HV, V = v.shape
+    K = q.shape[-1]
+    qf, kf = prepare_qk(q, k, HV, scale, use_qk_l2norm)
+    vf, decay, bf = v.float(), g.float().exp(), beta.float()
+    bounds = cu_seqlens.tolist()
+    state = _initial(initial_state, len(bounds) - 1, HV, K, V, v.device).clone()
+    o = torch.zeros(T, HV, V, dtype=torch.float32, device=v.device)
+    for i in range(len(bounds) - 1):
+        s = state[i]  # [HV, K, V]
+        for t in range(bounds[i], bounds[i + 1]):
+            s = s * decay[t].unsqueeze(-1)
+            predicted = torch.einsum("hkv,hk->hv", s, kf[t])
+            u = bf[t].unsqueeze(-1) * (vf[t] - predicted)  # [HV, V]
+            s = s + kf[t].unsqueeze(-1) * u.unsqueeze(-2)
+            o[t] = torch.einsum("hkv,hk->hv", s, qf[t])
+        state[i] = s
+    return o.to(v.dtype), state
+
+
+def _chunk_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    s0: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of c tokens, heads batched. q, k, g: [HV, c, K]; v: [HV, c, V]; beta: [HV, c];
+    s0: [HV, K, V]. Returns (o [HV, c, V], state after the chunk [HV, K, V]).
+
+    With G = cumsum(g) inside the chunk, unrolling the recurrence gives
+      u = (I + diag(beta) A)^-1 diag(beta) (v - (k * exp(G)) s0),
+          A[i, j] = sum_d k_i[d] k_j[d] exp(G_i[d] - G_j[d]) for j < i
+      o = (q * exp(G)) s0 + B u,  B[i, j] = sum_d q_i[d] k_j[d] exp(G_i[d] - G_j[d]) for j <= i
+      s = exp(G_last) * s0 + (k * exp(G_last - G))^T u
+    The pairwise decays are formed as differences before exp, so no factor ever overflows.
+    """
+    c = q.shape[1]
+    G = g.cumsum(dim=1)  # [HV, c, K]
+    diff = G.unsqueeze(2) - G.unsqueeze(1)  # [HV, c(i), c(j), K]
+    upper = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
+    pair_decay = diff.masked_fill(upper[..., None], float("-inf")).exp()
+    A = torch.einsum("hid,hjd,hijd->hij", k, k, pair_decay).tril(-1)
+    B = torch.einsum("hid,hjd,hijd->hij", q, k, pair_decay)
+    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    rhs = beta.unsqueeze(-1) * (v - (k * G.exp()) @ s0)
+    u = torch.linalg.solve_triangular(eye + beta.unsqueeze(-1) * A, rhs, upper=False)
+    o = (q * G.exp()) @ s0 + B @ u
+    last = G[:, -1:, :]  # [HV, 1, K]
+    s = last.transpose(1, 2).exp() * s0 + (k * (last - G).exp()).transpose(1, 2) @ u
+    return o, s
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    *,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA in chunks of `chunk_size` tokens per sequence; same arguments and results as
+    `recurrent_kda` (equal up to fp32 rounding).
+
+    Chunks start at each sequence's first token; a sequence's last chunk is simply shorter (no
+    padding), so nothing past a sequence's end can touch its state.
+
+    Raises:
+        ValueError: inconsistent shapes, or chunk_size < 1.
+    """
+    check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=3)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
+    T, HV, V = v.shape
+    K = q.shape[-1]
+    qf, kf = prepare_qk(q, k, HV, scale, use_qk_l2norm)
+    # [T, HV, *] -> [HV, T, *]: heads lead so a chunk is one batched matmul
+    qf, kf, vf, gf = (x.transpose(0, 1) for x in (qf, kf, v.float(), g.float()))
+    bf = beta.float().transpose(0, 1)
+    bounds = cu_seqlens.tolist()
+    state = _initial(initial_state, len(bounds) - 1, HV, K, V, v.device).clone()
+    o = torch.zeros(HV, T, V, dtype=torch.float32, device=v.device)
+    for i in range(len(bounds) - 1):
+        s = state[i]
+        for start in range(bounds[i], bounds[i + 1], chunk_size):
+            rows = slice(start, min(start + chunk_size, bounds[i + 1]))
+            o[:, rows], s = _chunk_step(qf[:, rows], kf[:, rows], vf[:, rows], gf[:, rows],
+                                        bf[:, rows], s)
+        state[i] = s
+    return o.transpose(0, 1).to(v.dtype), state

@@ -1,0 +1,5 @@
+"""Paged per-token cache reads and writes. See `reference.py`."""
+
+from hyla.ops.paged.reference import gather_paged, gather_paged_tokens, token_slots, write_paged
+
+__all__ = ["gather_paged", "gather_paged_tokens", "token_slots", "write_paged"]

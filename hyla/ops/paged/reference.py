@@ -1,0 +1,83 @@
+"""Paged per-token cache: write new tokens' entries, read a sequence's entries back.
+
+A cache tensor is `[P, B, ...]` (P blocks of B tokens). Token j of a sequence lives at
+
+    block_table[j // B] * B + j % B        (its flat slot in the [P * B, ...] view)
+
+    block_table = [7, 2, 9]   B = 4
+    token j:      0 1 2 3 | 4 5 6 7 | 8 9 ...
+    slot:        28 ... 31| 8 ... 11|36 37 ...
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _flat(cache: torch.Tensor) -> torch.Tensor:
+    return cache.view(cache.shape[0] * cache.shape[1], *cache.shape[2:])
+
+
+def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
+    """Store `values[t]` at flat slot `slot_mapping[t]` of `cache`, in place.
+
+    Args:
+        cache: [P, B, ...] any dtype (values are cast to it).
+        slot_mapping: [T] int64 flat slots (block_id * B + offset), all distinct.
+        values: [T, ...] matching cache's trailing dims.
+    Raises: ValueError on a shape mismatch.
+    """
+    if values.shape[1:] != cache.shape[2:] or values.shape[0] != slot_mapping.shape[0]:
+        raise ValueError(
+            f"write_paged: values {tuple(values.shape)} / slot_mapping "
+            f"{tuple(slot_mapping.shape)} do not fit cache {tuple(cache.shape)}"
+        )
+    _flat(cache).index_copy_(0, slot_mapping.long(), values.to(cache.dtype))
+
+
+def token_slots(block_table: torch.Tensor, token_indices: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat cache slots of a sequence's tokens.
+
+    Args:
+        block_table: [max_blocks] int32 block ids of one sequence.
+        token_indices: [...] int64 token indices within the sequence (all >= 0).
+        block_size: B.
+    Returns: [...] int64 flat slots.
+    """
+    idx = token_indices.long()
+    blocks = block_table.long()[idx // block_size]
+    return blocks * block_size + idx % block_size
+
+
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """A sequence's first `length` entries, in token order.
+
+    Args:
+        cache: [P, B, ...].
+        block_table: [max_blocks] int32 block ids of the sequence.
+        length: tokens to read (<= max_blocks * B).
+    Returns: [length, ...] in cache's dtype (a copy).
+    Raises: ValueError when the block table is too short for `length`.
+    """
+    block_size = cache.shape[1]
+    if length > block_table.shape[0] * block_size:
+        raise ValueError(f"gather_paged: {block_table.shape[0]} blocks cannot hold {length} tokens")
+    positions = torch.arange(length, device=cache.device)
+    return _flat(cache).index_select(0, token_slots(block_table, positions, block_size))
+
+
+def gather_paged_tokens(
+    cache: torch.Tensor, block_table: torch.Tensor, token_indices: torch.Tensor
+) -> torch.Tensor:
+    """Entries of selected tokens of one sequence (sparse read: only these slots are touched).
+
+    Args:
+        cache: [P, B, ...].
+        block_table: [max_blocks] int32 block ids of the sequence.
+        token_indices: [k] int64 token indices within the sequence (all >= 0).
+    Returns: [k, ...] in cache's dtype.
+    """
+    slots = token_slots(block_table, token_indices, cache.shape[1])
+    return _flat(cache).index_select(0, slots.reshape(-1)).view(
+        *token_indices.shape, *cache.shape[2:]
+    )

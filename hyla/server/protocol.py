@@ -1,0 +1,225 @@
+"""OpenAI API request and response schemas (pydantic v2).
+
+The request models check *types* only (a violation is a 422); value ranges (temperature >= 0,
+0 < top_p <= 1, n <= MAX_N, max_tokens >= 1, ...) are checked by `hyla.request.SamplingParams`
+and by `hyla.server.api`, which answer 400 naming the field and the limit. Unknown request
+fields are ignored, as clients often send newer OpenAI fields.
+
+Source: the OpenAI API reference (completions, chat completions, models, error objects).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+# A completion prompt: text, token ids, or a batch of either.
+Prompt = str | list[str] | list[StrictInt] | list[list[StrictInt]]
+Number = StrictInt | float
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+class ErrorInfo(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(_Response):
+    """`{"error": {"message", "type", "param", "code"}}` as the OpenAI API sends it."""
+
+    error: ErrorInfo
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+class ModelCard(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "hyla"
+    max_model_len: int | None = None
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# -- shared request parts --------------------------------------------------------------------
+
+
+class StreamOptions(_Request):
+    include_usage: StrictBool = False
+
+
+class _SamplingFields(_Request):
+    """Fields shared by completions and chat completions (OpenAI plus common extensions)."""
+
+    model: str | None = None
+    n: StrictInt = 1
+    temperature: Number | None = None
+    top_p: Number | None = None
+    stop: str | list[str] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    seed: StrictInt | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    user: str | None = None
+    # Extensions (vLLM/SGLang spelling).
+    top_k: StrictInt | None = None
+    min_p: Number | None = None
+    repetition_penalty: Number | None = None
+    min_tokens: StrictInt | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+
+
+class UsageInfo(_Response):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+# -- completions -----------------------------------------------------------------------------
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: Prompt
+    max_tokens: StrictInt | None = 16
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
+    best_of: StrictInt | None = None
+    suffix: str | None = None
+    logit_bias: dict[str, Number] | None = None
+
+
+class CompletionLogprobs(_Response):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class CompletionResponse(_Response):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+# -- chat completions ------------------------------------------------------------------------
+
+
+class ChatMessage(_Request):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    logit_bias: dict[str, Number] | None = None
+    add_generation_prompt: StrictBool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(_Response):
+    content: list[TokenLogprob] | None = None
+
+
+class ChatResponseMessage(_Response):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(_Response):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo | None = None
+
+
+class DeltaMessage(_Response):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None

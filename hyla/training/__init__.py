@@ -1,0 +1,1 @@
+"""Training utilities for hyla's embedded default model (data pipeline, training forward)."""
