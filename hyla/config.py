@@ -377,11 +377,14 @@ class CacheConfig:
     num_state_slots: int | None = None
     enable_prefix_caching: bool = True
     state_checkpoint_stride: int = 256
+    num_blocks: int | None = None
+    cpu_cache_memory_default: int = 4 * 1024**3
 
     def __post_init__(self) -> None:
-        _positive(self, "", "block_size", "state_checkpoint_stride")
-        if self.kv_cache_memory is not None:
-            _positive(self, "", "kv_cache_memory")
+        _positive(self, "", "block_size", "state_checkpoint_stride", "cpu_cache_memory_default")
+        for name in ("kv_cache_memory", "num_state_slots", "num_blocks"):
+            if getattr(self, name) is not None:
+                _positive(self, "", name)
         _require(0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]")
         _require(
             self.state_checkpoint_stride % self.block_size == 0,
@@ -402,4 +405,77 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "", "max_num_batched_tokens", "max_num_seqs")
+        if self.max_model_len is not None:
+            _positive(self, "", "max_model_len")
+        _require(
+            isinstance(self.long_prefill_token_threshold, int)
+            and self.long_prefill_token_threshold >= 0,
+            "long_prefill_token_threshold",
+            "must be an integer >= 0 (0: off)",
+        )
         _require(self.policy in ("fcfs", "priority"), "policy", "must be fcfs|priority")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs besides the model: cache, scheduler and engine options.
+
+    `max_model_len` None follows the model's `max_context_len`; `dtype` None keeps the
+    checkpoint's dtype; `tokenizer` None looks in the checkpoint directory; `seed` seeds the
+    sampler of requests without their own seed; `request_timeout` (seconds) finishes a request
+    with reason "timeout"; `max_queue_len` bounds the waiting requests (None: unbounded).
+    Build from flat keyword arguments with `EngineConfig.from_kwargs`.
+    """
+
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    max_model_len: int | None = None
+    dtype: str | None = None
+    device: str = "cpu"
+    seed: int = 0
+    tokenizer: str | None = None
+    request_timeout: float | None = None
+    max_queue_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_queue_len"):
+            if getattr(self, name) is not None:
+                _positive(self, "", name)
+        if self.dtype is not None:
+            _require(
+                self.dtype in ("float32", "bfloat16", "float16"),
+                "dtype",
+                f"must be float32|bfloat16|float16, got {self.dtype!r}",
+            )
+        _require(
+            isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "integer"
+        )
+        if self.request_timeout is not None:
+            _require(self.request_timeout > 0, "request_timeout", "must be > 0 seconds")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Route flat options to EngineConfig, CacheConfig or SchedulerConfig by field name.
+
+        `cache=`/`scheduler=` may also be passed whole. Raises ConfigError for an unknown name.
+        """
+        sub: dict[str, dict[str, Any]] = {"cache": {}, "scheduler": {}}
+        top: dict[str, Any] = {}
+        own = {f.name for f in dataclasses.fields(cls)}
+        fields_of = {
+            "cache": {f.name for f in dataclasses.fields(CacheConfig)},
+            "scheduler": {f.name for f in dataclasses.fields(SchedulerConfig)},
+        }
+        for key, value in kwargs.items():
+            if key in own:
+                top[key] = value
+            elif key in fields_of["cache"]:
+                sub["cache"][key] = value
+            elif key in fields_of["scheduler"]:
+                sub["scheduler"][key] = value
+            else:
+                raise ConfigError(f"{key}: unknown engine option")
+        for name, sub_cls in (("cache", CacheConfig), ("scheduler", SchedulerConfig)):
+            base = top.get(name, sub_cls())
+            top[name] = dataclasses.replace(base, **sub[name]) if sub[name] else base
+        return cls(**top)

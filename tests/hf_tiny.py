@@ -41,7 +41,9 @@ def tiny_hf_config(family: str, **overrides):
             qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
             n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
             n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-            first_k_dense_replace=1, index_topk=16, index_head_dim=16, index_n_heads=4,
+            # 16 indexer heads: with few heads, ReLU zeroes every head for many tokens and the
+            # resulting exact score ties make transformers' (arbitrary) top-k an unusable oracle.
+            first_k_dense_replace=1, index_topk=16, index_head_dim=16, index_n_heads=16,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         )
         cls = DeepseekV32Config

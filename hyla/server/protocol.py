@@ -14,11 +14,11 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StrictBool, StrictInt
 
 # A completion prompt: text, token ids, or a batch of either.
 Prompt = str | list[str] | list[StrictInt] | list[list[StrictInt]]
-Number = StrictInt | float
+Number = StrictInt | FiniteFloat
 
 
 def random_id(prefix: str) -> str:

@@ -31,7 +31,7 @@ def module_name(root: Path, path: Path) -> str:
 
 
 def split_of(name: str) -> str:
-    """"heldout" for about HELDOUT_PERCENT % of module names (by SHA-256), else "train"."""
+    """Return "heldout" for about HELDOUT_PERCENT % of module names (by SHA-256), else "train"."""
     digest = hashlib.sha256(name.encode()).digest()
     return "heldout" if int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT else "train"
 

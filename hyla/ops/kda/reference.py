@@ -14,7 +14,8 @@ thing in chunks (a triangular solve per chunk, the WY/UT form of Yang et al. 202
 Linear Transformers with the Delta Rule over Sequence Length") and is tested against it.
 
 Both take packed varlen inputs: sequence i owns rows `cu_seqlens[i]:cu_seqlens[i+1]`; sequences
-never mix. Everything is computed in fp32; the output takes v's dtype, states stay fp32.
+never mix. Computation is in fp32 (the chunk algebra in float64, see `chunk_kda`); the output
+takes v's dtype, states are fp32.
 """
 
 from __future__ import annotations
@@ -180,6 +181,13 @@ def chunk_kda(
     Chunks start at each sequence's first token; a sequence's last chunk is simply shorter (no
     padding), so nothing past a sequence's end can touch its state.
 
+    Inputs are prepared in fp32 (as the recurrence), then the chunk algebra runs in float64 and
+    rounds once at the end: in fp32 the triangular solve loses a few bits more than the
+    recurrence (errors grow with the chunk size), which the gated output norm of the layers
+    amplifies on heads with small outputs. In float64 the result agrees with `recurrent_kda` to
+    fp32 rounding for every chunk size, so a prefill's result does not depend on how it was
+    chunked. GPU kernels compute this in fp32 and are held to a relative bound against it.
+
     Raises:
         ValueError: inconsistent shapes, or chunk_size < 1.
     """
@@ -190,16 +198,17 @@ def chunk_kda(
     K = q.shape[-1]
     qf, kf = prepare_qk(q, k, HV, scale, use_qk_l2norm)
     # [T, HV, *] -> [HV, T, *]: heads lead so a chunk is one batched matmul
-    qf, kf, vf, gf = (x.transpose(0, 1) for x in (qf, kf, v.float(), g.float()))
-    bf = beta.float().transpose(0, 1)
+    qf, kf, vf, gf = (x.transpose(0, 1).double() for x in (qf, kf, v.float(), g.float()))
+    bf = beta.float().transpose(0, 1).double()
     bounds = cu_seqlens.tolist()
-    state = _initial(initial_state, len(bounds) - 1, HV, K, V, v.device).clone()
-    o = torch.zeros(HV, T, V, dtype=torch.float32, device=v.device)
+    state = _initial(initial_state, len(bounds) - 1, HV, K, V, v.device).double()
+    o = torch.zeros(HV, T, V, dtype=torch.float64, device=v.device)
     for i in range(len(bounds) - 1):
         s = state[i]
         for start in range(bounds[i], bounds[i + 1], chunk_size):
             rows = slice(start, min(start + chunk_size, bounds[i + 1]))
-            o[:, rows], s = _chunk_step(qf[:, rows], kf[:, rows], vf[:, rows], gf[:, rows],
-                                        bf[:, rows], s)
+            o[:, rows], s = _chunk_step(
+                qf[:, rows], kf[:, rows], vf[:, rows], gf[:, rows], bf[:, rows], s
+            )
         state[i] = s
-    return o.transpose(0, 1).to(v.dtype), state
+    return o.transpose(0, 1).to(v.dtype), state.float()

@@ -1,5 +1,5 @@
 """RMSNorm variants. See `reference.py`."""
 
-from hyla.ops.norm.reference import rms_norm
+from hyla.ops.norm.reference import gated_rms_norm, rms_norm
 
-__all__ = ["rms_norm"]
+__all__ = ["gated_rms_norm", "rms_norm"]

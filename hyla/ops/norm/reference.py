@@ -23,3 +23,40 @@ def rms_norm(
     if offset:
         return (xf * (offset + weight.float())).to(dtype)
     return weight * xf.to(dtype)
+
+
+_GATE_ACTIVATIONS = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid}
+
+
+def gated_rms_norm(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    activation: str = "silu",
+    weight_in_fp32: bool = False,
+) -> torch.Tensor:
+    """RMSNorm of x, times `act(gate)`: the output norm of linear-attention layers.
+
+    Matches transformers' `Qwen3NextRMSNormGated` (activation "silu", `weight_in_fp32=False`: the
+    normed x is cast to x's dtype before the weight multiplies it) and `KimiLinearRMSNormGated`
+    (activation "sigmoid", `weight_in_fp32=True`: normed x times the fp32 weight, no downcast).
+    In both, the gate is applied in fp32 and the result cast back to x's dtype.
+
+    Args:
+        x: [..., D] any float dtype.
+        gate: [..., D] same leading shape.
+        weight: [D].
+        eps: added to the mean square.
+        activation: "silu" or "sigmoid".
+        weight_in_fp32: see above; the two only differ below fp32.
+    Returns: [..., D] in x's dtype.
+    Raises: ValueError for an unknown activation.
+    """
+    if activation not in _GATE_ACTIVATIONS:
+        raise ValueError(f"activation: {activation!r} not in {sorted(_GATE_ACTIVATIONS)}")
+    dtype = x.dtype
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    normed = weight.float() * xf if weight_in_fp32 else weight * xf.to(dtype)
+    return (normed * _GATE_ACTIVATIONS[activation](gate.float())).to(dtype)

@@ -18,6 +18,11 @@ def _flat(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(cache.shape[0] * cache.shape[1], *cache.shape[2:])
 
 
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    # CPU index_copy_/index_select have no fp8 kernels; move fp8 entries as bytes.
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 and t.dtype.is_floating_point else t
+
+
 def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
     """Store `values[t]` at flat slot `slot_mapping[t]` of `cache`, in place.
 
@@ -32,10 +37,12 @@ def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
             f"write_paged: values {tuple(values.shape)} / slot_mapping "
             f"{tuple(slot_mapping.shape)} do not fit cache {tuple(cache.shape)}"
         )
-    _flat(cache).index_copy_(0, slot_mapping.long(), values.to(cache.dtype))
+    _raw(_flat(cache)).index_copy_(0, slot_mapping.long(), _raw(values.to(cache.dtype)))
 
 
-def token_slots(block_table: torch.Tensor, token_indices: torch.Tensor, block_size: int) -> torch.Tensor:
+def token_slots(
+    block_table: torch.Tensor, token_indices: torch.Tensor, block_size: int
+) -> torch.Tensor:
     """Flat cache slots of a sequence's tokens.
 
     Args:
@@ -63,7 +70,8 @@ def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) ->
     if length > block_table.shape[0] * block_size:
         raise ValueError(f"gather_paged: {block_table.shape[0]} blocks cannot hold {length} tokens")
     positions = torch.arange(length, device=cache.device)
-    return _flat(cache).index_select(0, token_slots(block_table, positions, block_size))
+    slots = token_slots(block_table, positions, block_size)
+    return _raw(_flat(cache)).index_select(0, slots).view(cache.dtype)
 
 
 def gather_paged_tokens(
@@ -77,7 +85,6 @@ def gather_paged_tokens(
         token_indices: [k] int64 token indices within the sequence (all >= 0).
     Returns: [k, ...] in cache's dtype.
     """
-    slots = token_slots(block_table, token_indices, cache.shape[1])
-    return _flat(cache).index_select(0, slots.reshape(-1)).view(
-        *token_indices.shape, *cache.shape[2:]
-    )
+    slots = token_slots(block_table, token_indices, cache.shape[1]).reshape(-1)
+    rows = _raw(_flat(cache)).index_select(0, slots).view(cache.dtype)
+    return rows.view(*token_indices.shape, *cache.shape[2:])

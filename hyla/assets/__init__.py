@@ -1,0 +1,11 @@
+"""Files shipped inside the package: the embedded default model (`default_model/`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def default_model_path() -> Path:
+    """Directory of the embedded default model: config.json (hyla layout), model.safetensors,
+    tokenizer.json and tokenizer_config.json. See docs/model_card.md."""
+    return Path(__file__).resolve().parent / "default_model"

@@ -1,0 +1,251 @@
+"""`hyla bench serve`: N streaming requests against a running OpenAI-compatible server.
+
+Per request, measured at the client from the moment the request is sent:
+    TTFT  time to the first chunk that carries text
+    ITL   gaps between successive text chunks
+    TPOT  (E2E - TTFT) / (output tokens - 1)
+    E2E   time to the last byte
+Throughput is output tokens (from the final `usage` chunk) over the wall time of the run.
+Prompts are synthetic word sequences (seeded); `ignore_eos` fixes the output length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+_WORDS = ("time year people way day man thing woman life child world school state family "
+          "student group country problem hand part place case week company system program "
+          "question work government number night point home water room mother area money "
+          "story fact month lot right study book eye job word business issue side kind head"
+          ).split()
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    url: str = "http://127.0.0.1:8000"
+    model: str | None = None
+    num_requests: int = 64
+    concurrency: int = 16
+    input_len: int = 128
+    output_len: int = 64
+    endpoint: str = "completions"
+    api_key: str | None = None
+    seed: int = 0
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_requests", "concurrency", "input_len", "output_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError(f"endpoint: must be completions|chat, got {self.endpoint!r}")
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    error: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    duration: float
+    num_ok: int
+    num_failed: int
+    prompt_tokens: int
+    output_tokens: int
+    percentiles: dict[str, dict[str, float]]
+    errors: list[str]
+
+    @property
+    def output_throughput(self) -> float:
+        return self.output_tokens / self.duration if self.duration else 0.0
+
+    @property
+    def request_throughput(self) -> float:
+        return self.num_ok / self.duration if self.duration else 0.0
+
+    @property
+    def total_throughput(self) -> float:
+        return (self.prompt_tokens + self.output_tokens) / self.duration if self.duration else 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated `q`-th percentile (0..100) of `values` (0.0 when empty)."""
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    mean = sum(values) / len(values) if values else 0.0
+    return {"mean": mean, **{f"p{q}": percentile(values, q) for q in (50, 90, 99)}}
+
+
+def make_prompts(config: BenchConfig) -> list[str]:
+    rng = random.Random(config.seed)
+    return [" ".join(rng.choice(_WORDS) for _ in range(config.input_len))
+            for _ in range(config.num_requests)]
+
+
+def _request_body(config: BenchConfig, model: str, prompt: str) -> tuple[str, dict]:
+    body: dict[str, Any] = {
+        "model": model, "max_tokens": config.output_len, "stream": True, "temperature": 0.0,
+        "ignore_eos": True, "stream_options": {"include_usage": True},
+    }
+    if config.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+        return "/v1/chat/completions", body
+    body["prompt"] = prompt
+    return "/v1/completions", body
+
+
+def _chunk_text(chunk: dict) -> str:
+    text = ""
+    for choice in chunk.get("choices") or []:
+        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    return text
+
+
+async def _one(client: Any, config: BenchConfig, model: str, prompt: str) -> RequestResult:
+    path, body = _request_body(config, model, prompt)
+    result = RequestResult(ok=False)
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", path, json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                result.error = f"HTTP {response.status_code}: {text[:200]}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    result.error = str(chunk["error"].get("message"))
+                    return result
+                now = time.perf_counter()
+                if _chunk_text(chunk):
+                    if result.ttft == 0.0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+                usage = chunk.get("usage")
+                if usage:
+                    result.prompt_tokens = usage.get("prompt_tokens", 0)
+                    result.output_tokens = usage.get("completion_tokens", 0)
+    except Exception as e:  # a benchmark reports failures, it does not stop on them
+        result.error = f"{type(e).__name__}: {e}"
+        return result
+    result.e2e = time.perf_counter() - start
+    result.ok = True
+    return result
+
+
+async def _first_model(client: Any) -> str:
+    response = await client.get("/v1/models")
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+async def run_bench_async(config: BenchConfig) -> BenchResult:
+    """Run the benchmark; raises OSError when the server cannot be reached."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    limits = httpx.Limits(max_connections=config.concurrency)
+    async with httpx.AsyncClient(base_url=config.url, headers=headers, limits=limits,
+                                 timeout=config.timeout) as client:
+        try:
+            model = config.model or await _first_model(client)
+        except httpx.HTTPError as e:
+            raise OSError(f"cannot reach {config.url}: {e}") from e
+        gate = asyncio.Semaphore(config.concurrency)
+
+        async def gated(prompt: str) -> RequestResult:
+            async with gate:
+                return await _one(client, config, model, prompt)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(gated(p) for p in make_prompts(config)))
+        duration = time.perf_counter() - start
+    return _aggregate(config, results, duration)
+
+
+def _aggregate(config: BenchConfig, results: list[RequestResult], duration: float) -> BenchResult:
+    ok = [r for r in results if r.ok]
+    ms = 1000.0
+    percentiles = {
+        "ttft_ms": summarize([r.ttft * ms for r in ok]),
+        "tpot_ms": summarize([r.tpot * ms for r in ok if r.tpot is not None]),
+        "itl_ms": summarize([x * ms for r in ok for x in r.itl]),
+        "e2e_s": summarize([r.e2e for r in ok]),
+    }
+    return BenchResult(
+        config=config, duration=duration, num_ok=len(ok), num_failed=len(results) - len(ok),
+        prompt_tokens=sum(r.prompt_tokens for r in ok),
+        output_tokens=sum(r.output_tokens for r in ok), percentiles=percentiles,
+        errors=sorted({r.error for r in results if r.error})[:5],
+    )
+
+
+def run_bench(config: BenchConfig) -> BenchResult:
+    return asyncio.run(run_bench_async(config))
+
+
+def format_table(result: BenchResult) -> str:
+    c = result.config
+    lines = [
+        f"hyla bench serve: {c.num_requests} requests, concurrency {c.concurrency}, "
+        f"input ~{c.input_len} words, output {c.output_len} tokens, {c.endpoint} @ {c.url}",
+        f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for name, stats in result.percentiles.items():
+        lines.append(f"{name:<10}" + "".join(f"{stats[k]:>10.2f}"
+                                            for k in ("mean", "p50", "p90", "p99")))
+    lines += [
+        f"successful requests   {result.num_ok} (failed {result.num_failed})",
+        f"duration              {result.duration:.2f} s",
+        f"prompt / output tok   {result.prompt_tokens} / {result.output_tokens}",
+        f"request throughput    {result.request_throughput:.2f} req/s",
+        f"output throughput     {result.output_throughput:.1f} tok/s",
+        f"total throughput      {result.total_throughput:.1f} tok/s",
+    ]
+    lines += [f"error: {e}" for e in result.errors]
+    return "\n".join(lines)
+
+
+def to_dict(result: BenchResult) -> dict[str, Any]:
+    out = asdict(result)
+    out["config"] = {k: v for k, v in out["config"].items() if k != "api_key"}
+    out["request_throughput"] = result.request_throughput
+    out["output_throughput"] = result.output_throughput
+    out["total_throughput"] = result.total_throughput
+    return out
+
+
+def write_json(result: BenchResult, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(to_dict(result), f, indent=2)

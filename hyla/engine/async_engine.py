@@ -1,0 +1,354 @@
+"""AsyncEngine: the LLMEngine loop in a background thread, one asyncio stream per request.
+
+    event loop (server)                       engine thread
+    -------------------                       -------------
+    add_request() - ("add", ...) ---------->  commands  -> engine.add_request
+               <-- admitted / error --------  (call_soon_threadsafe)
+    abort()    --- ("abort", id) ---------->  commands  -> engine.abort_request (frees at once)
+                                              timeouts  -> engine.abort_request, "timeout"
+    stream queue <- RequestOutput ---------   engine.step() while there is work
+
+The engine is touched only by the engine thread, so it needs no lock. The thread sleeps on a
+condition variable while there is no work and wakes on the next command. Commands are applied
+before every step, so a cancelled request's blocks and state slot are free before the next
+forward pass. Outputs of requests the loop no longer tracks (cancelled, timed out) are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from hyla.engine.async_stream import (
+    DONE,
+    EngineDeadError,
+    EngineDrainingError,
+    QueueFullError,
+    RequestStream,
+    timeout_output,
+    with_finish_reason,
+)
+from hyla.request import InvalidRequestError
+
+__all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "QueueFullError",
+           "RequestStream"]
+
+logger = logging.getLogger("hyla.engine")
+
+
+@dataclass
+class _Stream:
+    """Per-request state, owned by the engine thread except `queue` (event-loop side)."""
+
+    request_id: str
+    queue: asyncio.Queue
+    deadline: float | None
+    num_outputs: int = 1
+    last_output: Any = None
+
+
+class AsyncEngine:
+    """Runs `LLMEngine.step()` in a background thread and streams outputs to coroutines.
+
+    Args:
+        engine: an `hyla.engine.llm_engine.LLMEngine` (or anything with the same contract:
+            add_request, abort_request, step, has_unfinished_requests, get_stats).
+        request_timeout: seconds from arrival after which a request ends with finish_reason
+            "timeout" (None: no limit).
+        max_queue_len: most requests admitted but without a first token yet; one more raises
+            QueueFullError (None: no limit here; `EngineConfig.max_queue_len` still applies
+            inside the engine).
+    """
+
+    def __init__(
+        self, engine: Any, request_timeout: float | None = None, max_queue_len: int | None = None
+    ) -> None:
+        self.engine = engine
+        self.request_timeout = request_timeout
+        self.max_queue_len = max_queue_len
+        self._cond = threading.Condition()
+        self._commands: collections.deque[tuple] = collections.deque()
+        self._streams: dict[str, _Stream] = {}
+        self._num_pending_adds = 0
+        self._stats = engine.get_stats()  # refreshed by the engine thread
+        self._is_draining = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- attributes the server reads -------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        return getattr(self.engine, "model_name", "hyla")
+
+    @property
+    def is_draining(self) -> bool:
+        return self._is_draining
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def get_stats(self) -> Any:
+        """The engine's `EngineStats` as of the end of the last step (thread-safe)."""
+        return self._stats
+
+    def num_in_flight(self) -> int:
+        """Requests admitted or being admitted and not yet finished."""
+        with self._cond:
+            return len(self._streams) + self._num_pending_adds
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread (idempotent). Call from inside the event loop."""
+        if self.is_running:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="hyla-engine", daemon=True)
+        self._thread.start()
+
+    def begin_drain(self) -> None:
+        """Stop admitting requests; the running ones go on to finish."""
+        self._is_draining = True
+
+    async def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop the engine thread, after the requests in flight finish when `drain`.
+
+        With `drain=False` (or when `timeout` seconds pass) the remaining requests are aborted.
+        """
+        self.begin_drain()
+        if drain:
+            start = time.monotonic()
+            while self.num_in_flight() and (timeout is None or time.monotonic() - start < timeout):
+                await asyncio.sleep(0.02)
+        with self._cond:
+            for request_id in list(self._streams):
+                self._commands.append(("abort", request_id, "abort"))
+            self._commands.append(("stop",))
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+        self._thread = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def add_request(
+        self, prompt: str | list[int], params: Any, request_id: str | None = None
+    ) -> RequestStream:
+        """Submit a request; returns once the engine admitted it.
+
+        Returns: a `RequestStream` of cumulative `RequestOutput`s (the last has finished=True).
+        Raises: `hyla.request.InvalidRequestError` (bad prompt or params, from
+        `LLMEngine.add_request`; nothing stays allocated), QueueFullError, EngineDrainingError.
+        """
+        request_id = request_id or uuid.uuid4().hex
+        queue = await self._submit(prompt, params, request_id)
+        return RequestStream(self, request_id, queue)
+
+    async def generate(
+        self, prompt: str | list[int], params: Any, request_id: str | None = None
+    ) -> AsyncIterator[Any]:
+        """Submit a request and yield its cumulative `RequestOutput`s until it finishes.
+
+        Raises the errors of `add_request` (on the first iteration) and EngineDeadError if a
+        step fails mid-stream. Closing or cancelling the iterator aborts the request: its
+        blocks and state slot are freed before the next step.
+        """
+        stream = await self.add_request(prompt, params, request_id)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            stream.abort()
+
+    async def _submit(self, prompt: Any, params: Any, request_id: str) -> asyncio.Queue:
+        if self._is_draining:
+            raise EngineDrainingError("the server is shutting down")
+        if not self.is_running:
+            self.start()
+        with self._cond:
+            limit = self.max_queue_len
+            if limit is not None and self._num_waiting_locked() >= limit:
+                raise QueueFullError(self.max_queue_len)
+            loop = asyncio.get_running_loop()
+            admitted: asyncio.Future = loop.create_future()
+            queue: asyncio.Queue = asyncio.Queue()
+            self._num_pending_adds += 1
+            self._commands.append(("add", request_id, prompt, params, queue, admitted))
+            self._cond.notify()
+        try:
+            await asyncio.shield(admitted)
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        return queue
+
+    def _num_waiting_locked(self) -> int:
+        # Waiting = admitted or being admitted, but no token yet. Counted here rather than read
+        # from the engine's stats, which lag a step behind a burst of arrivals.
+        no_output = sum(1 for s in self._streams.values() if s.last_output is None)
+        return self._num_pending_adds + no_output
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (thread-safe; unknown or finished ids are ignored)."""
+        with self._cond:
+            self._commands.append(("abort", request_id, "abort"))
+            self._cond.notify()
+
+    # -- engine thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            commands = self._wait_for_work()
+            if any(c[0] == "stop" for c in commands):
+                self._apply(c for c in commands if c[0] != "stop")
+                self._update_snapshot()
+                return
+            self._apply(commands)
+            self._expire()
+            if commands:
+                self._update_snapshot()
+            if self.engine.has_unfinished_requests():
+                self._step()
+                self._update_snapshot()
+
+    def _wait_for_work(self) -> list[tuple]:
+        with self._cond:
+            while not self._commands and not self._has_work():
+                self._cond.wait(timeout=self._next_deadline_wait())
+                if self._has_expired():
+                    break
+            commands = list(self._commands)
+            self._commands.clear()
+        return commands
+
+    def _has_work(self) -> bool:
+        return bool(self._streams) and self.engine.has_unfinished_requests()
+
+    def _next_deadline_wait(self) -> float | None:
+        deadlines = [s.deadline for s in self._streams.values() if s.deadline is not None]
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _has_expired(self) -> bool:
+        now = time.monotonic()
+        return any(s.deadline is not None and s.deadline <= now for s in self._streams.values())
+
+    def _apply(self, commands: Any) -> None:
+        for command in commands:
+            if command[0] == "add":
+                self._add(*command[1:])
+            elif command[0] == "abort":
+                self._abort(command[1], command[2])
+
+    def _add(self, request_id, prompt, params, queue, admitted) -> None:  # noqa: ANN001
+        arrival = time.monotonic()
+        try:
+            if request_id in self._streams:
+                raise InvalidRequestError("request_id", f"duplicate request id {request_id!r}")
+            self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
+        except Exception as e:  # handed to the caller, which maps it to an HTTP status
+            with self._cond:
+                self._num_pending_adds -= 1
+            self._call(_set_exception, admitted, e)
+            return
+        deadline = arrival + self.request_timeout if self.request_timeout else None
+        num_outputs = getattr(params, "n", 1) or 1
+        with self._cond:
+            self._num_pending_adds -= 1
+            self._streams[request_id] = _Stream(request_id, queue, deadline, num_outputs)
+        self._call(_set_result, admitted)
+
+    def _abort(self, request_id: str, reason: str) -> None:
+        stream = self._streams.get(request_id)
+        self.engine.abort_request(request_id)
+        if stream is None:
+            return
+        with self._cond:
+            del self._streams[request_id]
+        if reason == "timeout" and stream.last_output is not None:
+            self._put(stream, with_finish_reason(stream.last_output, "timeout"))
+        elif reason == "timeout":
+            self._put(stream, timeout_output(request_id, stream.num_outputs))
+        self._put(stream, DONE)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for stream in list(self._streams.values()):
+            if stream.deadline is not None and stream.deadline <= now:
+                logger.info("request %s timed out after %.1fs", stream.request_id,
+                            self.request_timeout)
+                self._abort(stream.request_id, "timeout")
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            logger.exception("engine step failed; ending %d requests", len(self._streams))
+            self._fail_all(EngineDeadError(f"engine step failed: {type(e).__name__}: {e}"))
+            return
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream.last_output = output
+            self._put(stream, output)
+            if output.finished:
+                with self._cond:
+                    self._streams.pop(output.request_id, None)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id in list(self._streams):
+            stream = self._streams[request_id]
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:
+                logger.exception("abort of %s after a failed step raised", request_id)
+            with self._cond:
+                self._streams.pop(request_id, None)
+            self._put(stream, error)
+
+    def _put(self, stream: _Stream, item: Any) -> None:
+        self._call(stream.queue.put_nowait, item)
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed under us (interpreter shutdown)
+            pass
+
+    def _update_snapshot(self) -> None:
+        try:
+            stats = self.engine.get_stats()
+        except Exception:
+            logger.exception("get_stats failed")
+            return
+        self._stats = stats
+
+
+def _set_result(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _set_exception(future: asyncio.Future, error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

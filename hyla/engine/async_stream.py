@@ -1,0 +1,101 @@
+"""Per-request output streams of the AsyncEngine, and the errors it raises.
+
+`RequestStream` is what `AsyncEngine.add_request` returns: an async iterator over cumulative
+`RequestOutput`s fed by the engine thread through an asyncio.Queue. The engine thread ends a
+stream with `DONE` (after an abort) or with an exception (after a failed step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from hyla.request import CompletionOutput, RequestMetrics, RequestOutput
+from hyla.request import QueueFullError as _BaseQueueFullError
+
+DONE = object()
+
+
+class QueueFullError(_BaseQueueFullError):
+    """The waiting queue holds `max_queue_len` requests; retry after `retry_after` seconds."""
+
+    def __init__(self, max_queue_len: int, retry_after: int = 1) -> None:
+        super().__init__(f"the server queue is full ({max_queue_len} waiting requests)")
+        self.max_queue_len = max_queue_len
+        self.retry_after = retry_after
+
+
+class EngineDrainingError(RuntimeError):
+    """The engine is shutting down and admits no new requests."""
+
+
+class EngineDeadError(RuntimeError):
+    """A step of the engine raised; the requests in flight were ended with this error."""
+
+
+class RequestStream:
+    """Async iterator over one request's cumulative outputs; `abort()` cancels it.
+
+    Cancelling a task blocked in `__anext__`, or dropping an unfinished stream, aborts too.
+    """
+
+    def __init__(self, engine: Any, request_id: str, queue: asyncio.Queue) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self._queue = queue
+        self.is_finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.is_finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        if item is DONE:
+            self.is_finished = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self.is_finished = True
+            raise item
+        self.is_finished = item.finished
+        return item
+
+    def abort(self) -> None:
+        """Cancel the request unless it already finished (idempotent, thread-safe)."""
+        if not self.is_finished:
+            self.is_finished = True
+            self.engine.abort(self.request_id)
+
+    def __del__(self) -> None:
+        if not self.is_finished:
+            try:
+                self.engine.abort(self.request_id)
+            except Exception:  # interpreter shutdown
+                pass
+
+
+def with_finish_reason(output: RequestOutput, reason: str) -> RequestOutput:
+    """A finished copy of `output` whose unfinished completions end with `reason`."""
+    outputs = [
+        dataclasses.replace(o, finish_reason=o.finish_reason or reason) for o in output.outputs
+    ]
+    return dataclasses.replace(output, outputs=outputs, finished=True)
+
+
+def timeout_output(request_id: str, num_outputs: int) -> RequestOutput:
+    """The final output of a request that timed out before producing any token."""
+    outputs = [
+        CompletionOutput(index=k, text="", token_ids=[], logprobs=None, cumulative_logprob=None,
+                         finish_reason="timeout", stop_reason=None)
+        for k in range(num_outputs)
+    ]
+    return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[],
+                         prompt_logprobs=None, outputs=outputs, finished=True,
+                         metrics=RequestMetrics(arrival_time=time.monotonic()))

@@ -1,0 +1,131 @@
+"""A user request as the engine tracks it: n (or best_of) sequences sharing one prompt.
+
+Each sequence is a scheduler `Request` (id `"{request_id}#{k}"`) plus what only the engine
+needs: its detokenizer, logprobs, and its own sampling generator when the request is seeded.
+`RequestGroup.output()` assembles the cumulative `RequestOutput` the caller sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hyla.engine.detokenizer import IncrementalDetokenizer
+from hyla.request import (
+    CompletionOutput,
+    Request,
+    RequestMetrics,
+    RequestOutput,
+    RequestStatus,
+    SamplingParams,
+)
+
+
+def sequence_id(request_id: str, index: int) -> str:
+    """Scheduler id of completion `index` (injective: the suffix after the last '#')."""
+    return f"{request_id}#{index}"
+
+
+@dataclass
+class Sequence:
+    """One completion: the scheduler request plus its text, logprobs and generator."""
+
+    index: int
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None = None
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float = 0.0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.request.is_finished
+
+    def completion(self, index: int) -> CompletionOutput:
+        req = self.request
+        finished = req.is_finished
+        return CompletionOutput(
+            index=index,
+            text=self.detokenizer.visible_text(finished),
+            token_ids=list(req.output_token_ids),
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+            cumulative_logprob=self.cumulative_logprob,
+            finish_reason=req.status.finish_reason,
+            stop_reason=req.stop_reason if req.status is RequestStatus.FINISHED_STOPPED else None,
+        )
+
+
+@dataclass
+class RequestGroup:
+    """All sequences of one user request."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    sequences: list[Sequence] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.sequences)
+
+    def next_prompt_logprob_position(self) -> int | None:
+        """First position whose prediction is still missing, or None when none is wanted."""
+        if self.prompt_logprobs is None:
+            return None
+        pos = len(self.prompt_logprobs) - 1
+        return pos if pos < len(self.prompt_token_ids) - 1 else None
+
+    def output(self) -> RequestOutput:
+        finished = self.is_finished
+        seqs = self.sequences
+        if self.params.num_sequences > self.params.n:
+            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: self.params.n]
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=list(self.prompt_token_ids),
+            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
+            outputs=[s.completion(i) for i, s in enumerate(seqs)],
+            finished=finished,
+            metrics=self.metrics,
+        )
+
+    def wants_stream_output(self) -> bool:
+        """best_of > n picks the winners at the end: no partial outputs before that."""
+        return self.params.num_sequences == self.params.n or self.is_finished
+
+
+def new_group(
+    request_id: str,
+    prompt: str | None,
+    prompt_token_ids: list[int],
+    params: SamplingParams,
+    requests: list[Request],
+    tokenizer: Any,
+    generators: list[torch.Generator | None],
+) -> RequestGroup:
+    """Wrap the scheduler requests of one user request."""
+    group = RequestGroup(
+        request_id=request_id,
+        prompt=prompt,
+        prompt_token_ids=list(prompt_token_ids),
+        params=params,
+        metrics=RequestMetrics(arrival_time=requests[0].arrival_time),
+        prompt_logprobs=None if params.prompt_logprobs is None else [None],
+    )
+    for k, (req, gen) in enumerate(zip(requests, generators, strict=True)):
+        group.sequences.append(
+            Sequence(
+                index=k,
+                request=req,
+                detokenizer=IncrementalDetokenizer(tokenizer, prompt_token_ids, params),
+                generator=gen,
+                logprobs=None if params.logprobs is None else [],
+            )
+        )
+    return group

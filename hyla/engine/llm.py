@@ -1,0 +1,163 @@
+"""The offline API: `LLM(path).generate(prompts, params)` and a streaming iterator.
+
+    llm = LLM("path/to/checkpoint", max_num_seqs=16)
+    outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=0, max_tokens=32))
+    for out in llm.stream("Once upon", SamplingParams(max_tokens=64)):
+        print(out.outputs[0].text)
+
+The tokenizer comes from the checkpoint directory when it holds `tokenizer.json` or
+`tokenizer_config.json` (loaded with transformers' AutoTokenizer, local files only); token-id
+prompts always work, with or without one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from hyla.config import ModelConfig
+from hyla.engine.llm_engine import LLMEngine
+from hyla.request import InvalidRequestError, RequestOutput, SamplingParams
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """A transformers tokenizer from directory `path`, or None when it holds no tokenizer files."""
+    directory = Path(path)
+    if not any((directory / name).exists() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+
+def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> LLMEngine:
+    if isinstance(model, ModelConfig):
+        import torch
+
+        from hyla.config import EngineConfig
+        from hyla.models.hybrid import HybridModel
+
+        config = EngineConfig.from_kwargs(**overrides)
+        torch.manual_seed(config.seed)
+        net = HybridModel(model).to(config.device)
+        return LLMEngine(net, None, config)
+    return LLMEngine.from_path(model, **overrides)
+
+
+def _as_prompt_list(prompts: Any) -> list[str | list[int]]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, Sequence):
+        raise InvalidRequestError("prompt", f"expected str or list, got {type(prompts)}")
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [list(prompts)]
+    return [p if isinstance(p, str) else list(p) for p in prompts]
+
+
+class LLM:
+    """Offline generation over an `LLMEngine`.
+
+    Args:
+        model: checkpoint directory; None for the embedded default model; or a `ModelConfig`
+            for a randomly initialised model (seeded by `seed`; no tokenizer).
+        **engine_overrides: EngineConfig / CacheConfig / SchedulerConfig fields by name.
+    """
+
+    def __init__(self, model: str | ModelConfig | None = None, **engine_overrides: Any) -> None:
+        self.engine = _engine_from(model, engine_overrides)
+        self._ids = itertools.count()
+        self._inbox: dict[str, list[RequestOutput]] = {}
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def _add(self, prompt: str | list[int], params: SamplingParams | None) -> str:
+        rid = f"llm-{next(self._ids)}"
+        self.engine.add_request(rid, prompt, params or SamplingParams())
+        self._inbox[rid] = []
+        return rid
+
+    def _pump(self) -> None:
+        """One engine step; outputs go to the inbox of their request (several iterators or a
+        generate call may share the engine)."""
+        for out in self.engine.step():
+            box = self._inbox.get(out.request_id)
+            if box is not None:
+                box.append(out)
+
+    def _drop(self, rids: list[str]) -> None:
+        self.engine.abort_request(rids)
+        for rid in rids:
+            self._inbox.pop(rid, None)
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[int] | list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; returns the final outputs in prompt order.
+
+        Raises: InvalidRequestError for a bad prompt or parameters (nothing stays queued).
+        """
+        items = _as_prompt_list(prompts)
+        if isinstance(params, list):
+            if len(params) != len(items):
+                raise InvalidRequestError("params", f"{len(params)} for {len(items)} prompts")
+            per = params
+        else:
+            per = [params] * len(items)
+        rids: list[str] = []
+        try:
+            for prompt, p in zip(items, per, strict=True):
+                rids.append(self._add(prompt, p))
+            return self._run(rids, use_tqdm)
+        finally:
+            self._drop([r for r in rids if r in self._inbox])
+
+    def _run(self, rids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(rids), desc="generate")
+        while len(final) < len(rids):
+            self._pump()
+            for rid in rids:
+                box = self._inbox.get(rid)
+                if box and box[-1].finished:
+                    final[rid] = box[-1]
+                    del self._inbox[rid]
+                    if bar is not None:
+                        bar.update(1)
+                elif box:
+                    box.clear()
+        if bar is not None:
+            bar.close()
+        return [final[rid] for rid in rids]
+
+    def stream(
+        self, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
+        """Yield the request's cumulative output after every step that changed it.
+
+        Closing the iterator early aborts the request.
+        """
+        rid = self._add(prompt, params)
+        try:
+            while True:
+                box = self._inbox[rid]
+                while not box:
+                    self._pump()
+                out = box.pop(0)
+                yield out
+                if out.finished:
+                    return
+        finally:
+            self._drop([rid])

@@ -1,0 +1,342 @@
+"""LLMEngine: requests in, one scheduler step + forward + sample per `step()`, outputs out.
+
+    add_request -> Scheduler.waiting
+    step():  Scheduler.schedule() -> {seq id: num_tokens}
+             ModelRunner.execute()  -> logits of rows that finished their tokens
+             Sampler                -> one token per such row
+             Scheduler.update()     -> counters, token stops, frees blocks/slots
+             detokenize, stop strings -> RequestOutput per touched request
+
+All public methods take one lock, so another thread (the async server loop) may call
+`add_request`/`abort_request` while a loop thread calls `step()`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hyla.cache.manager import CacheManager
+from hyla.config import EngineConfig, ModelConfig
+from hyla.engine.group import RequestGroup, new_group, sequence_id
+from hyla.engine.memory import memory_budget, plan_cache
+from hyla.engine.model_runner import ModelRunner
+from hyla.engine.sampler import Sampler, SamplingRow, make_generator
+from hyla.engine.validate import prompt_token_ids, validate_lengths
+from hyla.models.hybrid import HybridModel
+from hyla.request import (
+    InvalidRequestError,
+    QueueFullError,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    SamplingParams,
+    SamplingParamsError,
+)
+from hyla.scheduler import Scheduler, SchedulerOutput
+
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_model"
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of queue and cache occupancy (requests, not sequences, for the queues)."""
+
+    num_running: int
+    num_waiting: int
+    num_total_blocks: int
+    num_free_blocks: int
+    num_total_slots: int
+    num_free_slots: int
+    num_running_seqs: int = 0
+    num_waiting_seqs: int = 0
+    num_preemptions: int = 0
+
+
+class LLMEngine:
+    """Serves many requests at once over one model.
+
+    Args:
+        model: a loaded `HybridModel` (eval mode; its device is the engine's device).
+        tokenizer: a transformers tokenizer or None (token-id prompts only).
+        engine_config: cache, scheduler and engine options.
+    Raises:
+        ConfigError: the cache budget cannot hold one full-length sequence.
+    """
+
+    def __init__(self, model: HybridModel, tokenizer: Any, engine_config: EngineConfig) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = engine_config
+        self.model_config: ModelConfig = model.config
+        self.model_name = "hyla"
+        self.max_model_len = (
+            engine_config.max_model_len
+            or engine_config.scheduler.max_model_len
+            or self.model_config.max_context_len
+        )
+        device = next(model.parameters()).device
+        sched = engine_config.scheduler
+        budget = memory_budget(engine_config.cache, device)
+        plan = plan_cache(
+            self.model_config, engine_config.cache, self.max_model_len, sched.max_num_seqs, budget
+        )
+        self.cache_plan = plan
+        self.cache = CacheManager(plan.num_blocks, plan.num_slots, plan.block_size)
+        self.scheduler = Scheduler(sched, self.cache)
+        self.runner = ModelRunner(self.model, plan)
+        self.sampler = Sampler(make_generator(engine_config.seed, device))
+        self.device = device
+        self.eos_token_ids = self._eos_token_ids()
+        self._groups: dict[str, RequestGroup] = {}
+        self._seq_owner: dict[str, RequestGroup] = {}
+        self._dirty: dict[str, None] = {}
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_path(cls, path: str | None = None, **overrides: Any) -> LLMEngine:
+        """Load a checkpoint directory (HF family or hyla layout) and its tokenizer.
+
+        `path` None loads the embedded default model (hyla/assets/default_model/). `overrides`
+        are EngineConfig/CacheConfig/SchedulerConfig fields by name.
+        Raises: ConfigError for an unknown option; FileNotFoundError for a missing checkpoint.
+        """
+        from hyla.engine.llm import load_tokenizer
+        from hyla.models.loader import load_model
+
+        config = EngineConfig.from_kwargs(**overrides)
+        directory = Path(path) if path is not None else DEFAULT_MODEL_DIR
+        if not directory.exists():
+            raise FileNotFoundError(f"model: {directory} does not exist")
+        model = load_model(str(directory), dtype=config.dtype, device=config.device)
+        tokenizer = load_tokenizer(config.tokenizer or str(directory))
+        engine = cls(model, tokenizer, config)
+        engine.model_name = "default" if path is None else directory.name
+        return engine
+
+    def _eos_token_ids(self) -> tuple[int, ...]:
+        ids = list(self.model_config.eos_token_ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int) and eos not in ids:
+            ids.append(eos)
+        return tuple(ids)
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; its outputs come out of later `step()` calls.
+
+        Raises:
+            InvalidRequestError: duplicate id, empty/over-long prompt, token id out of range,
+                prompt + max_tokens over max_model_len (a raise leaves nothing allocated).
+            SamplingParamsError: stop strings without a tokenizer.
+            QueueFullError: `max_queue_len` requests are already waiting.
+        """
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params", f"expected SamplingParams, got {type(params)}")
+        with self._lock:
+            if request_id in self._groups:
+                raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
+            ids = prompt_token_ids(prompt, self.tokenizer, self.model_config.vocab_size)
+            validate_lengths(len(ids), params, self.max_model_len)
+            if params.stop and self.tokenizer is None:
+                raise SamplingParamsError("stop", "stop strings need a tokenizer")
+            limit = self.config.max_queue_len
+            if limit is not None and self.scheduler.num_waiting >= limit:
+                raise QueueFullError(f"max_queue_len: {limit} requests already waiting")
+            arrival = time.monotonic() if arrival_time is None else arrival_time
+            self._add_group(request_id, prompt, ids, params, priority, arrival)
+
+    def _add_group(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        arrival: float,
+    ) -> None:
+        requests, generators = [], []
+        for k in range(params.num_sequences):
+            requests.append(
+                Request(
+                    sequence_id(request_id, k),
+                    ids,
+                    params,
+                    eos_token_ids=self.eos_token_ids,
+                    max_model_len=self.max_model_len,
+                    priority=priority,
+                    arrival_time=arrival,
+                )
+            )
+            seed = params.seed
+            generators.append(None if seed is None else make_generator(seed + k, self.device))
+        text = prompt if isinstance(prompt, str) else None
+        group = new_group(request_id, text, ids, params, requests, self.tokenizer, generators)
+        self._groups[request_id] = group
+        for seq in group.sequences:
+            self._seq_owner[seq.request.request_id] = group
+            self.scheduler.add_request(seq.request)
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Finish requests with reason "abort", freeing their blocks and slots now; the final
+        output comes out of the next `step()`. Unknown ids are ignored."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        with self._lock:
+            for rid in ids:
+                self._finish_group(rid, RequestStatus.FINISHED_ABORTED)
+
+    def _finish_group(self, request_id: str, status: RequestStatus) -> None:
+        group = self._groups.get(request_id)
+        if group is None:
+            return
+        for seq in group.sequences:
+            if not seq.is_finished:
+                self.scheduler.finish(seq.request.request_id, status)
+        self._dirty[request_id] = None
+
+    def has_unfinished_requests(self) -> bool:
+        with self._lock:
+            return bool(self._groups)
+
+    def get_num_unfinished_requests(self) -> int:
+        with self._lock:
+            return len(self._groups)
+
+    def get_stats(self) -> EngineStats:
+        with self._lock:
+            running = {self._seq_owner[r.request_id].request_id for r in self.scheduler.running}
+            plan = self.cache_plan
+            return EngineStats(
+                num_running=len(running),
+                num_waiting=sum(
+                    1
+                    for g in self._groups.values()
+                    if g.request_id not in running and not g.is_finished
+                ),
+                num_total_blocks=plan.num_usable_blocks,
+                num_free_blocks=self.cache.num_free_blocks,
+                num_total_slots=plan.num_usable_slots,
+                num_free_slots=self.cache.num_free_slots,
+                num_running_seqs=self.scheduler.num_running,
+                num_waiting_seqs=self.scheduler.num_waiting,
+                num_preemptions=self.scheduler.num_preemptions,
+            )
+
+    # -- the step --------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduler step + forward + sample.
+
+        Returns: the outputs of requests that got new tokens or finished in this step
+        (including aborts and timeouts since the last step), cumulative.
+        """
+        with self._lock:
+            self._expire_timeouts()
+            out = self.scheduler.schedule()
+            if not out.is_empty:
+                self._run(out)
+            return self._collect_outputs()
+
+    def _expire_timeouts(self) -> None:
+        timeout = self.config.request_timeout
+        if timeout is None:
+            return
+        now = time.monotonic()
+        for rid, group in list(self._groups.items()):
+            if not group.is_finished and now - group.metrics.arrival_time > timeout:
+                self._finish_group(rid, RequestStatus.FINISHED_TIMEOUT)
+
+    def _run(self, out: SchedulerOutput) -> None:
+        now = time.monotonic()
+        requests: dict[str, Request] = {}
+        plp: dict[str, int] = {}
+        for rid in out.num_scheduled_tokens:
+            group = self._seq_owner[rid]
+            requests[rid] = group.sequences[_index(rid)].request
+            if group.metrics.first_scheduled_time is None:
+                group.metrics.first_scheduled_time = now
+            pos = group.next_prompt_logprob_position()
+            if pos is not None and _index(rid) == 0:
+                plp[rid] = pos
+        result = self.runner.execute(out, requests, self.cache, plp)
+        for rid, entries in result.prompt_logprobs.items():
+            self._seq_owner[rid].prompt_logprobs.extend(entries)
+        sampled: dict[str, int] = {}
+        if result.sample_ids:
+            rows = [self._sampling_row(rid) for rid in result.sample_ids]
+            sample = self.sampler(result.logits, rows)
+            for i, rid in enumerate(result.sample_ids):
+                sampled[rid] = sample.token_ids[i]
+                self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
+        self.scheduler.update(out, sampled)
+        self._process_tokens(sampled)
+
+    def _sampling_row(self, rid: str) -> SamplingRow:
+        group = self._seq_owner[rid]
+        seq = group.sequences[_index(rid)]
+        req = seq.request
+        return SamplingRow(
+            req.params,
+            req.prompt_token_ids,
+            req.output_token_ids,
+            req.eos_token_ids,
+            seq.generator,
+        )
+
+    def _record_logprobs(self, rid: str, logprob: float, top: dict[int, float] | None) -> None:
+        seq = self._seq_owner[rid].sequences[_index(rid)]
+        seq.cumulative_logprob += logprob
+        if seq.logprobs is not None and top is not None:
+            seq.logprobs.append(top)
+
+    def _process_tokens(self, sampled: dict[str, int]) -> None:
+        now = time.monotonic()
+        for rid, token in sampled.items():
+            group = self._seq_owner[rid]
+            seq = group.sequences[_index(rid)]
+            req = seq.request
+            if group.metrics.first_token_time is None:
+                group.metrics.first_token_time = now
+            group.metrics.last_token_time = now
+            token_stop = req.status is RequestStatus.FINISHED_STOPPED
+            if not token_stop or req.params.include_stop_str_in_output:
+                stop = seq.detokenizer.update([token])
+                if stop is not None:
+                    if not req.is_finished:
+                        self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED)
+                    req.status = RequestStatus.FINISHED_STOPPED
+                    req.stop_reason = stop
+            self._dirty[group.request_id] = None
+
+    def _collect_outputs(self) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        now = time.monotonic()
+        for rid in self._dirty:
+            group = self._groups[rid]
+            if not group.wants_stream_output():
+                continue
+            if group.is_finished:
+                group.metrics.finished_time = now
+                del self._groups[rid]
+                for seq in group.sequences:
+                    self._seq_owner.pop(seq.request.request_id, None)
+            outputs.append(group.output())
+        self._dirty.clear()
+        return outputs
+
+
+def _index(seq_id: str) -> int:
+    return int(seq_id.rsplit("#", 1)[1])

@@ -1,0 +1,122 @@
+"""Size the block pool and the state-slot pool from a memory budget, and say what it buys.
+
+    budget = kv_cache_memory                      (bytes, when set)
+           | memory_fraction * free device memory (CUDA, measured after the model is loaded)
+           | min(memory_fraction * free RAM, cpu_cache_memory_default)   (CPU)
+    slots  = (num_state_slots or max_num_seqs) + 1 padding slot, paid first
+    blocks = (budget - slot bytes) // bytes per block, capped at what max_num_seqs sequences of
+             max_model_len tokens can use, + 1 null block
+
+Per-token and per-slot costs come from `hyla.cache.spec` (the same tables the allocator reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from hyla.cache.manager import num_blocks_for
+from hyla.cache.spec import bytes_per_state_slot, bytes_per_token
+from hyla.config import CacheConfig, ConfigError, ModelConfig
+
+logger = logging.getLogger("hyla.engine")
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """Pool sizes (including the reserved block 0 and slot 0) and their byte costs."""
+
+    num_blocks: int
+    num_slots: int
+    block_size: int
+    bytes_per_block: int
+    bytes_per_slot: int
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_usable_slots(self) -> int:
+        return self.num_slots - 1
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block + self.num_slots * self.bytes_per_slot
+
+    def describe(self) -> str:
+        tokens = self.num_usable_blocks * self.block_size
+        return (
+            f"paged cache: {self.num_usable_blocks} blocks x {self.block_size} tokens = "
+            f"{tokens} tokens ({self.num_blocks * self.bytes_per_block / MIB:.1f} MiB); "
+            f"{self.num_usable_slots} state slots "
+            f"({self.num_slots * self.bytes_per_slot / MIB:.1f} MiB)"
+        )
+
+
+def free_memory_bytes(device: torch.device | str) -> int | None:
+    """Free memory of `device` in bytes (CUDA: `mem_get_info`; CPU: available RAM), or None."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_budget(cache: CacheConfig, device: torch.device | str) -> int:
+    """Bytes the caches may take on `device` (see the module docstring)."""
+    if cache.kv_cache_memory is not None:
+        return cache.kv_cache_memory
+    free = free_memory_bytes(device)
+    if torch.device(device).type == "cuda":
+        return int(cache.memory_fraction * (free or 0))
+    if free is None:
+        return cache.cpu_cache_memory_default
+    return min(int(cache.memory_fraction * free), cache.cpu_cache_memory_default)
+
+
+def plan_cache(
+    model: ModelConfig,
+    cache: CacheConfig,
+    max_model_len: int,
+    max_num_seqs: int,
+    budget: int,
+) -> CachePlan:
+    """Pool sizes for `budget` bytes.
+
+    Raises:
+        ConfigError: the budget does not hold the state slots plus one full-length sequence.
+    """
+    block_size = cache.block_size
+    per_block = bytes_per_token(model) * block_size
+    per_slot = bytes_per_state_slot(model)
+    num_slots = (cache.num_state_slots or max_num_seqs) + 1
+    blocks_per_seq = num_blocks_for(max_model_len, block_size)
+    if cache.num_blocks is not None:
+        num_blocks = cache.num_blocks + 1
+    else:
+        left = budget - num_slots * per_slot
+        if left < 0:
+            raise ConfigError(
+                f"kv_cache_memory: {budget} bytes cannot hold {num_slots} state slots of "
+                f"{per_slot} bytes; lower max_num_seqs/num_state_slots or raise the budget"
+            )
+        cap = max_num_seqs * blocks_per_seq + 1
+        num_blocks = cap if per_block == 0 else min(cap, left // per_block)
+    if num_blocks - 1 < blocks_per_seq:
+        raise ConfigError(
+            f"kv_cache_memory: {budget} bytes buy {max(num_blocks - 1, 0)} blocks of "
+            f"{block_size} tokens, fewer than the {blocks_per_seq} blocks one "
+            f"max_model_len={max_model_len} sequence needs; raise the budget or lower "
+            "max_model_len"
+        )
+    plan = CachePlan(num_blocks, num_slots, block_size, per_block, per_slot)
+    logger.info("%s", plan.describe())
+    return plan

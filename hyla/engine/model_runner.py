@@ -1,0 +1,136 @@
+"""The one place where scheduler output meets tensors.
+
+Per step: pack every scheduled request's next `num_tokens` token ids into one varlen batch
+(positions, `cu_seqlens`, `slot_mapping`, `block_tables`, `state_indices` from the cache
+manager), run the model once, and compute logits only for the rows that need them:
+
+    rows:  | r0 chunk (c0..c0+q0) | r1 decode | r2 last prompt chunk |
+    logits:                        ^ sample     ^ sample (last row)
+           ^^^^^^^^^^^^^ prompt-logprob rows, when r0 asked for them
+
+A request is sampled when this step computes its last uncomputed token. Prompt logprobs come
+from the rows at positions p < prompt_len - 1 (row p predicts prompt token p + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hyla.cache.manager import CacheManager
+from hyla.engine.memory import CachePlan
+from hyla.engine.sampler import top_logprobs
+from hyla.forward_batch import allocate_caches, build_forward_batch
+from hyla.models.hybrid import HybridModel
+from hyla.request import Request
+from hyla.scheduler import SchedulerOutput
+
+
+@dataclass
+class RunnerOutput:
+    """`sample_ids[i]` owns row i of `logits: [n, V]` float32; `prompt_logprobs[rid]` holds the
+    new prompt-logprob entries of this step, in position order."""
+
+    sample_ids: list[str] = field(default_factory=list)
+    logits: torch.Tensor | None = None
+    prompt_logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Owns the model and its cache tensors.
+
+    Args:
+        model: the hybrid decoder (its parameters' device is the step device).
+        plan: pool sizes; the caches are allocated here, zero-filled.
+    """
+
+    def __init__(self, model: HybridModel, plan: CachePlan) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        self.block_size = plan.block_size
+        self.caches = allocate_caches(
+            self.config, plan.num_blocks, plan.block_size, plan.num_slots, self.device
+        )
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        out: SchedulerOutput,
+        requests: dict[str, Request],
+        cache: CacheManager,
+        prompt_logprob_from: dict[str, int] | None = None,
+    ) -> RunnerOutput:
+        """Run one packed forward over `out.num_scheduled_tokens`.
+
+        Args:
+            out: the scheduler's decision (request id -> new tokens), in batch order.
+            requests: the scheduled requests by id (their `num_computed_tokens` is the context).
+            cache: block tables and state slots by request id.
+            prompt_logprob_from: request id -> first position whose prediction is wanted
+                (requests asking for prompt logprobs only).
+        Returns: the logits of the sampled rows and the new prompt-logprob entries.
+        """
+        ids = list(out.num_scheduled_tokens)
+        query_lens = [out.num_scheduled_tokens[r] for r in ids]
+        context_lens = [requests[r].num_computed_tokens for r in ids]
+        batch = build_forward_batch(
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=[cache.block_table(r) for r in ids],
+            state_indices=[cache.state_slot(r) for r in ids],
+            block_size=self.block_size,
+            caches=self.caches,
+            device=self.device,
+        )
+        tokens: list[int] = []
+        for r, c, q in zip(ids, context_lens, query_lens, strict=True):
+            tokens.extend(requests[r].all_token_ids[c : c + q])
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, batch.positions, batch)
+        return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
+
+    def _logits(
+        self,
+        ids: list[str],
+        context_lens: list[int],
+        query_lens: list[int],
+        requests: dict[str, Request],
+        hidden: torch.Tensor,
+        prompt_logprob_from: dict[str, int] | None,
+    ) -> RunnerOutput:
+        result = RunnerOutput()
+        sample_rows: list[int] = []
+        prompt_rows: list[int] = []
+        prompt_spans: list[tuple[str, int, int]] = []  # (request id, first position, end)
+        start = 0
+        for r, c, q in zip(ids, context_lens, query_lens, strict=True):
+            req = requests[r]
+            if c + q == req.num_tokens:
+                result.sample_ids.append(r)
+                sample_rows.append(start + q - 1)
+            if prompt_logprob_from and r in prompt_logprob_from:
+                lo = max(c, prompt_logprob_from[r])
+                hi = min(c + q, req.num_prompt_tokens - 1)
+                if hi > lo:
+                    prompt_spans.append((r, lo, hi))
+                    prompt_rows.extend(range(start + lo - c, start + hi - c))
+            start += q
+        rows = sample_rows + prompt_rows
+        if not rows:
+            return result
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        result.logits = logits[: len(sample_rows)]
+        if prompt_spans:
+            logprobs = torch.log_softmax(logits[len(sample_rows) :].float(), dim=-1)
+            cursor = 0
+            for r, lo, hi in prompt_spans:
+                req = requests[r]
+                num = req.params.prompt_logprobs or 0
+                result.prompt_logprobs[r] = [
+                    top_logprobs(logprobs[cursor + p - lo], num, req.prompt_token_ids[p + 1])
+                    for p in range(lo, hi)
+                ]
+                cursor += hi - lo
+        return result

@@ -1,0 +1,157 @@
+"""Token sampling: penalties, greedy/temperature, top-k, top-p, min-p, seeds and logprobs.
+
+Per row, in this order (the order of Hugging Face's logits processors and warpers):
+
+    logits --penalties--> --ban (min_tokens)--> greedy: argmax
+                                                else: /T -> top-k -> top-p -> min-p -> softmax
+                                                      -> draw with the row's generator
+
+A draw is `argmax(p / q)` with `q ~ Exp(1)` i.i.d. per token, which picks token i with
+probability p_i (the exponential race). Each seeded request owns a `torch.Generator` that only
+it advances, so its tokens do not depend on its batch neighbours. Reported logprobs are the
+model's raw log-softmax (before penalties and temperature), as OpenAI reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hyla.request import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know about one row of logits.
+
+    `generator` None uses the sampler's shared generator (requests without a seed).
+    """
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    eos_token_ids: tuple[int, ...] = ()
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class SamplerOutput:
+    """Per row: the token, its raw logprob, and the top-N dict (None when not asked)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+
+
+def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
+    """Repetition (CTRL, Keskar et al. 2019 eq. 2, over prompt + output), presence and frequency
+    (OpenAI API definition, over output only) penalties. `logits: [V]` float32, returns a new
+    tensor."""
+    p = row.params
+    out = logits.clone()
+    vocab = out.shape[0]
+    if p.repetition_penalty != 1.0:
+        seen = sorted({t for t in row.prompt_token_ids + row.output_token_ids if t < vocab})
+        if seen:
+            idx = torch.tensor(seen, dtype=torch.long, device=out.device)
+            vals = out[idx]
+            rp = p.repetition_penalty
+            out[idx] = torch.where(vals > 0, vals / rp, vals * rp)
+    if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and row.output_token_ids:
+        ids = torch.tensor(row.output_token_ids, dtype=torch.long, device=out.device)
+        counts = torch.bincount(ids[ids < vocab], minlength=vocab).to(out.dtype)
+        out -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(out.dtype)
+    return out
+
+
+def banned_token_ids(row: SamplingRow) -> list[int]:
+    """EOS (unless ignore_eos) and stop token ids while fewer than `min_tokens` were generated."""
+    p = row.params
+    if len(row.output_token_ids) >= p.min_tokens:
+        return []
+    eos = () if p.ignore_eos else row.eos_token_ids
+    return sorted(set(eos) | set(p.stop_token_ids))
+
+
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy row draws from: `logits: [V]` float32 (already
+    penalized) -> probs `[V]` float32 after temperature, top-k, top-p and min-p."""
+    x = logits / params.temperature
+    vocab = x.shape[0]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        probs = torch.softmax(x, dim=-1)
+        sorted_probs, order = torch.sort(probs, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop_sorted[0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.min_p > 0.0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+        probs = probs / probs.sum()
+    return probs
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from `probs: [V]` by the exponential race, consuming V draws of `generator`."""
+    q = torch.empty_like(probs).exponential_(generator=generator)
+    return int(torch.argmax(probs / q))
+
+
+def top_logprobs(logprobs: torch.Tensor, num: int, token_id: int) -> dict[int, float]:
+    """The `num` most likely tokens of `logprobs: [V]` plus `token_id`, as {id: logprob}."""
+    out: dict[int, float] = {}
+    if num > 0:
+        vals, ids = torch.topk(logprobs, min(num, logprobs.shape[0]))
+        out = dict(zip(ids.tolist(), vals.tolist(), strict=True))
+    out[token_id] = float(logprobs[token_id])
+    return out
+
+
+class Sampler:
+    """Samples one token per row of logits.
+
+    Args:
+        generator: the shared generator of rows without their own (seeded from the engine seed).
+    """
+
+    def __init__(self, generator: torch.Generator | None = None) -> None:
+        self.generator = generator
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        """`logits: [n, V]` float32, one `SamplingRow` per row. Returns a SamplerOutput."""
+        if logits.shape[0] != len(rows):
+            raise ValueError(f"rows: {len(rows)} rows for {logits.shape[0]} logits")
+        logits = logits.float()
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+        out = SamplerOutput()
+        for i, row in enumerate(rows):
+            token = self._sample_row(logits[i], row)
+            out.token_ids.append(token)
+            out.logprobs.append(float(raw_logprobs[i, token]))
+            n = row.params.logprobs
+            out.top_logprobs.append(None if n is None else top_logprobs(raw_logprobs[i], n, token))
+        return out
+
+    def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
+        p = row.params
+        x = apply_penalties(logits, row)
+        banned = banned_token_ids(row)
+        if banned:
+            idx = torch.tensor([b for b in banned if b < x.shape[0]], dtype=torch.long)
+            x[idx.to(x.device)] = float("-inf")
+        if p.is_greedy:
+            return int(torch.argmax(x))
+        gen = row.generator if row.generator is not None else self.generator
+        return draw(sampling_probs(x, p), gen)
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded with `seed` on `device`."""
+    return torch.Generator(device=device).manual_seed(seed)

@@ -1,0 +1,59 @@
+"""Request validation that needs the model's limits: prompt tokens and lengths.
+
+Each check raises `InvalidRequestError` naming the field, before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hyla.request import InvalidRequestError, SamplingParams
+
+
+def prompt_token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
+    """Token ids of `prompt` (a string, tokenized with special tokens, or a list of ids).
+
+    Raises:
+        InvalidRequestError("prompt"): empty, wrong type, text without a tokenizer, or an id
+            outside [0, vocab_size).
+    """
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("prompt", "must not be empty")
+        if tokenizer is None:
+            raise InvalidRequestError("prompt", "text needs a tokenizer; pass token ids")
+        ids = list(tokenizer.encode(prompt))
+    elif isinstance(prompt, (list, tuple)):
+        ids = list(prompt)
+    else:
+        raise InvalidRequestError("prompt", f"expected str or list[int], got {type(prompt)}")
+    for t in ids:
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise InvalidRequestError("prompt", f"token ids must be integers, got {t!r}")
+        if not 0 <= t < vocab_size:
+            raise InvalidRequestError("prompt", f"token id {t} not in [0, {vocab_size})")
+    if not ids:
+        raise InvalidRequestError("prompt", "must not be empty")
+    return ids
+
+
+def validate_lengths(num_prompt_tokens: int, params: SamplingParams, max_model_len: int) -> None:
+    """Prompt and prompt + max_tokens against the context window.
+
+    Raises:
+        InvalidRequestError("prompt"): the prompt leaves no room for one output token.
+        InvalidRequestError("max_tokens"): prompt + max_tokens > max_model_len.
+    """
+    if num_prompt_tokens >= max_model_len:
+        raise InvalidRequestError(
+            "prompt",
+            f"prompt has {num_prompt_tokens} tokens but the context window is {max_model_len} "
+            "tokens (at least one must remain for the output)",
+        )
+    mt = params.max_tokens
+    if mt is not None and num_prompt_tokens + mt > max_model_len:
+        raise InvalidRequestError(
+            "max_tokens",
+            f"prompt ({num_prompt_tokens} tokens) + max_tokens ({mt}) = "
+            f"{num_prompt_tokens + mt} exceeds the context window of {max_model_len} tokens",
+        )

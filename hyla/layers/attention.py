@@ -1,0 +1,241 @@
+"""Full-attention mixers over the paged cache: MLA (DeepSeek / Kimi-Linear) and gated GQA
+(Qwen3-Next).
+
+Parameter names and shapes follow the Hugging Face modules (`KimiLinearAttention`,
+`DeepseekV32Attention`, `Qwen3NextAttention`), so a checkpoint's `self_attn.*` tensors load by
+prefix. Each mixer writes this step's tokens to `batch.caches[layer_idx]` at `batch.slot_mapping`
+first, then reads every sequence's whole context through its block table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from hyla.config import ModelConfig
+from hyla.forward_batch import ForwardBatch
+from hyla.layers.norm import RMSNorm
+from hyla.layers.rotary import RotaryEmbedding
+from hyla.ops.gqa import paged_gqa
+from hyla.ops.mla import mla_absorbed, mla_expanded
+from hyla.ops.paged import write_paged
+from hyla.ops.rotary import rope_softmax_mscale
+
+
+@dataclass
+class SeqGroup:
+    """A subset of a batch's sequences, re-packed for an op call.
+
+    `rows` [t] int64 are the packed token rows of the subset (in sequence order);
+    `block_tables` [n, max_blocks], `cu_seqlens` [n + 1] int32 and `seq_lens` (n host ints)
+    describe the subset alone.
+    """
+
+    rows: torch.Tensor
+    block_tables: torch.Tensor
+    cu_seqlens: torch.Tensor
+    seq_lens: list[int]
+
+
+def select_sequences(batch: ForwardBatch, seq_ids: Sequence[int]) -> SeqGroup:
+    """The rows, block tables and offsets of sequences `seq_ids` of `batch`."""
+    cu = batch.cu_seqlens.tolist()
+    device = batch.cu_seqlens.device
+    rows = [r for i in seq_ids for r in range(cu[i], cu[i + 1])]
+    sub_cu = [0]
+    for i in seq_ids:
+        sub_cu.append(sub_cu[-1] + cu[i + 1] - cu[i])
+    seq_lens = batch.seq_lens
+    return SeqGroup(
+        rows=torch.tensor(rows, dtype=torch.long, device=device),
+        block_tables=batch.block_tables[list(seq_ids)],
+        cu_seqlens=torch.tensor(sub_cu, dtype=torch.int32, device=device),
+        seq_lens=[seq_lens[i] for i in seq_ids],
+    )
+
+
+@dataclass
+class MLAProjection:
+    """An MLA layer's per-token projections: `q_nope` [T, H, Dn], `q_rope` [T, H, Dr] (roped),
+    `latent` [T, R + Dr] (the cache row), `q_resid` [T, Rq] (`q_a_layernorm` output, the DSA
+    indexer's query input; None without q_lora_rank), `cos_sin` ([T, Dr/2] each; None without
+    rope)."""
+
+    q_nope: torch.Tensor
+    q_rope: torch.Tensor
+    latent: torch.Tensor
+    q_resid: torch.Tensor | None
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention (kind "mla"; DeepSeek-V2 section 2.1).
+
+    Parameters (HF names): `q_proj` [H*(Dn+Dr), D] when `mla.q_lora_rank` is None, else
+    `q_a_proj` [Rq, D], `q_a_layernorm` [Rq], `q_b_proj` [H*(Dn+Dr), Rq]; `kv_a_proj_with_mqa`
+    [R+Dr, D], `kv_a_layernorm` [R], `kv_b_proj` [H*(Dn+Dv), R], `o_proj` [D, H*Dv].
+
+    Cache "latent" [P, B, R+Dr] holds `kv_a_layernorm(c_kv) | k_rope` per token. With
+    `mla.use_rope` the rope channels rotate (style from `config.rope`, "interleave" for DeepSeek)
+    and the softmax scale includes YaRN's mscale^2; without (Kimi-Linear) they stay unrotated and
+    the scale is `(Dn+Dr)^-0.5`. Prefill sequences use the expanded form, decode sequences
+    (one new token) the absorbed one.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        mla = config.mla
+        self.layer_idx = layer_idx
+        self.num_heads = mla.num_heads
+        self.qk_nope_head_dim = mla.qk_nope_head_dim
+        self.qk_rope_head_dim = mla.qk_rope_head_dim
+        self.kv_lora_rank = mla.kv_lora_rank
+        self.v_head_dim = mla.v_head_dim
+        self.q_lora_rank = mla.q_lora_rank
+        hidden, heads = config.hidden_size, mla.num_heads
+        eps, offset = mla.norm_eps, config.norm_offset
+        if mla.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, heads * mla.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, mla.q_lora_rank, bias=mla.bias)
+            self.q_a_layernorm = RMSNorm(mla.q_lora_rank, eps, offset)
+            self.q_b_proj = nn.Linear(mla.q_lora_rank, heads * mla.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, mla.latent_dim, bias=mla.bias)
+        self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, eps, offset)
+        self.kv_b_proj = nn.Linear(
+            mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False
+        )
+        self.o_proj = nn.Linear(heads * mla.v_head_dim, hidden, bias=mla.bias)
+        self.rotary: RotaryEmbedding | None = None
+        self.scale = mla.qk_head_dim**-0.5
+        if mla.use_rope:
+            if config.rope.rotary_dim != mla.qk_rope_head_dim:
+                raise ValueError(
+                    f"rope.rotary_dim={config.rope.rotary_dim} must equal "
+                    f"mla.qk_rope_head_dim={mla.qk_rope_head_dim}"
+                )
+            self.rotary = RotaryEmbedding(config.rope)
+            self.scale *= rope_softmax_mscale(config.rope)
+
+    def project(self, hidden_states: torch.Tensor, positions: torch.Tensor) -> MLAProjection:
+        """Queries and cache latents of the new tokens (hidden_states [T, D], positions [T])."""
+        num_tokens = hidden_states.shape[0]
+        q_resid = None
+        if self.q_lora_rank is None:
+            q = self.q_proj(hidden_states)
+        else:
+            q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
+            q = self.q_b_proj(q_resid)
+        q = q.view(num_tokens, self.num_heads, -1)  # [T, H, Dn + Dr]
+        q_nope, q_rope = q[..., : self.qk_nope_head_dim], q[..., self.qk_nope_head_dim :]
+        kv = self.kv_a_proj_with_mqa(hidden_states)  # [T, R + Dr]
+        c_kv = self.kv_a_layernorm(kv[:, : self.kv_lora_rank])
+        k_rope = kv[:, self.kv_lora_rank :]
+        cos_sin = None
+        if self.rotary is not None:
+            cos_sin = self.rotary(positions)
+            q_rope = self.rotary.rotate(q_rope, *cos_sin)
+            k_rope = self.rotary.rotate(k_rope[:, None, :], *cos_sin)[:, 0]
+        latent = torch.cat([c_kv, k_rope], dim=-1)
+        return MLAProjection(q_nope, q_rope, latent, q_resid, cos_sin)
+
+    def attend_dense(
+        self, out: torch.Tensor, proj: MLAProjection, batch: ForwardBatch, seq_ids: Sequence[int]
+    ) -> None:
+        """Fill `out` [T, H, Dv] rows of `seq_ids` with causal MLA over their whole context:
+        absorbed for one-token (decode) sequences, expanded otherwise."""
+        latent_cache = batch.caches[self.layer_idx]["latent"]
+        decode = [i for i in seq_ids if batch.query_lens[i] == 1]
+        prefill = [i for i in seq_ids if batch.query_lens[i] > 1]
+        for ids, op in ((decode, mla_absorbed), (prefill, mla_expanded)):
+            if not ids:
+                continue
+            g = select_sequences(batch, ids)
+            out[g.rows] = op(
+                proj.q_nope[g.rows],
+                proj.q_rope[g.rows],
+                latent_cache,
+                g.block_tables,
+                g.cu_seqlens,
+                g.seq_lens,
+                self.kv_b_proj.weight,
+                self.scale,
+            )
+
+    def forward(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """hidden_states [T, D], positions [T] int64 -> [T, D]."""
+        proj = self.project(hidden_states, positions)
+        write_paged(batch.caches[self.layer_idx]["latent"], batch.slot_mapping, proj.latent)
+        out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
+        self.attend_dense(out, proj, batch, range(batch.num_seqs))
+        return self.o_proj(out.flatten(1))
+
+
+class GQAttention(nn.Module):
+    """Grouped-query attention (kind "gqa"), with Qwen3-Next's per-head q/k RMSNorm
+    (`gqa.qk_norm`) and sigmoid output gate (`gqa.output_gate`).
+
+    Parameters (HF names): `q_proj` [H*K*(2 if output_gate else 1), D] (per head: K query
+    channels then K gate channels), `k_proj` / `v_proj` [HKV*K, D], `o_proj` [D, H*K]; `q_norm`,
+    `k_norm` [K] (zero-centred when `config.norm_offset` is 1). Rope rotates the first
+    `config.rope.rotary_dim` channels of each head (partial rotary). Caches "k" / "v"
+    [P, B, HKV, K] hold the normed, roped keys and the values.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        gqa = config.gqa
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            gqa.num_heads,
+            gqa.num_kv_heads,
+            gqa.head_dim,
+        )
+        self.output_gate = gqa.output_gate
+        hidden, dim = config.hidden_size, gqa.head_dim
+        q_out = gqa.num_heads * dim * (2 if gqa.output_gate else 1)
+        self.q_proj = nn.Linear(hidden, q_out, bias=gqa.bias)
+        self.k_proj = nn.Linear(hidden, gqa.num_kv_heads * dim, bias=gqa.bias)
+        self.v_proj = nn.Linear(hidden, gqa.num_kv_heads * dim, bias=gqa.bias)
+        self.o_proj = nn.Linear(gqa.num_heads * dim, hidden, bias=gqa.bias)
+        if gqa.qk_norm:
+            self.q_norm = RMSNorm(dim, config.rms_norm_eps, config.norm_offset)
+            self.k_norm = RMSNorm(dim, config.rms_norm_eps, config.norm_offset)
+        self.rotary = RotaryEmbedding(config.rope)
+        self.scale = dim**-0.5
+
+    def forward(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """hidden_states [T, D], positions [T] int64 -> [T, D]."""
+        num_tokens = hidden_states.shape[0]
+        q = self.q_proj(hidden_states).view(num_tokens, self.num_heads, -1)
+        gate = None
+        if self.output_gate:
+            q, gate = q[..., : self.head_dim], q[..., self.head_dim :]
+        k = self.k_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden_states).view(num_tokens, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = self.rotary(positions)
+        q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
+        cache = batch.caches[self.layer_idx]
+        write_paged(cache["k"], batch.slot_mapping, k)
+        write_paged(cache["v"], batch.slot_mapping, v)
+        out = paged_gqa(
+            q,
+            cache["k"],
+            cache["v"],
+            batch.block_tables,
+            batch.cu_seqlens,
+            batch.seq_lens,
+            self.scale,
+        ).flatten(1)  # [T, H*K]
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(num_tokens, -1))
+        return self.o_proj(out)

@@ -1,0 +1,252 @@
+"""Linear-attention mixers: Kimi Delta Attention (kind "kda") and Gated DeltaNet (kind "gdn").
+
+Both are: projections -> short causal conv over q|k|v (SiLU) -> gated delta rule -> gated RMSNorm
+-> output projection. Each sequence's recurrent state and conv state live in its state slot:
+
+    batch.caches[layer_idx]["recurrent_state"]  [num_slots, HV, K, V] float32
+    batch.caches[layer_idx]["conv_state"]       [num_slots, 2*H*K + HV*V, W - 1]  (q | k | v)
+
+Sequence i reads and writes slot `batch.state_indices[i]`; a slot of a sequence with no context
+(`context_lens[i] == 0`) is never read (it may hold garbage). Sequences with more than one new
+token run the chunked op, single-token steps the recurrent op.
+
+Parameter names and shapes follow the checkpoints, so weights map by prefix only:
+  KimiDeltaAttention: the Moonshot Kimi-Linear checkpoint layout (`self_attn.*`); transformers'
+    `KimiLinearDeltaAttention` holds the same tensors with `f_a_proj`, `f_b_proj`, `dt_bias`,
+    `A_log` under `forget_gate.` and the three conv weights concatenated into one `conv1d`.
+  GatedDeltaNet: exactly transformers' `Qwen3NextGatedDeltaNet` (`linear_attn.*`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyla.config import ModelConfig
+from hyla.forward_batch import ForwardBatch, LayerCache
+from hyla.ops.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from hyla.ops.kda import chunk_kda, recurrent_kda
+from hyla.ops.norm import gated_rms_norm
+from hyla.ops.short_conv import causal_conv1d
+
+DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+class GatedRMSNorm(nn.Module):
+    """`gated_rms_norm` with weight [D] (initialised to ones)."""
+
+    def __init__(self, dim: int, eps: float, activation: str, weight_in_fp32: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.activation = activation
+        self.weight_in_fp32 = weight_in_fp32
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return gated_rms_norm(x, gate, self.weight, self.eps, self.activation, self.weight_in_fp32)
+
+
+def _depthwise_conv(channels: int, width: int) -> nn.Conv1d:
+    # Only a weight holder ([C, 1, W], as HF stores it); the op is hyla.ops.short_conv.
+    return nn.Conv1d(channels, channels, width, groups=channels, padding=width - 1, bias=False)
+
+
+def _read_slots(cache: LayerCache, name: str, batch: ForwardBatch) -> torch.Tensor:
+    """This step's sequences' rows of cache[name]; zeros for sequences without context."""
+    rows = cache[name].index_select(0, batch.state_indices)
+    has_state = torch.tensor(batch.has_initial_state, dtype=torch.bool, device=rows.device)
+    mask = has_state.view(-1, *([1] * (rows.dim() - 1)))
+    return torch.where(mask, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+
+def short_conv_step(
+    mixed: torch.Tensor, weight: torch.Tensor, cache: LayerCache, batch: ForwardBatch
+) -> torch.Tensor:
+    """SiLU short conv of `mixed` [T, C] (weight [C, W]) continuing each sequence's conv state;
+    writes the new states back to their slots. Returns [T, C]."""
+    state = _read_slots(cache, "conv_state", batch)
+    out, new_state = causal_conv1d(mixed, weight, None, batch.cu_seqlens, state, "silu")
+    cache["conv_state"].index_copy_(0, batch.state_indices, new_state)
+    return out
+
+
+def _token_rows(bounds: list[int], seqs: list[int], device: torch.device) -> torch.Tensor:
+    rows = [r for i in seqs for r in range(bounds[i], bounds[i + 1])]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def delta_rule_step(
+    chunk_fn: DeltaRuleFn,
+    recurrent_fn: DeltaRuleFn,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cache: LayerCache,
+    batch: ForwardBatch,
+) -> torch.Tensor:
+    """Run the delta rule over a packed step from each sequence's slot state and write the final
+    states back. Multi-token sequences go through `chunk_fn`, single tokens `recurrent_fn`.
+
+    Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
+    """
+    state = _read_slots(cache, "recurrent_state", batch)  # [N, HV, K, V]
+    final = state.clone()
+    o = torch.zeros_like(v)
+    bounds = batch.cu_seqlens.tolist()
+    lens = batch.query_lens
+    for fn, seqs in (
+        (recurrent_fn, [i for i, n in enumerate(lens) if n == 1]),
+        (chunk_fn, [i for i, n in enumerate(lens) if n > 1]),
+    ):
+        if not seqs:
+            continue
+        rows = _token_rows(bounds, seqs, v.device)
+        sub_cu = torch.tensor([0] + [lens[i] for i in seqs], device=v.device).cumsum(0)
+        idx = torch.tensor(seqs, dtype=torch.long, device=v.device)
+        o_sub, final_sub = fn(
+            q[rows],
+            k[rows],
+            v[rows],
+            g[rows],
+            beta[rows],
+            sub_cu.to(torch.int32),
+            state[idx],
+            use_qk_l2norm=True,
+        )
+        o[rows] = o_sub
+        final[idx] = final_sub
+    cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
+    return o
+
+
+class KimiDeltaAttention(nn.Module):
+    """Kimi Delta Attention mixer (Kimi Linear report, section 3; transformers'
+    `KimiLinearDeltaAttention`): per-channel forget gate, sigmoid-gated output RMSNorm.
+
+    Parameters (H = num_k_heads, HV = num_v_heads, K = head_k_dim, V = head_v_dim, D hidden,
+    W conv width): q_proj, k_proj [H*K, D]; v_proj [HV*V, D]; q_conv1d, k_conv1d [H*K, 1, W];
+    v_conv1d [HV*V, 1, W]; f_a_proj [K, D]; f_b_proj [HV*K, K]; dt_bias [HV*K];
+    A_log [1, 1, HV, 1]; b_proj [HV, D]; g_a_proj [V, D]; g_b_proj [HV*V, V]; o_norm.weight [V];
+    o_proj [D, HV*V]. All projections without bias.
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        lin = config.linear
+        self.layer_idx = layer_idx
+        self.num_k_heads, self.num_v_heads = lin.num_k_heads, lin.num_v_heads
+        self.head_k_dim, self.head_v_dim = lin.head_k_dim, lin.head_v_dim
+        D, W = config.hidden_size, lin.conv_kernel_size
+        key_dim, value_dim = lin.num_k_heads * lin.head_k_dim, lin.num_v_heads * lin.head_v_dim
+        self.q_proj = nn.Linear(D, key_dim, bias=False)
+        self.k_proj = nn.Linear(D, key_dim, bias=False)
+        self.v_proj = nn.Linear(D, value_dim, bias=False)
+        self.q_conv1d = _depthwise_conv(key_dim, W)
+        self.k_conv1d = _depthwise_conv(key_dim, W)
+        self.v_conv1d = _depthwise_conv(value_dim, W)
+        self.f_a_proj = nn.Linear(D, lin.head_k_dim, bias=False)
+        self.f_b_proj = nn.Linear(lin.head_k_dim, lin.num_v_heads * lin.head_k_dim, bias=False)
+        # fla's init: A in [1, 16]; dt in [1e-3, 1e-1] stored as its inverse softplus
+        self.A_log = nn.Parameter(torch.empty(1, 1, lin.num_v_heads, 1).uniform_(1, 16).log())
+        dt = torch.empty(lin.num_v_heads * lin.head_k_dim).uniform_(math.log(1e-3), math.log(0.1))
+        self.dt_bias = nn.Parameter(dt.exp() + torch.log(-torch.expm1(-dt.exp())))
+        self.b_proj = nn.Linear(D, lin.num_v_heads, bias=False)
+        self.g_a_proj = nn.Linear(D, lin.head_v_dim, bias=False)
+        self.g_b_proj = nn.Linear(lin.head_v_dim, value_dim, bias=False)
+        self.o_norm = GatedRMSNorm(lin.head_v_dim, config.rms_norm_eps, "sigmoid", True)
+        self.o_proj = nn.Linear(value_dim, D, bias=False)
+
+    def forget_gate(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Log-space decay g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias): [T, HV, K] fp32."""
+        T = hidden_states.shape[0]
+        raw = self.f_b_proj(self.f_a_proj(hidden_states)).float() + self.dt_bias.float()
+        raw = raw.view(T, self.num_v_heads, self.head_k_dim)
+        # log(1 + exp(x)) rather than log1p, rounding exactly as KimiLinearForgetGate does
+        softplus = torch.where(raw > 20.0, raw, torch.log(1.0 + torch.exp(raw)))
+        return -self.A_log.float().view(self.num_v_heads, 1).exp() * softplus
+
+    def forward(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """hidden_states [T, D] -> [T, D]; positions are unused (no positional encoding)."""
+        x, T = hidden_states, hidden_states.shape[0]
+        cache = batch.caches[self.layer_idx]
+        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        conv_weight = torch.cat(
+            [self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]
+        ).squeeze(1)  # [conv_dim, W]
+        mixed = short_conv_step(mixed, conv_weight, cache, batch)
+        key_dim = self.num_k_heads * self.head_k_dim
+        q, k, v = mixed.split([key_dim, key_dim, self.num_v_heads * self.head_v_dim], dim=-1)
+        q = q.reshape(T, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(T, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(T, self.num_v_heads, self.head_v_dim)
+        beta = torch.sigmoid(self.b_proj(x))
+        o = delta_rule_step(
+            chunk_kda, recurrent_kda, q, k, v, self.forget_gate(x), beta, cache, batch
+        )
+        gate = self.g_b_proj(self.g_a_proj(x)).view(T, self.num_v_heads, self.head_v_dim)
+        return self.o_proj(self.o_norm(o, gate).reshape(T, -1))
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet mixer as in Qwen3-Next (transformers' `Qwen3NextGatedDeltaNet`).
+
+    Parameters (names as above): in_proj_qkvz [2*H*K + 2*HV*V, D], rows grouped per key head
+    as [q (K) | k (K) | v (HV/H*V) | z (HV/H*V)]; in_proj_ba [2*HV, D], grouped per key head as
+    [b (HV/H) | a (HV/H)]; conv1d.weight [2*H*K + HV*V, 1, W] (q | k | v); dt_bias [HV];
+    A_log [HV]; norm.weight [V]; out_proj [D, HV*V].
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        lin = config.linear
+        self.layer_idx = layer_idx
+        self.num_k_heads, self.num_v_heads = lin.num_k_heads, lin.num_v_heads
+        self.head_k_dim, self.head_v_dim = lin.head_k_dim, lin.head_v_dim
+        D = config.hidden_size
+        key_dim, value_dim = lin.num_k_heads * lin.head_k_dim, lin.num_v_heads * lin.head_v_dim
+        self.in_proj_qkvz = nn.Linear(D, 2 * key_dim + 2 * value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(D, 2 * lin.num_v_heads, bias=False)
+        self.conv1d = _depthwise_conv(2 * key_dim + value_dim, lin.conv_kernel_size)
+        self.dt_bias = nn.Parameter(torch.ones(lin.num_v_heads))
+        self.A_log = nn.Parameter(torch.empty(lin.num_v_heads).uniform_(0.01, 16).log())
+        self.norm = GatedRMSNorm(lin.head_v_dim, config.rms_norm_eps, "silu", False)
+        self.out_proj = nn.Linear(value_dim, D, bias=False)
+
+    def _split_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k [T, H*K]; v, z [T, HV*V]; b, a [T, HV] from the per-key-head grouped rows."""
+        T, H = x.shape[0], self.num_k_heads
+        group_v = self.num_v_heads // H * self.head_v_dim
+        qkvz = self.in_proj_qkvz(x).view(T, H, -1)
+        q, k, v, z = qkvz.split([self.head_k_dim, self.head_k_dim, group_v, group_v], dim=-1)
+        b, a = self.in_proj_ba(x).view(T, H, -1).chunk(2, dim=-1)
+        return tuple(t.reshape(T, -1) for t in (q, k, v, z, b, a))
+
+    def forward(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """hidden_states [T, D] -> [T, D]; positions are unused (no positional encoding)."""
+        T = hidden_states.shape[0]
+        cache = batch.caches[self.layer_idx]
+        q, k, v, z, b, a = self._split_projections(hidden_states)
+        mixed = short_conv_step(
+            torch.cat([q, k, v], dim=-1), self.conv1d.weight.squeeze(1), cache, batch
+        )
+        q, k, v = mixed.split([q.shape[-1], k.shape[-1], v.shape[-1]], dim=-1)
+        q = q.reshape(T, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(T, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(T, self.num_v_heads, self.head_v_dim)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        o = delta_rule_step(
+            chunk_gated_delta_rule, recurrent_gated_delta_rule, q, k, v, g, beta, cache, batch
+        )
+        o = self.norm(o, z.view(T, self.num_v_heads, self.head_v_dim))
+        return self.out_proj(o.reshape(T, -1))

@@ -1,0 +1,37 @@
+"""SwiGLU feed-forward layer (Shazeer 2020, "GLU Variants Improve Transformer")."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyla.config import ModelConfig
+
+
+class GatedMLP(nn.Module):
+    """`down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases.
+
+    Parameter names match the dense MLPs (and shared experts) of all supported families:
+    `gate_proj.weight [I, D]`, `up_proj.weight [I, D]`, `down_proj.weight [D, I]`.
+
+    Args:
+        config: the model config; D is `config.hidden_size`.
+        layer_idx: index of the layer (unused; kept for the FFN registry's signature).
+        intermediate_size: I; defaults to `config.intermediate_size` (MoE shared experts pass
+            their own width).
+    """
+
+    def __init__(
+        self, config: ModelConfig, layer_idx: int = 0, intermediate_size: int | None = None
+    ) -> None:
+        super().__init__()
+        width = config.intermediate_size if intermediate_size is None else intermediate_size
+        self.layer_idx = layer_idx
+        self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states: [T, D] -> [T, D]."""
+        return self.down_proj(F.silu(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))

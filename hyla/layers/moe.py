@@ -1,0 +1,112 @@
+"""Mixture-of-experts FFN: router, routed experts (fused weights) and optional shared experts.
+
+Parameter names (per layer, under `layers.{i}.mlp.`):
+
+    gate.weight                   [E, D]       router
+    gate.e_score_correction_bias  [E] float32  buffer, only with `moe.has_correction_bias`
+    experts.gate_up_proj          [E, 2I, D]   gate rows then up rows (transformers 5 layout)
+    experts.down_proj             [E, D, I]
+    shared_experts.{gate,up,down}_proj.weight  one SwiGLU of width `shared_width(moe)`
+    shared_expert_gate.weight     [1, D]       only with `moe.shared_expert_gate` (Qwen3-Next)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hyla.config import ModelConfig, MoEConfig
+from hyla.layers.mlp import GatedMLP
+from hyla.ops.moe import moe_experts, route_sigmoid, route_softmax
+
+
+def shared_width(moe: MoEConfig) -> int:
+    """Width of the fused shared-expert MLP: `shared_intermediate_size` when set (the total over
+    all shared experts), else `num_shared_experts * moe_intermediate_size`; 0 = no shared MLP."""
+    if moe.num_shared_experts == 0:
+        return 0
+    return moe.shared_intermediate_size or moe.num_shared_experts * moe.moe_intermediate_size
+
+
+class Router(nn.Module):
+    """Scores experts and picks `num_experts_per_tok` per token (see `hyla.ops.moe`)."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        self.moe = moe
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
+        if moe.has_correction_bias:
+            self.register_buffer(
+                "e_score_correction_bias", torch.zeros(moe.num_experts, dtype=torch.float32)
+            )
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden_states: [T, D] -> (topk_weights [T, k], topk_ids [T, k] int64).
+
+        Sigmoid routing computes the logits in float32 (as DeepSeek-V3 / Kimi); softmax routing
+        computes them in the hidden dtype and the softmax in float32 (as Qwen3-Next)."""
+        moe = self.moe
+        if moe.scoring == "softmax":
+            logits = nn.functional.linear(hidden_states, self.weight)
+            return route_softmax(logits, moe.num_experts_per_tok, moe.norm_topk_prob)
+        logits = nn.functional.linear(hidden_states.float(), self.weight.float())
+        return route_sigmoid(
+            logits,
+            self.e_score_correction_bias,
+            moe.num_experts_per_tok,
+            moe.n_group,
+            moe.topk_group,
+            moe.norm_topk_prob,
+            moe.routed_scaling_factor,
+        )
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts stored fused: `gate_up_proj [E, 2I, D]`, `down_proj [E, D, I]`."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        E, I = moe.num_experts, moe.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(E, hidden_size, I))
+
+    def forward(
+        self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return moe_experts(hidden_states, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+
+
+class MoE(nn.Module):
+    """Routed experts plus shared experts: `experts(x) + [sigmoid(g(x)) *] shared_experts(x)`.
+
+    Args:
+        config: model config with `config.moe` set.
+        layer_idx: the layer's index (for the FFN registry's signature).
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        moe = config.moe
+        self.layer_idx = layer_idx
+        self.gate = Router(config.hidden_size, moe)
+        self.experts = Experts(config.hidden_size, moe)
+        width = shared_width(moe)
+        self.shared_experts = GatedMLP(config, layer_idx, width) if width else None
+        self.shared_expert_gate = (
+            nn.Linear(config.hidden_size, 1, bias=False)
+            if width and moe.shared_expert_gate
+            else None
+        )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states: [T, D] -> [T, D] in the same dtype."""
+        topk_weights, topk_ids = self.gate(hidden_states)
+        out = self.experts(hidden_states, topk_weights, topk_ids)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(hidden_states)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared
+            out = out + shared
+        return out

@@ -1,0 +1,29 @@
+"""Rotary embedding module: holds the inverse frequencies of a RopeConfig, computes cos/sin."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hyla.config import RopeConfig
+from hyla.ops.rotary import apply_rope, rope_cos_sin, rope_inv_freq
+
+
+class RotaryEmbedding(nn.Module):
+    """`forward(positions [T] int64) -> (cos, sin)`, each `[T, rotary_dim / 2]` float32.
+
+    The frequencies are a plain float32 attribute (not a buffer): the module adds no checkpoint
+    tensor and `model.to(bfloat16)` cannot round them; they follow `positions`' device.
+    `rotate(x [T, H, D], cos, sin)` rotates the first `rotary_dim` channels in `rope.style`.
+    """
+
+    def __init__(self, rope: RopeConfig) -> None:
+        super().__init__()
+        self.rope = rope
+        self.inv_freq, self.attention_factor = rope_inv_freq(rope)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions, self.inv_freq, self.attention_factor)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(x, cos, sin, self.rope.style)

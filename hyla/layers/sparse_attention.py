@@ -1,0 +1,130 @@
+"""DeepSeek Sparse Attention mixer (kind "dsa"): MLA whose queries attend only to the
+`dsa.index_topk` tokens a lightning indexer selects (DeepSeek-V3.2-Exp report, section 2.1).
+
+Parameter names follow HF `DeepseekV32Attention` (the MLA names of `MLAttention`) plus
+`indexer.wq_b`, `indexer.wk`, `indexer.k_norm` (a LayerNorm with bias), `indexer.weights_proj`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hyla.config import ModelConfig
+from hyla.forward_batch import ForwardBatch
+from hyla.layers.attention import MLAProjection, MLAttention, select_sequences
+from hyla.ops.dsa_indexer import lightning_indexer_topk
+from hyla.ops.paged import write_paged
+from hyla.ops.rotary import apply_rope
+from hyla.ops.sparse_attention import sparse_mla
+
+# HF `DeepseekV32Indexer` builds `k_norm` as `nn.LayerNorm(head_dim, eps=1e-6)`.
+INDEX_KEY_NORM_EPS = 1e-6
+
+
+class LightningIndexer(nn.Module):
+    """The DSA indexer's projections.
+
+    Parameters: `wq_b` [Hi*Di, Rq] (reads MLA's `q_a_layernorm` output), `wk` [Di, D],
+    `k_norm` LayerNorm [Di] (weight and bias), `weights_proj` [Hi, D]. The first
+    `qk_rope_head_dim` channels of queries and keys rotate in "neox" style (never interleaved,
+    unlike MLA's rope), with the MLA layer's cos/sin.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        dsa, mla = config.dsa, config.mla
+        self.n_heads, self.head_dim = dsa.index_n_heads, dsa.index_head_dim
+        self.wq_b = nn.Linear(mla.q_lora_rank, dsa.index_n_heads * dsa.index_head_dim, bias=False)
+        self.wk = nn.Linear(config.hidden_size, dsa.index_head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(dsa.index_head_dim, eps=INDEX_KEY_NORM_EPS)
+        self.weights_proj = nn.Linear(config.hidden_size, dsa.index_n_heads, bias=False)
+        self.softmax_scale = dsa.index_head_dim**-0.5
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        q_resid: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hidden_states [T, D], q_resid [T, Rq] -> (q [T, Hi, Di], weights [T, Hi] float32,
+        keys [T, Di]); q and keys roped."""
+        num_tokens = hidden_states.shape[0]
+        q = self.wq_b(q_resid).view(num_tokens, self.n_heads, self.head_dim)
+        k = self.k_norm(self.wk(hidden_states))[:, None, :]  # [T, 1, Di]
+        if cos_sin is not None:
+            q = apply_rope(q, *cos_sin, style="neox")
+            k = apply_rope(k, *cos_sin, style="neox")
+        weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float()
+        return q, weights, k[:, 0]
+
+
+class DSAttention(MLAttention):
+    """MLA + lightning indexer + top-k sparse attention over the paged cache.
+
+    Caches: "latent" [P, B, R+Dr] (as MLA) and "index_keys" [P, B, Di] (roped, normed indexer
+    keys). A sequence whose whole length is <= `index_topk` takes MLA's dense causal path (the
+    indexer would select every visible token, so the result is the same); longer sequences run
+    the indexer's causal top-k and `sparse_mla` over only the selected tokens.
+
+    Raises: ValueError at construction when `mla.q_lora_rank` is None (the indexer reads the
+    q low-rank activation).
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__(config, layer_idx)
+        if config.mla.q_lora_rank is None:
+            raise ValueError("dsa: mla.q_lora_rank is required (the indexer reads q_a_layernorm)")
+        self.indexer = LightningIndexer(config)
+        self.index_topk = config.dsa.index_topk
+
+    def forward(
+        self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """hidden_states [T, D], positions [T] int64 -> [T, D]."""
+        proj = self.project(hidden_states, positions)
+        cache = batch.caches[self.layer_idx]
+        write_paged(cache["latent"], batch.slot_mapping, proj.latent)
+        index_q, index_w, index_k = self.indexer(hidden_states, proj.q_resid, proj.cos_sin)
+        write_paged(cache["index_keys"], batch.slot_mapping, index_k)
+        seq_lens = batch.seq_lens
+        dense = [i for i in range(batch.num_seqs) if seq_lens[i] <= self.index_topk]
+        sparse = [i for i in range(batch.num_seqs) if seq_lens[i] > self.index_topk]
+        out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
+        self.attend_dense(out, proj, batch, dense)
+        if sparse:
+            self.attend_sparse(out, proj, index_q, index_w, batch, sparse)
+        return self.o_proj(out.flatten(1))
+
+    def attend_sparse(
+        self,
+        out: torch.Tensor,
+        proj: MLAProjection,
+        index_q: torch.Tensor,
+        index_w: torch.Tensor,
+        batch: ForwardBatch,
+        seq_ids: list[int],
+    ) -> None:
+        """Fill `out` [T, H, Dv] rows of `seq_ids` with MLA over each token's top-k tokens."""
+        cache = batch.caches[self.layer_idx]
+        g = select_sequences(batch, seq_ids)
+        topk_indices = lightning_indexer_topk(
+            index_q[g.rows],
+            index_w[g.rows],
+            cache["index_keys"],
+            g.block_tables,
+            g.cu_seqlens,
+            g.seq_lens,
+            self.index_topk,
+            self.indexer.softmax_scale,
+        )
+        out[g.rows] = sparse_mla(
+            proj.q_nope[g.rows],
+            proj.q_rope[g.rows],
+            cache["latent"],
+            g.block_tables,
+            g.cu_seqlens,
+            topk_indices,
+            self.kv_b_proj.weight,
+            self.scale,
+        )

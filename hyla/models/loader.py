@@ -1,0 +1,210 @@
+"""Load a checkpoint directory (config.json + safetensors) into a HybridModel.
+
+    config.json --registry--> ModelConfig --> HybridModel (allocated, not initialised)
+    *.safetensors --adapter placements--> checked (names, shapes) --> copied shard by shard
+
+All names and shapes are checked from the safetensors headers before any weight is read, so a
+wrong checkpoint fails in seconds with every problem listed. Tensors are read one at a time and
+copied straight into their destination (a parameter, or a slice of a fused one), so peak memory
+is the model plus one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from tqdm import tqdm
+
+from hyla.config import ConfigError, ModelConfig
+from hyla.models.checkpoint import (
+    CheckpointError,
+    Entry,
+    dequantize_fp8,
+    plan_checkpoint,
+    targets_of,
+)
+from hyla.models.hybrid import HybridModel
+from hyla.models.registry import config_from_hf
+
+__all__ = [
+    "CheckpointError",
+    "build_empty_model",
+    "checkpoint_files",
+    "dequantize_fp8",
+    "load_config",
+    "load_model",
+    "load_weights",
+]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_INIT_FNS = (
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+    "sparse_",
+)  # fmt: skip
+
+
+def config_path(path: str | Path) -> Path:
+    """`path/config.json` for a directory, else `path` itself."""
+    path = Path(path)
+    return path / "config.json" if path.is_dir() else path
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """ModelConfig of a checkpoint directory or a config.json (HF family or hyla layout).
+
+    End-of-sequence ids listed in a sibling `generation_config.json` are added to
+    `eos_token_ids` (chat models often stop on more ids than config.json names).
+    Raises: ConfigError naming the field; FileNotFoundError when there is no config.json.
+    """
+    file = config_path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no config.json at {file}")
+    config = config_from_hf(_read_json(file))
+    gen_file = file.parent / "generation_config.json"
+    if config.architecture != "hyla" and gen_file.is_file():
+        extra = _read_json(gen_file).get("eos_token_id")
+        extra = extra if isinstance(extra, list) else [extra]
+        ids = list(config.eos_token_ids)
+        ids += [i for i in extra if isinstance(i, int) and i not in ids]
+        config = config.replace(eos_token_ids=tuple(ids))
+    return config
+
+
+def _read_json(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config: {file} is not valid JSON ({e})") from e
+
+
+def checkpoint_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory: the shards named by
+    `model.safetensors.index.json`, else `model.safetensors`, else every `*.safetensors`.
+
+    Raises: CheckpointError when there is none (or a listed shard is absent).
+    """
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [path / s for s in shards]
+        absent = [str(f) for f in files if not f.is_file()]
+        if absent:
+            raise CheckpointError(f"shards listed in {index.name} are absent: {absent}")
+        return files
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors files in {path}")
+    return files
+
+
+@contextmanager
+def _allocate_only(dtype: torch.dtype) -> Iterator[None]:
+    """While building modules: allocate every floating parameter empty in `dtype` (float32 for
+    names a module lists in `keep_fp32`) and skip `torch.nn.init`. Buffers keep their dtype and
+    values (rotary tables, the float32 router bias)."""
+
+    def cast(module: nn.Module, name: str, param: nn.Parameter | None) -> nn.Parameter | None:
+        if param is None or getattr(param, "_hyla_allocated", False):
+            return None  # re-registration of an allocated parameter (tied weights)
+        keep = param.is_floating_point() and name in getattr(module, "keep_fp32", ())
+        target = torch.float32 if keep else dtype if param.is_floating_point() else param.dtype
+        new = nn.Parameter(torch.empty_like(param, dtype=target), requires_grad=False)
+        new._hyla_allocated = True
+        return new
+
+    saved = {name: getattr(nn.init, name) for name in _INIT_FNS}
+    handle = nn.modules.module.register_module_parameter_registration_hook(cast)
+    try:
+        for name in _INIT_FNS:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        handle.remove()
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def build_empty_model(config: ModelConfig, device: str | torch.device = "cpu") -> HybridModel:
+    """HybridModel with parameters allocated in `config.dtype` on `device`, left uninitialised."""
+    with torch.device(device), _allocate_only(DTYPES[config.dtype]):
+        return HybridModel(config)
+
+
+def _copy_entry(entry: Entry, open_file, targets: dict[str, torch.Tensor]) -> None:
+    tensor = open_file(entry.file).get_tensor(entry.name)
+    if entry.scale is not None:
+        scale_name, scale_file = entry.scale
+        tensor = dequantize_fp8(tensor, open_file(scale_file).get_tensor(scale_name))
+    offset = 0
+    for p in entry.placements:
+        dst = p.view(targets[p.target])
+        src = tensor if len(entry.placements) == 1 else tensor[offset : offset + dst.shape[0]]
+        offset += dst.shape[0]
+        dst.copy_(src)
+
+
+@torch.no_grad()
+def load_weights(model: HybridModel, path: str | Path, progress: bool = True) -> None:
+    """Copy a checkpoint directory's tensors into `model` (names mapped by its config's adapter).
+
+    Raises: CheckpointError (see `plan_checkpoint`) before any weight is read.
+    """
+    files = checkpoint_files(path)
+    targets, aliases = targets_of(model)
+    entries = plan_checkpoint(model.config, targets, aliases, files)
+    handles: dict[Path, object] = {}
+
+    def open_file(file: Path):
+        if file not in handles:
+            handles[file] = safe_open(str(file), framework="pt")
+        return handles[file]
+
+    by_file: dict[Path, list[Entry]] = {}
+    for entry in entries:
+        by_file.setdefault(entry.file, []).append(entry)
+    bar = tqdm(total=len(entries), desc="Loading weights", unit="tensor", disable=not progress)
+    try:
+        for file in files:  # shard by shard: a shard's handle is dropped once it is read
+            for entry in by_file.get(file, []):
+                _copy_entry(entry, open_file, targets)
+                bar.update(1)
+            handles.clear()
+    finally:
+        bar.close()
+        handles.clear()
+
+
+def load_model(
+    path: str | Path,
+    dtype: str | None = None,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> HybridModel:
+    """Build the HybridModel of a checkpoint directory and load its weights.
+
+    Args:
+        path: directory with config.json (HF family or hyla layout) and safetensors files.
+        dtype: "float32" | "bfloat16" | "float16"; None keeps the checkpoint's dtype.
+        device: where the parameters live.
+        progress: show a tqdm progress bar.
+    Returns: the model in eval mode, `model.config.dtype == dtype`.
+    Raises: ConfigError (bad config or dtype), CheckpointError (tensors do not fit the model).
+    """
+    config = load_config(path)
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        config = config.replace(dtype=dtype)
+    model = build_empty_model(config, device)
+    load_weights(model, Path(path), progress)
+    return model.eval()

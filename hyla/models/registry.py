@@ -1,0 +1,74 @@
+"""Model-family registry: which adapter turns a `config.json` into a ModelConfig and which
+checkpoint tensor goes where.
+
+Dispatch is on `model_type`, falling back to `architectures[0]`. `model_type: "hyla"` is hyla's
+own layout (`ModelConfig.to_dict`), whose tensor names are hyla's state-dict names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+from hyla.config import ConfigError, ModelConfig
+from hyla.models.weights import Placement
+
+# model_type -> adapter module (each has MODEL_TYPE, ARCHITECTURES, config_from_hf, hf_placement)
+ADAPTERS = {
+    "kimi_linear": "hyla.models.kimi_linear",
+    "deepseek_v32": "hyla.models.deepseek_v32",
+    "qwen3_next": "hyla.models.qwen3_next",
+}
+ARCHITECTURES = {
+    "KimiLinearForCausalLM": "kimi_linear",
+    "DeepseekV32ForCausalLM": "deepseek_v32",
+    "Qwen3NextForCausalLM": "qwen3_next",
+}
+NATIVE = "hyla"
+
+
+def family_of(hf_config: dict[str, Any]) -> str:
+    """The adapter family of a config dict: "hyla" or a key of ADAPTERS.
+
+    Raises: ConfigError naming `model_type` for an unsupported architecture.
+    """
+    if not isinstance(hf_config, dict):
+        raise ConfigError(f"config: expected a JSON object, got {type(hf_config).__name__}")
+    model_type = hf_config.get("model_type")
+    if model_type == NATIVE or model_type in ADAPTERS:
+        return model_type
+    for arch in hf_config.get("architectures") or ():
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    supported = ", ".join([NATIVE, *ADAPTERS])
+    raise ConfigError(
+        f"model_type: unsupported architecture {model_type!r} "
+        f"(architectures={hf_config.get('architectures')!r}); supported: {supported}"
+    )
+
+
+def adapter(family: str) -> ModuleType:
+    """The adapter module of `family` (a key of ADAPTERS)."""
+    if family not in ADAPTERS:
+        raise ConfigError(f"model_type: no adapter for {family!r}")
+    return importlib.import_module(ADAPTERS[family])
+
+
+def config_from_hf(hf_config: dict[str, Any]) -> ModelConfig:
+    """ModelConfig from a parsed `config.json` (any supported family, or hyla's layout).
+
+    Raises: ConfigError naming the offending field (`model_type` for unknown architectures).
+    """
+    family = family_of(hf_config)
+    if family == NATIVE:
+        return ModelConfig.from_dict(hf_config)
+    return adapter(family).config_from_hf(hf_config)
+
+
+def placement_for(config: ModelConfig, name: str) -> tuple[Placement, ...]:
+    """Where checkpoint tensor `name` goes for a model of `config.architecture` (see
+    `hyla.models.weights`); an empty tuple means the tensor is known and skipped."""
+    if config.architecture == NATIVE:
+        return (Placement(name),)
+    return adapter(config.architecture).hf_placement(name, config)

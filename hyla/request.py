@@ -1,0 +1,303 @@
+"""Requests, sampling parameters and outputs (plain Python, no torch).
+
+`SamplingParams` is validated once in `__post_init__`: a bad value raises `SamplingParamsError`
+naming the field and the limit. `Request` is one generated sequence as the scheduler sees it:
+its progress is `num_computed_tokens` catching up with `num_tokens` (prompt + generated).
+A user request with `n > 1` becomes n `Request`s inside the engine.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_N = 16
+MAX_LOGPROBS = 20
+
+
+class InvalidRequestError(ValueError):
+    """A request is malformed or cannot be served; `field` names the offending input."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class SamplingParamsError(InvalidRequestError):
+    """A `SamplingParams` field is out of range or of the wrong type."""
+
+
+class QueueFullError(RuntimeError):
+    """The engine's waiting queue holds `max_queue_len` requests; retry later."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check(cond: bool, name: str, message: str) -> None:
+    if not cond:
+        raise SamplingParamsError(name, message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to draw tokens for one request.
+
+    `temperature == 0` is greedy. `top_k <= 0` and `top_p == 1` and `min_p == 0` are off.
+    Penalties follow the OpenAI/CTRL definitions: repetition divides positive logits (multiplies
+    negative ones) of tokens seen in prompt or output; presence subtracts once per seen output
+    token, frequency once per occurrence. `max_tokens=None` means up to the context limit.
+    `logprobs`/`prompt_logprobs` ask for the top-N log-probabilities (plus the chosen token).
+
+    Raises:
+        SamplingParamsError: a field is out of range; the message names the field and limit.
+    """
+
+    n: int = 1
+    best_of: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        _check(isinstance(stop, (list, tuple)), "stop", "must be a string or a list of strings")
+        object.__setattr__(self, "stop", tuple(stop))
+        ids = self.stop_token_ids
+        _check(isinstance(ids, (list, tuple)), "stop_token_ids", "must be a list of token ids")
+        object.__setattr__(self, "stop_token_ids", tuple(ids))
+        self._check_counts()
+        self._check_probabilities()
+        self._check_stops()
+
+    def _check_counts(self) -> None:
+        n = self.n
+        _check(_is_int(n) and 1 <= n <= MAX_N, "n", f"must be in [1, {MAX_N}], got {n!r}")
+        if self.best_of is not None:
+            _check(
+                _is_int(self.best_of) and self.n <= self.best_of <= MAX_N,
+                "best_of",
+                f"must be in [n={self.n}, {MAX_N}], got {self.best_of!r}",
+            )
+        if self.max_tokens is not None:
+            _check(
+                _is_int(self.max_tokens) and self.max_tokens >= 1,
+                "max_tokens",
+                f"must be >= 1, got {self.max_tokens!r}",
+            )
+        _check(
+            _is_int(self.min_tokens) and self.min_tokens >= 0,
+            "min_tokens",
+            f"must be >= 0, got {self.min_tokens!r}",
+        )
+        if self.max_tokens is not None:
+            _check(
+                self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                f"must be <= max_tokens={self.max_tokens}, got {self.min_tokens}",
+            )
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None:
+                _check(
+                    _is_int(v) and 0 <= v <= MAX_LOGPROBS,
+                    name,
+                    f"must be in [0, {MAX_LOGPROBS}], got {v!r}",
+                )
+        if self.seed is not None:
+            _check(_is_int(self.seed), "seed", f"must be an integer, got {self.seed!r}")
+        _check(_is_int(self.top_k), "top_k", f"must be an integer (<= 0: off), got {self.top_k!r}")
+
+    def _check_probabilities(self) -> None:
+        t = self.temperature
+        _check(_is_num(t) and t >= 0, "temperature", f"must be >= 0, got {t!r}")
+        _check(t == t and t != float("inf"), "temperature", f"must be finite, got {t!r}")
+        p = self.top_p
+        _check(_is_num(p) and 0 < p <= 1, "top_p", f"must be in (0, 1], got {p!r}")
+        m = self.min_p
+        _check(_is_num(m) and 0 <= m <= 1, "min_p", f"must be in [0, 1], got {m!r}")
+        r = self.repetition_penalty
+        _check(
+            _is_num(r) and 0 < r < float("inf"),
+            "repetition_penalty",
+            f"must be > 0 and finite, got {r!r}",
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(_is_num(v) and -2 <= v <= 2, name, f"must be in [-2, 2], got {v!r}")
+
+    def _check_stops(self) -> None:
+        for s in self.stop:
+            _check(isinstance(s, str) and s != "", "stop", f"must be non-empty strings, got {s!r}")
+        for t in self.stop_token_ids:
+            _check(_is_int(t) and t >= 0, "stop_token_ids", f"must be ids >= 0, got {t!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences generated internally: `best_of` when set, else `n`."""
+        return self.best_of if self.best_of is not None else self.n
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_TIMEOUT = "timeout"
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI finish_reason string of a finished status, else None."""
+        return self.value if self.is_finished else None
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps (seconds from `time.monotonic()`) of one request's life."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """One of the n completions of a request; `text` and `token_ids` are cumulative."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None
+    cumulative_logprob: float | None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """What a request has produced so far (cumulative), returned by `LLMEngine.step()`."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[dict[int, float] | None] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence as the scheduler sees it.
+
+    `all_token_ids` = prompt + generated; `num_computed_tokens` of them are in the cache. After a
+    preemption `num_computed_tokens` drops to 0 and the whole sequence is recomputed.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    max_model_len: int = 1 << 62
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    stop_reason: str | int | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = list(self.prompt_token_ids)
+        self.all_token_ids = list(self.prompt_token_ids) + list(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def max_output_tokens(self) -> int:
+        """Generated tokens allowed: `max_tokens` capped by the context limit."""
+        room = self.max_model_len - self.num_prompt_tokens
+        mt = self.params.max_tokens
+        return room if mt is None else min(mt, room)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+
+def check_token_stop(request: Request) -> RequestStatus | None:
+    """Stop conditions decided by the last generated token alone (stop strings are the
+    detokenizer's). Sets `request.stop_reason` (the stop token id; None for EOS).
+
+    Returns: FINISHED_STOPPED, FINISHED_LENGTH, or None to continue.
+    """
+    if not request.output_token_ids:
+        return None
+    last = request.output_token_ids[-1]
+    params = request.params
+    if request.num_output_tokens >= params.min_tokens:
+        if not params.ignore_eos and last in request.eos_token_ids:
+            request.stop_reason = None
+            return RequestStatus.FINISHED_STOPPED
+        if last in params.stop_token_ids:
+            request.stop_reason = last
+            return RequestStatus.FINISHED_STOPPED
+    if request.num_output_tokens >= request.max_output_tokens:
+        return RequestStatus.FINISHED_LENGTH
+    return None

@@ -1,0 +1,189 @@
+"""Continuous batching in tokens, not phases (plain Python, no torch).
+
+Each step decides `{request_id: num_tokens}`: how many of each request's uncomputed tokens go
+into the next forward. A prompt of 1,000 tokens under a 256-token budget is four chunks; a
+decode is 1 token; one step freely mixes both. A request samples a new token only in the step
+where its `num_computed_tokens` reaches `num_tokens`.
+
+    running (in admission order)      waiting (FCFS, or by (priority, arrival))
+    [r0 r1 r2 ... ]  <- admit head --  [w0 w1 ...]
+          `-- preempt tail (recompute) --^
+
+Admission needs a free state slot and the blocks for its first chunk. When a running request
+cannot get a block, the lowest-ranked running request not yet scheduled this step is preempted:
+its slot and blocks are released and it waits to recompute prompt + generated tokens from
+scratch (zero initial state). No request is admitted in a step that preempted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+
+from hyla.cache.manager import CacheManager
+from hyla.config import SchedulerConfig
+from hyla.request import Request, RequestStatus, check_token_stop
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's decision. `num_scheduled_tokens` is ordered (running first, then admitted)."""
+
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    preempted_ids: list[str] = field(default_factory=list)
+
+    @property
+    def total_num_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+class Scheduler:
+    """Owns the waiting and running queues and the cache grants of their requests.
+
+    Args:
+        config: token and sequence budgets, policy ("fcfs" or "priority": lower value first).
+        cache: the block/slot bookkeeping shared with the model runner.
+    """
+
+    def __init__(self, config: SchedulerConfig, cache: CacheManager) -> None:
+        self.config = config
+        self.cache = cache
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._order: dict[str, tuple[int, int]] = {}
+        self._counter = itertools.count()
+        self.num_preemptions = 0
+
+    # -- queues ----------------------------------------------------------------------------------
+
+    def _rank(self, req: Request) -> tuple[int, int]:
+        return self._order[req.request_id]
+
+    def _enqueue(self, req: Request) -> None:
+        req.status = RequestStatus.WAITING
+        bisect.insort(self.waiting, req, key=self._rank)
+
+    def add_request(self, req: Request) -> None:
+        """Queue a new request. Raises ValueError on a duplicate id."""
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id: {req.request_id!r} is already queued")
+        prio = req.priority if self.config.policy == "priority" else 0
+        self._order[req.request_id] = (prio, next(self._counter))
+        self.requests[req.request_id] = req
+        self._enqueue(req)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- scheduling ------------------------------------------------------------------------------
+
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
+        n = min(req.num_uncomputed_tokens, budget)
+        limit = self.config.long_prefill_token_threshold
+        return min(n, limit) if limit > 0 else n
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.cache.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._enqueue(req)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._num_new_tokens(req, budget)
+            total = req.num_computed_tokens + n
+            while not self.cache.allocate(req.request_id, total):
+                victim = max(self.running[i:], key=self._rank)
+                self._preempt(victim)
+                out.preempted_ids.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                out.num_scheduled_tokens[req.request_id] = n
+                budget -= n
+                i += 1
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            n = self._num_new_tokens(req, budget)
+            if not self.cache.allocate(req.request_id, req.num_computed_tokens + n):
+                break
+            self.waiting.pop(0)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.num_scheduled_tokens[req.request_id] = n
+            budget -= n
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide the next step under `max_num_batched_tokens` and `max_num_seqs`."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted_ids:
+            self._admit_waiting(out, budget)
+        return out
+
+    # -- progress --------------------------------------------------------------------------------
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Advance the scheduled requests by their scheduled tokens and append sampled tokens.
+
+        Args:
+            out: the decision `schedule()` returned for this step.
+            sampled: new token per request that completed its uncomputed tokens this step.
+        Returns: the requests finished by a token stop (EOS, stop token, length); their blocks
+        and slots are already released.
+        Raises: ValueError when a request is sampled before all its tokens were computed.
+        """
+        finished: list[Request] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue  # aborted after scheduling
+            req.num_computed_tokens += n
+            if rid not in sampled:
+                continue
+            if req.num_computed_tokens != req.num_tokens:
+                raise ValueError(f"sampled: {rid!r} has uncomputed tokens")
+            req.append_token(sampled[rid])
+            status = check_token_stop(req)
+            if status is not None:
+                self.finish(rid, status)
+                finished.append(req)
+        return finished
+
+    def finish(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request (abort, stop string, timeout ...) and release its cache at once.
+
+        Returns: the request, or None when the id is unknown or already finished.
+        """
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self.cache.free(request_id)
+        self._order.pop(request_id, None)
+        req.status = status
+        return req

@@ -1,0 +1,294 @@
+"""The OpenAI-compatible HTTP app: `build_app(engine, served_model_name, ...)`.
+
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (JSON or SSE with
+`stream: true`), GET /health, GET /metrics. Middleware, outermost first: per-status counts,
+API key (only `/v1/*`), body-size limit. Errors are OpenAI error JSON (see `errors.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from hyla.engine.async_engine import AsyncEngine
+from hyla.server import convert
+from hyla.server.errors import APIError, install_error_handlers, to_api_error
+from hyla.server.metrics import ServerMetrics
+from hyla.server.middleware import APIKeyGuard, BodyLimit, StatusCounter
+from hyla.server.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ModelCard,
+    ModelList,
+    random_id,
+)
+from hyla.server.serving import (
+    Batch,
+    Context,
+    DeltaTracker,
+    collect,
+    sse,
+    sse_events,
+    start_streams,
+    usage_of,
+)
+
+logger = logging.getLogger("hyla.server")
+
+ROUTES = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def build_app(
+    engine: AsyncEngine,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_request_bytes: int = 8 << 20,
+    drain_timeout: float | None = 30.0,
+) -> FastAPI:
+    """The FastAPI app serving `engine` under the name `served_model_name`.
+
+    Args:
+        engine: the AsyncEngine; started on app startup, drained and stopped on shutdown.
+        served_model_name: the `model` clients must send (default: the engine's model name).
+        api_key: when set, `/v1/*` requires `Authorization: Bearer <api_key>` (else 401).
+        max_request_bytes: larger request bodies get 413.
+        drain_timeout: on shutdown, seconds to let requests in flight finish before aborting.
+    """
+    metrics = ServerMetrics(engine)
+    ctx = Context(engine, served_model_name or engine.model_name, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # noqa: ANN202
+        engine.start()
+        yield
+        await engine.shutdown(drain=True, timeout=drain_timeout)
+
+    app = FastAPI(title="hyla", version="0.1.0", lifespan=lifespan)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    if api_key:
+        app.add_middleware(APIKeyGuard, api_key=api_key)
+    app.add_middleware(StatusCounter, metrics=metrics, routes=ROUTES)
+    _add_routes(app, ctx)
+    return app
+
+
+def _add_routes(app: FastAPI, ctx: Context) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        if ctx.engine.is_draining:
+            return JSONResponse({"status": "draining"}, 503, headers={"Retry-After": "5"})
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = ctx.metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        card = ModelCard(id=ctx.model_name, max_model_len=ctx.engine.max_model_len)
+        return _json(ModelList(data=[card]))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _guard(create_completion(ctx, body, request))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _guard(create_chat_completion(ctx, body, request))
+
+
+async def _guard(coro: Any) -> Response:
+    try:
+        return await coro
+    except Exception as e:
+        err = to_api_error(e)
+        raise err from e
+
+
+def _json(model: Any) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+# -- completions ----------------------------------------------------------------------------
+
+
+async def create_completion(ctx: Context, req: CompletionRequest, request: Request) -> Response:
+    convert.check_model(req.model, ctx.model_name)
+    prompts = convert.normalize_prompts(req.prompt)
+    params = convert.completion_params(req, ctx.engine.max_model_len)
+    batch = await start_streams(ctx, prompts, params, random_id("cmpl"))
+    if req.stream:
+        return StreamingResponse(_completion_events(ctx, req, batch), headers=SSE_HEADERS,
+                                 media_type="text/event-stream")
+    finals = await collect(request, batch)
+    if finals is None:
+        return Response(status_code=499)
+    choices = [
+        _completion_choice(ctx, req, i * batch.n + c.index, out, c)
+        for i, out in enumerate(finals)
+        for c in out.outputs
+    ]
+    return _json(CompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
+                                    choices=choices, usage=usage_of(finals)))
+
+
+def _prompt_text(ctx: Context, output: Any) -> str:
+    if output.prompt is not None:
+        return output.prompt
+    tok = ctx.engine.tokenizer
+    return tok.decode(output.prompt_token_ids) if tok is not None else ""
+
+
+def _completion_choice(ctx: Context, req: CompletionRequest, index: int, out: Any,
+                       completion: Any) -> CompletionChoice:
+    prefix = _prompt_text(ctx, out) if req.echo else ""
+    logprobs = None
+    if req.logprobs is not None:
+        logprobs = _completion_logprobs(ctx, req, out, completion, 0, prefix)
+    return CompletionChoice(index=index, text=prefix + completion.text, logprobs=logprobs,
+                            finish_reason=completion.finish_reason,
+                            stop_reason=completion.stop_reason)
+
+
+def _completion_logprobs(ctx: Context, req: CompletionRequest, out: Any, completion: Any,
+                         first: int, prefix: str, offset: int = 0) -> Any:
+    """Logprobs of generated tokens from position `first` (plus the echoed prompt's)."""
+    tok, top = ctx.engine.tokenizer, req.logprobs or 0
+    ids, lps = list(completion.token_ids[first:]), list((completion.logprobs or [])[first:])
+    if prefix:
+        prompt_lps = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+        ids = list(out.prompt_token_ids) + ids
+        lps = list(prompt_lps) + lps
+    return convert.completion_logprobs(tok, ids, lps, top, offset)
+
+
+async def _completion_events(ctx: Context, req: CompletionRequest, batch: Batch) -> Any:
+    deltas = DeltaTracker()
+    echoed: set[int] = set()
+    finals: list[Any] = [None] * len(batch.streams)
+    offsets: dict[int, int] = {}
+
+    def events(i: int, out: Any) -> list[str]:
+        finals[i] = out
+        chunks = []
+        for c in out.outputs:
+            index = i * batch.n + c.index
+            prefix = ""
+            if req.echo and index not in echoed:
+                echoed.add(index)
+                prefix = _prompt_text(ctx, out)
+            delta = deltas.delta(index, c)
+            if delta is None and not prefix:
+                continue
+            text, _, first, is_finish = delta or ("", [], len(c.token_ids), False)
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = _completion_logprobs(ctx, req, out, c, first, prefix,
+                                                offsets.get(index, 0))
+                if logprobs.tokens:  # offsets count token strings, as in the non-stream answer
+                    offsets[index] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+            choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
+                                      finish_reason=c.finish_reason if is_finish else None,
+                                      stop_reason=c.stop_reason if is_finish else None)
+            chunks.append(sse(CompletionResponse(id=batch.id, created=batch.created,
+                                                 model=ctx.model_name, choices=[choice])))
+        return chunks
+
+    def finish() -> list[str]:
+        if not (req.stream_options and req.stream_options.include_usage):
+            return []
+        return [sse(CompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
+                                       choices=[], usage=usage_of(finals)))]
+
+    async for event in sse_events(batch, events, finish):
+        yield event
+
+
+# -- chat completions -----------------------------------------------------------------------
+
+
+async def create_chat_completion(
+    ctx: Context, req: ChatCompletionRequest, request: Request
+) -> Response:
+    convert.check_model(req.model, ctx.model_name)
+    prompt_ids = convert.chat_prompt_ids(ctx.engine.tokenizer, req)
+    params = convert.chat_params(req, ctx.engine.max_model_len)
+    batch = await start_streams(ctx, [prompt_ids], params, random_id("chatcmpl"))
+    if req.stream:
+        return StreamingResponse(_chat_events(ctx, req, batch), headers=SSE_HEADERS,
+                                 media_type="text/event-stream")
+    finals = await collect(request, batch)
+    if finals is None:
+        return Response(status_code=499)
+    out = finals[0]
+    choices = [
+        ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                   logprobs=_chat_logprobs(ctx, req, c, 0),
+                   finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+        for c in out.outputs
+    ]
+    return _json(ChatCompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
+                                        choices=choices, usage=usage_of(finals)))
+
+
+def _chat_logprobs(ctx: Context, req: ChatCompletionRequest, completion: Any, first: int) -> Any:
+    if not req.logprobs:
+        return None
+    ids = list(completion.token_ids[first:])
+    lps = list((completion.logprobs or [])[first:])
+    return convert.chat_logprobs(ctx.engine.tokenizer, ids, lps, req.top_logprobs or 0)
+
+
+async def _chat_events(ctx: Context, req: ChatCompletionRequest, batch: Batch) -> Any:
+    deltas = DeltaTracker()
+    finals: list[Any] = [None]
+
+    def chunk(choices: list[ChatChunkChoice], usage: Any = None) -> str:
+        return sse(ChatCompletionChunk(id=batch.id, created=batch.created, model=ctx.model_name,
+                                       choices=choices, usage=usage))
+
+    start = [chunk([ChatChunkChoice(index=k, delta=DeltaMessage(role="assistant", content=""))
+                    for k in range(batch.n)])]
+
+    def events(i: int, out: Any) -> list[str]:
+        finals[i] = out
+        choices = []
+        for c in out.outputs:
+            delta = deltas.delta(c.index, c)
+            if delta is None:
+                continue
+            text, _, first, is_finish = delta
+            choices.append(ChatChunkChoice(
+                index=c.index, delta=DeltaMessage(content=text or None),
+                logprobs=_chat_logprobs(ctx, req, c, first),
+                finish_reason=c.finish_reason if is_finish else None,
+                stop_reason=c.stop_reason if is_finish else None,
+            ))
+        return [chunk(choices)] if choices else []
+
+    def finish() -> list[str]:
+        if not (req.stream_options and req.stream_options.include_usage):
+            return []
+        return [chunk([], usage_of(finals))]
+
+    async for event in sse_events(batch, events, finish, start):
+        yield event
+
+
+__all__ = ["APIError", "build_app"]

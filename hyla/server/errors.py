@@ -1,0 +1,152 @@
+"""OpenAI-style error responses and the exception handlers that produce them.
+
+Every failure reaches the client as `{"error": {"message", "type", "param", "code"}}` with the
+HTTP status the OpenAI API uses: 400 bad value, 401 bad API key, 404 unknown model or route,
+413 body too large, 422 malformed JSON or schema violation, 503 queue full or shutting down
+(with `Retry-After`), 500 an engine failure. Nothing here lets an exception escape to uvicorn.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hyla.engine.async_engine import EngineDeadError, EngineDrainingError
+from hyla.request import InvalidRequestError, QueueFullError
+from hyla.server.protocol import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger("hyla.server")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    500: "server_error",
+    503: "server_error",
+}
+# Location parts pydantic adds for union branches (`temperature.float`), not field names.
+_UNION_TAGS = {"int", "float", "str", "bool", "dict", "list", "none", "function-after"}
+
+
+class APIError(Exception):
+    """An error with its HTTP status; raised by route code, rendered by `error_response`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+
+def error_body(status: int, message: str, param: str | None = None, code: Any = None) -> dict:
+    info = ErrorInfo(message=message, type=_TYPES.get(status, "invalid_request_error"),
+                     param=param, code=code)
+    return ErrorResponse(error=info).model_dump()
+
+
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: Any = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status, headers=headers)
+
+
+def to_api_error(e: BaseException) -> APIError:
+    """Map an engine/validation exception to its APIError (500 for anything unexpected)."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, InvalidRequestError):
+        return APIError(400, str(e), param=e.field, code="invalid_value")
+    if isinstance(e, QueueFullError):
+        retry = str(getattr(e, "retry_after", 1))
+        return APIError(503, f"{e}; retry later", code="queue_full", headers={"Retry-After": retry})
+    if isinstance(e, EngineDrainingError):
+        return APIError(503, str(e), code="shutting_down", headers={"Retry-After": "5"})
+    if isinstance(e, EngineDeadError):
+        return APIError(500, str(e), code="engine_error")
+    logger.error("unexpected error", exc_info=(type(e), e, e.__traceback__))
+    return APIError(500, f"internal error: {type(e).__name__}", code="internal_error")
+
+
+def _validation_param(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(p for p in parts if not _is_union_tag(p))
+
+
+def _is_union_tag(part: str) -> bool:
+    return part in _UNION_TAGS or "[" in part
+
+
+def _union_tags(errors: list[dict]) -> list[str]:
+    tags = []
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ())]
+        if loc and _is_union_tag(loc[-1]) and loc[-1] not in tags:
+            tags.append(loc[-1])
+    return tags
+
+
+def validation_error_response(errors: list[dict]) -> JSONResponse:
+    """422 naming the first offending field (`messages.0.role: Field required`)."""
+    if not errors:
+        return error_response(422, "invalid request body", code="validation_error")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx") or {}
+        detail = ctx.get("error", first.get("msg", "invalid JSON"))
+        return error_response(422, f"malformed JSON body: {detail}", code="json_invalid")
+    param = _validation_param(tuple(first.get("loc", ())))
+    same = [e for e in errors if _validation_param(tuple(e.get("loc", ()))) == param]
+    tags = _union_tags(same)
+    if len(tags) > 1:
+        value = first.get("input")
+        detail = f"expected {' | '.join(tags)}, got {type(value).__name__} {value!r:.40}"
+    else:
+        detail = first.get("msg", "invalid")
+    message = f"{param}: {detail}" if param else f"request body: {detail}"
+    extra = len({_validation_param(tuple(e.get("loc", ()))) for e in errors}) - 1
+    if extra > 0:
+        message += f" (and {extra} more field error(s))"
+    return error_response(422, message, param=param or None, code="validation_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register handlers so every error is rendered as OpenAI error JSON."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, e: APIError) -> JSONResponse:
+        return error_response(e.status, e.message, e.param, e.code, e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
+        return validation_error_response(list(e.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        message = e.detail if isinstance(e.detail, str) else str(e.detail)
+        return error_response(e.status_code, message, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+        err = to_api_error(e)
+        return error_response(err.status, err.message, err.param, err.code, err.headers)

@@ -1,0 +1,154 @@
+"""Prometheus metrics of one server: request counts, latencies and engine occupancy.
+
+Each app owns its `CollectorRegistry` (no process-global state), so several servers can live in
+one process (tests). Latencies are measured at the server, from the moment the HTTP handler
+accepted the request: TTFT = first token reaching the event loop; inter-token latency = gap
+between successive outputs divided by the tokens they carried. Engine gauges are read from
+`AsyncEngine.get_stats()` (a snapshot taken by the engine thread after each step) at scrape time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+
+_LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+)
+_KNOWN_STATS = {
+    "num_running": "hyla_num_requests_running",
+    "num_waiting": "hyla_num_requests_waiting",
+    "num_total_blocks": "hyla_cache_blocks_total",
+    "num_free_blocks": "hyla_cache_blocks_free",
+    "num_total_slots": "hyla_state_slots_total",
+    "num_free_slots": "hyla_state_slots_free",
+}
+
+
+class _EngineCollector:
+    """Gauges computed from the engine's stats snapshot on every scrape."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self):  # noqa: ANN201 (prometheus collector protocol)
+        stats = self.engine.get_stats()
+        values = _numeric_fields(stats)
+        for name, metric in _KNOWN_STATS.items():
+            if name in values:
+                yield _gauge(metric, f"engine stat {name}", values[name])
+        yield _gauge("hyla_cache_block_usage_ratio", "fraction of KV-cache blocks in use",
+                     _usage(values, "num_total_blocks", "num_free_blocks"))
+        yield _gauge("hyla_state_slot_usage_ratio", "fraction of linear-state slots in use",
+                     _usage(values, "num_total_slots", "num_free_slots"))
+        yield _gauge("hyla_num_requests_in_flight", "requests admitted and not finished",
+                     self.engine.num_in_flight())
+        for name, value in values.items():
+            if name not in _KNOWN_STATS:
+                yield _gauge(f"hyla_engine_{name}", f"engine stat {name}", value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _usage(values: dict[str, float], total: str, free: str) -> float:
+    n = values.get(total, 0)
+    return (n - values.get(free, 0)) / n if n else 0.0
+
+
+def _numeric_fields(stats: Any) -> dict[str, float]:
+    if stats is None:
+        return {}
+    if dataclasses.is_dataclass(stats):
+        items = dataclasses.asdict(stats).items()
+    else:
+        items = vars(stats).items() if hasattr(stats, "__dict__") else ()
+    return {
+        k: float(v)
+        for k, v in items
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k.isidentifier()
+    }
+
+
+class ServerMetrics:
+    """The registry of one app, and helpers the routes call."""
+
+    def __init__(self, engine: Any) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("hyla_http_requests", "HTTP requests by route and status code",
+                                ["route", "status"], registry=r)
+        self.finished = Counter("hyla_requests_finished", "generation requests by finish reason",
+                                ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter("hyla_prompt_tokens", "prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("hyla_generation_tokens", "tokens generated",
+                                         registry=r)
+        self.ttft = Histogram("hyla_time_to_first_token_seconds", "time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("hyla_inter_token_latency_seconds", "time between output tokens",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("hyla_e2e_request_latency_seconds", "request latency",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        r.register(_EngineCollector(engine))
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def tracker(self) -> RequestTracker:
+        return RequestTracker(self)
+
+
+class RequestTracker:
+    """Latency bookkeeping of one engine request (one prompt, n completions)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.start = time.monotonic()
+        self.last_time: float | None = None
+        self.num_tokens = 0
+        self.is_done = False
+
+    def observe(self, output: Any) -> None:
+        """Record a cumulative `RequestOutput` as it reaches the event loop."""
+        now = time.monotonic()
+        num_tokens = max((len(o.token_ids) for o in output.outputs), default=0)
+        new = num_tokens - self.num_tokens
+        if new > 0:
+            if self.last_time is None:
+                self.metrics.ttft.observe(now - self.start)
+                new -= 1
+            if new > 0 and self.last_time is not None:
+                gap = (now - self.last_time) / new
+                for _ in range(new):
+                    self.metrics.itl.observe(gap)
+            self.last_time = now
+            self.num_tokens = num_tokens
+        if output.finished:
+            self._finish(output, now)
+
+    def close(self) -> None:
+        """Call when the route lets go of the request; counts it as aborted if unfinished."""
+        if not self.is_done:
+            self.is_done = True
+            self.metrics.finished.labels("abort").inc()
+
+    def _finish(self, output: Any, now: float) -> None:
+        self.is_done = True
+        m = self.metrics
+        m.e2e.observe(now - self.start)
+        m.prompt_tokens.inc(len(output.prompt_token_ids))
+        m.generation_tokens.inc(sum(len(o.token_ids) for o in output.outputs))
+        for o in output.outputs:
+            m.finished.labels(o.finish_reason or "unknown").inc()

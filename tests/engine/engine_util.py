@@ -1,0 +1,95 @@
+"""Shared helpers of the engine tests: tiny checkpoints on disk, engines over them, and runs.
+
+Models are the tiny random `transformers` models of `tests.hf_tiny`, saved with a locally
+trained tokenizer and loaded through `hyla.models.loader.load_model` (the production path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from hyla.config import EngineConfig
+from hyla.engine.llm import load_tokenizer
+from hyla.engine.llm_engine import LLMEngine
+from hyla.request import RequestOutput, SamplingParams
+from tests.engine.tiny_tokenizer import build_tokenizer
+from tests.hf_tiny import save_tiny_hf_model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Tiny ops on 2 busy cores: torch's intra-op thread pool costs ~1000x on some of them
+    (`index_add_` on a [1, 64] tensor: 8 us with 1 thread, 9 ms with 2 under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def save_checkpoint(family: str, path: Path, seed: int = 0):
+    """Save a tiny HF model of `family` plus a tokenizer into `path`; returns the HF model."""
+    hf = save_tiny_hf_model(family, path, seed=seed)
+    build_tokenizer().save_pretrained(path)
+    return hf
+
+
+def load(path: Path):
+    from hyla.models.loader import load_model
+
+    return load_model(str(path), dtype="float32")
+
+
+def make_engine(model, path: Path | None = None, **overrides) -> LLMEngine:
+    opts = dict(max_model_len=512, block_size=16, max_num_seqs=32, max_num_batched_tokens=128)
+    opts.update(overrides)
+    tokenizer = load_tokenizer(path) if path is not None else None
+    return LLMEngine(model, tokenizer, EngineConfig.from_kwargs(**opts))
+
+
+def prompt_ids(n: int, seed: int, vocab: int = 256) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+
+def run_all(engine: LLMEngine) -> dict[str, RequestOutput]:
+    """Step until idle; the final output per request id."""
+    final: dict[str, RequestOutput] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    return final
+
+
+def solo(engine: LLMEngine, prompt: list[int], params: SamplingParams = GREEDY) -> RequestOutput:
+    """Run one request alone in `engine` (which must be idle)."""
+    assert not engine.has_unfinished_requests()
+    engine.add_request("solo", prompt, params)
+    return run_all(engine)["solo"]
+
+
+def assert_all_free(engine: LLMEngine) -> None:
+    stats = engine.get_stats()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.num_free_slots == stats.num_total_slots
+    assert stats.num_running == stats.num_waiting == 0
+    assert not engine.cache.block_tables and not engine.cache.state_slots
+
+
+def assert_same_completion(a: RequestOutput, b: RequestOutput, atol: float = 1e-5) -> None:
+    """Identical token ids; per-token top logprobs equal within `atol` (fp32 logits)."""
+    for x, y in zip(a.outputs, b.outputs, strict=True):
+        assert x.token_ids == y.token_ids
+        if x.logprobs is not None:
+            for lx, ly in zip(x.logprobs, y.logprobs, strict=True):
+                assert lx.keys() == ly.keys()
+                for t in lx:
+                    assert abs(lx[t] - ly[t]) <= atol, (t, lx[t], ly[t])
