@@ -20,6 +20,7 @@ LINEAR_KINDS = ("kda", "gdn")
 ATTENTION_KINDS = ("mla", "gqa", "dsa")
 LAYER_KINDS = LINEAR_KINDS + ATTENTION_KINDS
 FFN_KINDS = ("dense", "moe")
+ROPE_SCALING_TYPES = ("default", "linear", "yarn")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")
 
 
@@ -42,6 +43,33 @@ def _positive(obj: Any, prefix: str, *names: str) -> None:
         )
 
 
+def _non_negative(obj: Any, prefix: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _require(
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+            f"{prefix}{name}",
+            f"must be an integer >= 0, got {value!r}",
+        )
+
+
+def _number(obj: Any, prefix: str, *names: str, positive: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _require(
+            ok and (value > 0 or not positive),
+            f"{prefix}{name}",
+            f"must be a {'positive ' if positive else ''}number, got {value!r}",
+        )
+
+
+def _flag(obj: Any, prefix: str, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _require(isinstance(value, bool), f"{prefix}{name}", f"must be true/false, got {value!r}")
+
+
 @dataclass(frozen=True)
 class RopeConfig:
     """Rotary position embedding settings.
@@ -59,10 +87,22 @@ class RopeConfig:
     scaling: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        _require(self.theta > 0, "rope.theta", f"must be > 0, got {self.theta}")
+        _number(self, "rope.", "theta", positive=True)
         _positive(self, "rope.", "rotary_dim")
         _require(self.rotary_dim % 2 == 0, "rope.rotary_dim", "must be even")
         _require(self.style in ("neox", "interleave"), "rope.style", "must be neox|interleave")
+        _require(
+            self.scaling_type in ROPE_SCALING_TYPES,
+            "rope.scaling_type",
+            f"{self.scaling_type!r} not in {ROPE_SCALING_TYPES}",
+        )
+        needed = {"linear": ("factor",), "yarn": ("factor", "original_max_position_embeddings")}
+        for key in needed.get(self.scaling_type, ()):
+            _require(
+                dict(self.scaling).get(key) is not None,
+                f"rope.scaling.{key}",
+                f"{self.scaling_type} needs {key!r}",
+            )
 
     def scaling_dict(self) -> dict[str, Any]:
         return dict(self.scaling)
@@ -117,9 +157,11 @@ class MLAConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "mla.", "num_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim")
-        _require(self.qk_rope_head_dim >= 0, "mla.qk_rope_head_dim", "must be >= 0")
+        _non_negative(self, "mla.", "qk_rope_head_dim")
         if self.q_lora_rank is not None:
             _positive(self, "mla.", "q_lora_rank")
+        _flag(self, "mla.", "use_rope", "bias")
+        _number(self, "mla.", "norm_eps", positive=True)
 
     @property
     def qk_head_dim(self) -> int:
@@ -143,6 +185,7 @@ class GQAConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "gqa.", "num_heads", "num_kv_heads", "head_dim")
+        _flag(self, "gqa.", "qk_norm", "output_gate", "bias")
         _require(
             self.num_heads % self.num_kv_heads == 0,
             "gqa.num_heads",
@@ -187,6 +230,9 @@ class MoEConfig:
     def __post_init__(self) -> None:
         _positive(self, "moe.", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
         _positive(self, "moe.", "n_group", "topk_group")
+        _non_negative(self, "moe.", "num_shared_experts", "shared_intermediate_size")
+        _number(self, "moe.", "routed_scaling_factor", positive=True)
+        _flag(self, "moe.", "norm_topk_prob", "has_correction_bias", "shared_expert_gate")
         _require(self.scoring in ("softmax", "sigmoid"), "moe.scoring", "must be softmax|sigmoid")
         _require(
             self.num_experts_per_tok <= self.num_experts,
@@ -267,6 +313,42 @@ class ModelConfig:
         self._need("moe" in self.ffn_pattern, "moe")
         if "gqa" in kinds or ("mla" in kinds or "dsa" in kinds) and self.mla.use_rope:
             _require(self.rope is not None, "rope", "required by rotary attention layers")
+        self._check_scalars()
+        self._check_attention_dims(kinds)
+
+    def _check_scalars(self) -> None:
+        _number(self, "", "rms_norm_eps", positive=True)
+        _number(self, "", "norm_offset")
+        _flag(self, "", "tie_word_embeddings")
+        _require(isinstance(self.architecture, str), "architecture", "must be a string")
+        if self.bos_token_id is not None:
+            _non_negative(self, "", "bos_token_id")
+        for i, token in enumerate(self.eos_token_ids):
+            _require(
+                isinstance(token, int) and not isinstance(token, bool) and token >= 0,
+                f"eos_token_ids[{i}]",
+                f"must be an integer >= 0, got {token!r}",
+            )
+
+    def _check_attention_dims(self, kinds: set[str]) -> None:
+        if kinds & {"mla", "dsa"} and self.mla.use_rope:
+            _require(
+                self.rope.rotary_dim == self.mla.qk_rope_head_dim,
+                "rope.rotary_dim",
+                f"{self.rope.rotary_dim} != mla.qk_rope_head_dim={self.mla.qk_rope_head_dim}",
+            )
+        if "dsa" in kinds:
+            _require(
+                self.mla.q_lora_rank is not None,
+                "mla.q_lora_rank",
+                "required by dsa layers (the indexer reads the q low-rank activation)",
+            )
+        if "gqa" in kinds:
+            _require(
+                self.rope.rotary_dim <= self.gqa.head_dim,
+                "rope.rotary_dim",
+                f"{self.rope.rotary_dim} > gqa.head_dim={self.gqa.head_dim}",
+            )
 
     def _need(self, used: Any, name: str) -> None:
         _require(not used or getattr(self, name) is not None, name, "required by the layer pattern")
@@ -305,7 +387,9 @@ class ModelConfig:
             elif key in ("layer_pattern", "ffn_pattern", "eos_token_ids"):
                 kwargs[key] = _as_tuple(key, value)
             elif key == "extra":
-                kwargs[key] = tuple(sorted(dict(value).items()))
+                if not isinstance(value, dict):
+                    raise ConfigError(f"extra: expected an object, got {type(value).__name__}")
+                kwargs[key] = tuple(sorted(value.items()))
             else:
                 kwargs[key] = value
         missing = [

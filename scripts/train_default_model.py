@@ -78,7 +78,9 @@ def main() -> None:
     p.add_argument("--run", required=True)
     p = sub.add_parser("train")
     for f in dataclasses.fields(TrainConfig):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        kind = type(f.default)
+        parse = (lambda v: v.lower() in ("1", "true", "yes")) if kind is bool else kind
+        p.add_argument("--" + f.name.replace("_", "-"), type=parse, default=f.default)
     args = parser.parse_args()
     if args.cmd == "train":
         train(

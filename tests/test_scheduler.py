@@ -263,3 +263,14 @@ def test_fuzz_scheduler_and_cache(
         if rid not in aborted:
             assert r.output_token_ids == ref[rid].output_token_ids
             assert r.status == ref[rid].status
+
+
+def test_bookkeeping_never_imports_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hyla.request, hyla.cache.block_pool, hyla.cache.manager, hyla.scheduler;"
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

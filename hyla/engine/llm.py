@@ -34,16 +34,33 @@ def load_tokenizer(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
 
 
+def random_model(config: ModelConfig, seed: int = 0, device: str = "cpu"):
+    """A `HybridModel` of `config` with seeded random weights, for smoke tests and benchmarks:
+    matrices ~ N(0, 1/fan_in), norm weights at unit scale, other vectors ~ N(0, 0.02)."""
+    import torch
+
+    from hyla.models.hybrid import HybridModel
+
+    model = HybridModel(config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                values = torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5
+            elif "norm" in name:
+                values = torch.full(p.shape, 1.0 - config.norm_offset)
+            else:
+                values = 0.02 * torch.randn(p.shape, generator=gen)
+            p.copy_(values)
+    return model.to(device).eval()
+
+
 def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> LLMEngine:
     if isinstance(model, ModelConfig):
-        import torch
-
         from hyla.config import EngineConfig
-        from hyla.models.hybrid import HybridModel
 
         config = EngineConfig.from_kwargs(**overrides)
-        torch.manual_seed(config.seed)
-        net = HybridModel(model).to(config.device)
+        net = random_model(model, config.seed, config.device)
         return LLMEngine(net, None, config)
     return LLMEngine.from_path(model, **overrides)
 

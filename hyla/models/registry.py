@@ -62,7 +62,14 @@ def config_from_hf(hf_config: dict[str, Any]) -> ModelConfig:
     """
     family = family_of(hf_config)
     if family == NATIVE:
-        return ModelConfig.from_dict(hf_config)
+        config = ModelConfig.from_dict(hf_config)
+        if config.architecture != NATIVE and config.architecture not in ADAPTERS:
+            supported = ", ".join([NATIVE, *ADAPTERS])
+            raise ConfigError(
+                f"architecture: {config.architecture!r} names no tensor layout; "
+                f"supported: {supported}"
+            )
+        return config
     return adapter(family).config_from_hf(hf_config)
 
 

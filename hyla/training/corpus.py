@@ -111,8 +111,13 @@ class RetrievalDocs:
         name = "_".join(words) + f"_{rng.randrange(100)}"
         return name, str(rng.randrange(100_000))
 
-    def make(self, rng: random.Random, length: int, num_keys: int) -> RetrievalDoc:
-        """One document of exactly `length` tokens with `num_keys` constants, each asked once."""
+    def make(
+        self, rng: random.Random, length: int, num_keys: int, spread: bool = False
+    ) -> RetrievalDoc:
+        """One document of exactly `length` tokens with `num_keys` constants, each asked once.
+
+        Asks fall in the second half of the document, or with `spread` anywhere after the
+        definitions (short and long distances alike)."""
         pairs: dict[str, str] = {}
         while len(pairs) < num_keys:
             name, value = self.random_pair(rng)
@@ -124,8 +129,11 @@ class RetrievalDocs:
         asks = list(pairs.items())
         rng.shuffle(asks)
         spans = []
-        for name, value in asks:
-            target = rng.randrange(length // 2, length - 24)
+        if spread:
+            lo = min(len(ids) + 2, length - 25)
+            targets = sorted(rng.randrange(lo, length - 24) for _ in asks)
+        for i, (name, value) in enumerate(asks):
+            target = targets[i] if spread else rng.randrange(length // 2, length - 24)
             if target > len(ids):
                 ids += self._code(rng, target - len(ids))
             prefix = self._encode(f"\nassert {name} ==")

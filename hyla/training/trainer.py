@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from hyla.models.hybrid import HybridModel
+from hyla.models.loader import load_model
 from hyla.training.corpus import RetrievalDocs, load_split, sample_windows
 from hyla.training.forward import train_forward
 from hyla.training.metrics import answer_correct, bits_per_byte, token_byte_lengths
@@ -45,6 +46,10 @@ class TrainConfig:
     warmup_steps: int = 100
     weight_decay: float = 0.1
     retrieval_fraction: float = 0.25
+    min_keys: int = 1
+    max_keys: int = 4
+    spread_queries: bool = False
+    init_from: str = ""
     answer_weight: float = 5.0
     indexer_weight: float = 1.0
     balance_weight: float = 0.01
@@ -75,7 +80,8 @@ def make_batch(
     weights = torch.ones(cfg.batch_size, cfg.seq_len)
     spans = []
     for _ in range(n_ret):
-        doc = docs.make(rng, cfg.seq_len + 1, num_keys=rng.randint(1, 4))
+        num_keys = rng.randint(cfg.min_keys, cfg.max_keys)
+        doc = docs.make(rng, cfg.seq_len + 1, num_keys, spread=cfg.spread_queries)
         row = len(rows)
         rows.append(np.asarray(doc.ids, dtype=np.int64))
         for start, end in doc.answer_spans:
@@ -168,7 +174,10 @@ def train(cfg: TrainConfig, log=print) -> HybridModel:
     eos_id = tok.token_to_id("<|endoftext|>")
     tokens, doc_index = load_split(Path(cfg.data), "train")
     docs = RetrievalDocs(tok, tokens, doc_index, eos_id)
-    model = build_model(default_model_config(tok.get_vocab_size(), eos_id), cfg.seed)
+    if cfg.init_from:  # continue from a checkpoint (weights only; fresh optimizer)
+        model = load_model(cfg.init_from, dtype="float32", progress=False).requires_grad_(True)
+    else:
+        model = build_model(default_model_config(tok.get_vocab_size(), eos_id), cfg.seed)
     model.to(cfg.device).train()
     opt = torch.optim.AdamW(
         _param_groups(model, cfg.weight_decay),
@@ -181,7 +190,6 @@ def train(cfg: TrainConfig, log=print) -> HybridModel:
     rng_np, rng = np.random.default_rng(cfg.seed), random.Random(cfg.seed)
     logf = (out / "log.jsonl").open("w")
     start, tokens_seen, total_steps = time.time(), 0, cfg.steps
-    best: tuple[float, int, dict] | None = None
     step = 0
     while step < total_steps:
         ids, weights, spans = make_batch(cfg, tokens, docs, rng_np, rng)
@@ -205,11 +213,6 @@ def train(cfg: TrainConfig, log=print) -> HybridModel:
             rec["tokens"], rec["elapsed_s"] = tokens_seen, round(time.time() - start, 1)
             if step % cfg.eval_every == 0 or last:
                 rec["heldout_bpb"] = evaluate_heldout(model, cfg, windows, byte_lengths)
-                if best is None or rec["heldout_bpb"] < best[0]:
-                    state = {
-                        k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
-                    }
-                    best = (rec["heldout_bpb"], step, state)
             log(json.dumps(rec))
             logf.write(json.dumps(rec) + "\n")
             logf.flush()
@@ -217,8 +220,6 @@ def train(cfg: TrainConfig, log=print) -> HybridModel:
         if last:
             break
     train_wall = time.time() - start
-    if best is not None and best[1] != step - 1:
-        model.load_state_dict(best[2])
     size = save_checkpoint(model, out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(Path(cfg.tokenizer).parent / name, out / name)
@@ -227,8 +228,6 @@ def train(cfg: TrainConfig, log=print) -> HybridModel:
         "steps": step,
         "train_wall_s": round(train_wall, 1),
         "checkpoint_bytes": size,
-        "kept_step": best[1] if best else step - 1,
-        "kept_heldout_bpb": best[0] if best else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     log(json.dumps(summary))

@@ -295,3 +295,14 @@ def test_llm_generate_and_stream(ckpt):
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
     assert_all_free(llm.engine)
+
+
+def test_llm_from_a_model_config_has_random_finite_weights(ckpt):
+    config = ckpt[2].config
+    llm = LLM(config, max_model_len=64, max_num_seqs=4, seed=3)
+    assert llm.tokenizer is None
+    params = SamplingParams(max_tokens=5, ignore_eos=True, logprobs=1)
+    (out,) = llm.generate([[5, 6, 7]], params)
+    assert len(out.outputs[0].token_ids) == 5 and math.isfinite(out.outputs[0].cumulative_logprob)
+    again = LLM(config, max_model_len=64, max_num_seqs=4, seed=3).generate([[5, 6, 7]], params)
+    assert again[0].outputs[0].token_ids == out.outputs[0].token_ids

@@ -256,6 +256,6 @@ def test_packed_batch_equals_each_alone() -> None:
 
 
 def test_requires_q_lora_rank() -> None:
-    config = CONFIG.replace(mla=MLAConfig(4, 16, 16, 8, 12, q_lora_rank=None))
+    # ModelConfig itself rejects a DSA layer without q_lora_rank (ConfigError is a ValueError)
     with pytest.raises(ValueError, match="q_lora_rank"):
-        DSAttention(config, 0)
+        DSAttention(CONFIG.replace(mla=MLAConfig(4, 16, 16, 8, 12, q_lora_rank=None)), 0)

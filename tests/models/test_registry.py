@@ -93,7 +93,7 @@ def test_deepseek_v32_from_transformers_to_dict() -> None:
     assert config.ffn_pattern == _kinds(hf.mlp_layer_types, {"dense": "dense", "sparse": "moe"})
     assert config.mla.q_lora_rank == hf.q_lora_rank and config.mla.use_rope
     assert config.dsa.index_topk == hf.index_topk
-    assert (config.dsa.index_n_heads, config.dsa.index_head_dim) == (4, 16)
+    assert (config.dsa.index_n_heads, config.dsa.index_head_dim) == (16, 16)  # tests/hf_tiny.py
     assert config.rope.rotary_dim == hf.qk_rope_head_dim and config.rope.style == "interleave"
     assert config.rope.theta == hf.rope_parameters["rope_theta"]
     _check_moe(config, hf, hf.moe_intermediate_size * hf.n_shared_experts, "sigmoid")

@@ -119,6 +119,7 @@ def test_serve_process_answers_and_drains_on_sigterm(checkpoint):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
 
 
 def test_bench_serve_against_live_server(server, tmp_path):
