@@ -303,8 +303,12 @@ class ModelConfig:
         )
         for i, kind in enumerate(self.ffn_pattern):
             _require(kind in FFN_KINDS, f"ffn_pattern[{i}]", f"{kind!r} not in {FFN_KINDS}")
-        _require(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"not in {KV_CACHE_DTYPES}")
-        _require(self.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32|bfloat16|float16")
+        _require(
+            self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"not in {KV_CACHE_DTYPES}"
+        )
+        _require(
+            self.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32|bfloat16|float16"
+        )
         kinds = set(self.layer_pattern)
         self._need(kinds & set(LINEAR_KINDS), "linear")
         self._need(kinds & {"mla", "dsa"}, "mla")
@@ -531,9 +535,7 @@ class EngineConfig:
                 "dtype",
                 f"must be float32|bfloat16|float16, got {self.dtype!r}",
             )
-        _require(
-            isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "integer"
-        )
+        _require(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "integer")
         if self.request_timeout is not None:
             _require(self.request_timeout > 0, "request_timeout", "must be > 0 seconds")
 

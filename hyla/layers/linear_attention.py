@@ -47,6 +47,7 @@ class GatedRMSNorm(nn.Module):
         self.weight_in_fp32 = weight_in_fp32
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x, gate: [..., dim] -> [..., dim] in x's dtype (`hyla.ops.norm.gated_rms_norm`)."""
         return gated_rms_norm(x, gate, self.weight, self.eps, self.activation, self.weight_in_fp32)
 
 

@@ -75,6 +75,8 @@ class Experts(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
+        """hidden_states [T, D], topk_weights [T, k], topk_ids [T, k] int64 -> [T, D] in
+        hidden_states' dtype (`hyla.ops.moe.moe_experts`)."""
         return moe_experts(hidden_states, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
 
 

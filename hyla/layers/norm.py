@@ -19,4 +19,5 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., D] any float dtype -> [..., D] in x's dtype (normalised in fp32)."""
         return rms_norm(x, self.weight, self.eps, self.offset)

@@ -23,7 +23,9 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq, self.attention_factor = rope_inv_freq(rope)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] int64 -> (cos, sin), each [T, rotary_dim / 2] float32."""
         return rope_cos_sin(positions, self.inv_freq, self.attention_factor)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D] -> [T, H, D] in x's dtype, first `rotary_dim` channels rotated."""
         return apply_rope(x, cos, sin, self.rope.style)

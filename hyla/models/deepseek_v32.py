@@ -77,8 +77,8 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         layer_list(f, "layer_types", num_layers, {"indexed_attention": "dsa"})
     ffns = _ffn_pattern(f, num_layers)
     qk_rope = f.integer("qk_rope_head_dim", 64)
-    if "q_lora_rank" in d and d["q_lora_rank"] is None:  # null would silently become the default
-        raise ConfigError("q_lora_rank: must be an integer for DSA (the indexer reads q_a), got null")
+    if "q_lora_rank" in d and d["q_lora_rank"] is None:  # not the default: DSA needs q_a_proj
+        raise ConfigError("q_lora_rank: must be an integer (the DSA indexer reads q_a), got null")
     quant = f.raw("quantization_config", None)
     extra = (("quantization", str(quant.get("quant_method"))),) if isinstance(quant, dict) else ()
     return ModelConfig(

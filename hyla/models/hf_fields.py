@@ -23,6 +23,10 @@ class HFFields:
         self.data = data
 
     def raw(self, names: str | tuple[str, ...], default: Any = _MISSING) -> Any:
+        """The value of the first alias present (null counts as absent), else `default`.
+
+        Raises: ConfigError when present aliases disagree, or the field is required (no
+        default) and absent."""
         aliases = (names,) if isinstance(names, str) else names
         present = [n for n in aliases if self.data.get(n) is not None]
         if len({repr(self.data[n]) for n in present}) > 1:
@@ -37,6 +41,7 @@ class HFFields:
     def integer(
         self, names: str | tuple[str, ...], default: Any = _MISSING, minimum: int = 1
     ) -> int:
+        """An integer >= `minimum` (None passes through). Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if value is None:
@@ -46,6 +51,7 @@ class HFFields:
         return value
 
     def number(self, names: str | tuple[str, ...], default: Any = _MISSING) -> float:
+        """An int or float, as float. Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -53,6 +59,7 @@ class HFFields:
         return float(value)
 
     def flag(self, names: str | tuple[str, ...], default: Any = _MISSING) -> bool:
+        """A JSON boolean. Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if not isinstance(value, bool):
@@ -60,6 +67,7 @@ class HFFields:
         return value
 
     def sequence(self, names: str | tuple[str, ...], default: Any = _MISSING) -> list:
+        """A list (or None). Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if value is not None and not isinstance(value, (list, tuple)):
@@ -67,6 +75,7 @@ class HFFields:
         return value
 
     def string(self, names: str | tuple[str, ...], default: Any = _MISSING) -> str:
+        """A string. Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if not isinstance(value, str):
@@ -149,6 +158,7 @@ def rope_config(
 
 
 def require_silu(fields: HFFields) -> None:
+    """Raises ConfigError naming `hidden_act` unless it is silu (hyla's only MLP activation)."""
     act = fields.string("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"hidden_act: only 'silu' is supported, got {act!r}")

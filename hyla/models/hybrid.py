@@ -40,7 +40,8 @@ def _resolve(path: str) -> type[nn.Module]:
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm residual block: `mixer` of kind `layer_pattern[i]`, `mlp` of `ffn_pattern[i]`."""
+    """One pre-norm residual block: `mixer` of kind `layer_pattern[i]`, `mlp` of
+    `ffn_pattern[i]`."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -53,6 +54,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
+        """hidden_states [T, D], positions [T] int64 -> [T, D] (the mixer updates its cache)."""
         h = hidden_states + self.mixer(self.input_layernorm(hidden_states), positions, batch)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -77,10 +79,14 @@ class HybridModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
+        """input_ids [T] int64, positions [T] int64 -> final-normed hidden states [T, D] in the
+        model dtype. Linear layers update their state slots and attention-like layers write
+        their paged cache in place (`batch.caches`, see `hyla.forward_batch`)."""
         h = self.embed_tokens(input_ids)
         for layer in self.layers:
             h = layer(h, positions, batch)
         return self.norm(h)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states [n, D] -> logits [n, V] float32."""
         return self.lm_head(hidden_states).float()

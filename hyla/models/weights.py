@@ -57,6 +57,7 @@ class Placement:
 
     @property
     def key(self) -> tuple[str, int | None, int]:
+        """(target, expert, part): which slice of which hyla tensor this placement fills."""
         return (self.target, self.expert, self.part)
 
 

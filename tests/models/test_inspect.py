@@ -4,7 +4,10 @@ parameter counts checked against the transformers models built on the meta devic
 from __future__ import annotations
 
 import json
+import os
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -163,3 +166,105 @@ def test_compact_pattern() -> None:
     )
     assert compact_pattern(["dense", "moe"]) == "dense, moe"
     assert compact_pattern(["a", "a", "b", "a", "a", "b", "c"]) == "[a, a, b] x 2, c"
+
+
+# -- `hyla inspect PATH` through the real CLI --------------------------------------------------
+
+_ROOT = Path(__file__).resolve().parents[2]
+_RSS_PROBE = """
+import resource, runpy, sys
+sys.argv = ["hyla", "inspect", sys.argv[1]]
+try:
+    runpy.run_module("hyla.cli", run_name="__main__")  # exactly `python -m hyla.cli inspect P`
+except SystemExit as e:
+    assert not e.code, e.code
+print("MAXRSS_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def _cli(*args: str):
+    from typer.testing import CliRunner
+
+    from hyla.cli import app
+
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.2f} KiB"
+
+
+@pytest.mark.parametrize(
+    ("config", "pattern", "kv_per_token", "state_per_seq"),
+    [
+        (KIMI_48B, "27: [kda, kda, kda, mla] x 6, kda, kda, mla", "7.88 KiB", "41.41 MiB"),
+        (DEEPSEEK_V32, "61: [dsa] x 61", "83.88 KiB", "0 B"),
+    ],
+    ids=["kimi_linear_48b", "deepseek_v32"],
+)
+def test_cli_inspect_full_size_in_a_process_without_weights(
+    tmp_path, config, pattern, kv_per_token, state_per_seq
+) -> None:
+    """`python -m hyla.cli inspect` on a full-size config.json: whole-process peak RSS stays
+    under 1 GiB (the bf16 weights are 91 GiB / 1.25 TiB). Expected cache sizes by hand:
+    Kimi 7 MLA layers * 576 * 2 B; DeepSeek 61 * (576 + 128) * 2 B per token."""
+    path = _write(tmp_path, config)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, str(path)],
+        cwd=_ROOT,
+        env={**os.environ, "PYTHONPATH": str(_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    peak_mib = int(proc.stdout.rsplit("MAXRSS_KIB", 1)[1]) / 1024
+    assert peak_mib < 1024, f"peak RSS {peak_mib:.0f} MiB"
+    assert f"layers        {pattern}" in proc.stdout
+    assert f"kv cache      {kv_per_token} per token" in proc.stdout
+    assert f"linear state  {state_per_seq} per sequence" in proc.stdout
+    assert "checkpoint: none" in proc.stdout
+
+
+# Tiny checkpoints (tests/hf_tiny.py, fp32): expected lines worked out by hand.
+#   kimi: 1 MLA layer, latent 32 + 8 -> 160 B/token; 3 KDA layers of recurrent [4, 16, 16] f32
+#         (4096 B) + conv [3 * 64, 3] f32 (2304 B)
+#   deepseek: 4 DSA layers, latent 40 + index key 16 -> 4 * 56 * 4 B/token
+#   qwen: 1 GQA layer, k + v of [2, 16] -> 256 B/token; 3 GDN layers of recurrent [4, 16, 16]
+#         f32 (4096 B) + conv [2 * 32 + 64, 3] f32 (1536 B)
+_TINY = {
+    "kimi_linear": ("4: kda, kda, mla, kda", "160 B", _kib(3 * (4096 + 2304))),
+    "deepseek_v32": ("4: [dsa] x 4", "896 B", "0 B"),
+    "qwen3_next": ("4: [gdn] x 3, gqa", "256 B", _kib(3 * (4096 + 1536))),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cli_inspect_tiny_checkpoint_and_hyla_config(tmp_path, family: str) -> None:
+    hf = save_tiny_hf_model(family, tmp_path / "ckpt")
+    pattern, kv_per_token, state_per_seq = _TINY[family]
+    native = tmp_path / "hyla.json"
+    native.write_text(json.dumps(load_config(tmp_path / "ckpt").to_dict()))
+    for target in (tmp_path / "ckpt", tmp_path / "ckpt" / "config.json", native):
+        result = _cli("inspect", str(target))
+        assert result.exit_code == 0, result.output
+        out = result.output
+        assert out.startswith(f"model         {family}  (")
+        assert f"layers        {pattern}" in out
+        assert f"kv cache      {kv_per_token} per token (float32" in out
+        assert f"linear state  {state_per_seq} per sequence" in out
+        total = sum(p.numel() for p in hf.parameters())
+        assert f"parameters    {total / 1e3:.2f} K total" in out
+        has_weights = target == tmp_path / "ckpt"
+        assert ("checkpoint: 1 safetensors files" in out) == has_weights
+
+
+def test_cli_inspect_errors_name_the_problem(tmp_path) -> None:
+    result = _cli("inspect", str(tmp_path / "absent"))
+    assert result.exit_code != 0 and "no config.json" in result.output
+    bad = {**tiny_hf_config("qwen3_next").to_dict(), "linear_num_value_heads": 3}
+    result = _cli("inspect", str(_write(tmp_path, bad)))
+    assert result.exit_code != 0 and "linear.num_v_heads" in result.output
+    unknown = {"model_type": "mamba", "architectures": ["MambaForCausalLM"]}
+    result = _cli("inspect", str(_write(tmp_path, unknown)))
+    assert result.exit_code != 0 and "model_type: unsupported architecture 'mamba'" in result.output

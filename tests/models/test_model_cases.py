@@ -125,9 +125,7 @@ def test_c01_chunked_prefill_equals_one_shot(model, sparse_calls) -> None:
     pieces: list[list[torch.Tensor]] = [[] for _ in C01_CHUNKS]
     while min(done) < C01_LEN:
         chunks = {
-            i: x[done[i] : done[i] + size]
-            for i, size in enumerate(C01_CHUNKS)
-            if done[i] < C01_LEN
+            i: x[done[i] : done[i] + size] for i, size in enumerate(C01_CHUNKS) if done[i] < C01_LEN
         }
         for i, logits in runner.step(chunks, all_logits=True).items():
             pieces[i].append(logits)

@@ -45,13 +45,23 @@ def native_config() -> ModelConfig:
         rope=RopeConfig(theta=10000.0, rotary_dim=8, style="interleave"),
         linear=LinearAttentionConfig(num_k_heads=2, num_v_heads=2, head_k_dim=16, head_v_dim=16),
         mla=MLAConfig(
-            num_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+            num_heads=2,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=8,
             q_lora_rank=24,
         ),  # fmt: skip
         dsa=DSAConfig(index_n_heads=8, index_head_dim=16, index_topk=INDEX_TOPK),
         moe=MoEConfig(
-            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, num_shared_experts=1,
-            scoring="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.5,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            num_shared_experts=1,
+            scoring="sigmoid",
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
             has_correction_bias=True,
         ),  # fmt: skip
     )

@@ -255,3 +255,99 @@ def test_tensor_names() -> None:
         "layers.0.mlp.shared_expert_gate.weight"
     )
     assert q("mtp.layers.0.mlp.gate.weight") is None
+
+
+def _native() -> dict:
+    """A valid hyla-layout config dict (seed pattern, DSA, sigmoid grouped MoE)."""
+    return {
+        "model_type": "hyla", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+        "layer_pattern": ["kda", "kda", "dsa", "kda"] * 2, "ffn_pattern": ["dense"] + ["moe"] * 7,
+        "rope": {"theta": 10000.0, "rotary_dim": 8, "style": "interleave"},
+        "linear": {"num_k_heads": 2, "num_v_heads": 2, "head_k_dim": 8, "head_v_dim": 8},
+        "mla": {"num_heads": 2, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+                "v_head_dim": 8, "q_lora_rank": 12},
+        "dsa": {"index_n_heads": 4, "index_head_dim": 8, "index_topk": 8},
+        "moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                "num_shared_experts": 1, "scoring": "sigmoid", "n_group": 4, "topk_group": 2,
+                "has_correction_bias": True},
+    }  # fmt: skip
+
+
+def test_native_config_round_trip() -> None:
+    config = config_from_hf(_native())
+    assert config.layer_pattern == ("kda", "kda", "dsa", "kda") * 2
+    assert config_from_hf(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("layer_pattern",), ["kda", "kda", "swa", "kda"] * 2, r"layer_pattern\[2\]"),
+        (("layer_pattern",), "kda", "layer_pattern"),
+        (("layer_pattern",), [], "layer_pattern"),
+        (("ffn_pattern",), ["dense"] * 7, "ffn_pattern"),
+        (("ffn_pattern",), ["dense", "sparse"] + ["moe"] * 6, r"ffn_pattern\[1\]"),
+        (("linear", "num_v_heads"), 3, "linear.num_v_heads"),
+        (("hidden_size",), None, "hidden_size"),
+        (("hidden_size",), "32", "hidden_size"),
+        (("hidden_size",), 32.0, "hidden_size"),
+        (("vocab_size",), True, "vocab_size"),
+        (("rms_norm_eps",), "1e-6", "rms_norm_eps"),
+        (("rms_norm_eps",), 0.0, "rms_norm_eps"),
+        (("tie_word_embeddings",), "yes", "tie_word_embeddings"),
+        (("eos_token_ids",), [1, "2"], r"eos_token_ids\[1\]"),
+        (("extra",), [1, 2], "extra"),
+        (("architecture",), "llama", "architecture"),
+        (("bogus",), 1, "bogus"),
+        (("linear",), None, "linear"),
+        (("dsa",), None, "dsa"),
+        (("rope",), None, "rope"),
+        (("rope", "theta"), "1e4", "rope.theta"),
+        (("rope", "rotary_dim"), 6, "rope.rotary_dim"),
+        (("rope", "scaling_type"), "dynamic", "rope.scaling_type"),
+        (("rope", "scaling_type"), "yarn", r"rope.scaling.factor"),
+        (("mla", "q_lora_rank"), None, "mla.q_lora_rank"),
+        (("mla", "use_rope"), "no", "mla.use_rope"),
+        (("mla", "extra_dim"), 4, "mla.extra_dim"),
+        (("moe", "scoring"), "tanh", "moe.scoring"),
+        (("moe", "n_group"), 3, "moe.n_group"),
+        (("moe", "topk_group"), 5, "moe.topk_group"),
+        (("moe", "num_experts_per_tok"), 9, "moe.num_experts_per_tok"),
+        (("moe", "num_shared_experts"), -1, "moe.num_shared_experts"),
+        (("moe", "routed_scaling_factor"), "2", "moe.routed_scaling_factor"),
+        (("moe", "norm_topk_prob"), "yes", "moe.norm_topk_prob"),
+        (("moe",), [1], "moe"),
+    ],
+)
+def test_bad_native_config_names_the_field(path: tuple[str, ...], value, field: str) -> None:
+    d = _native()
+    parent = d
+    for key in path[:-1]:
+        parent = parent[key]
+    if value is None and path[-1] == "hidden_size":
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    with pytest.raises(ConfigError, match=rf"^{field}"):
+        config_from_hf(d)
+
+
+@pytest.mark.parametrize(
+    ("family", "change", "field"),
+    [
+        ("deepseek_v32", {"q_lora_rank": None}, "q_lora_rank"),  # DSA needs q_a (no default)
+        ("deepseek_v32", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
+         "rope.scaling_type"),
+        ("deepseek_v32", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+         r"rope.scaling.factor"),
+        ("qwen3_next", {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 2.0}},
+         r"rope.rotary_dim: 32 > gqa.head_dim=16"),
+        ("qwen3_next", {"linear_num_value_heads": 3}, "linear.num_v_heads"),
+        ("kimi_linear", {"linear_attn_config": {"head_dim": 16, "num_heads": "4"}}, "num_heads"),
+    ],
+)  # fmt: skip
+def test_bad_hf_config_fails_at_parse_time_naming_the_field(family, change, field) -> None:
+    """Errors that used to surface only when building or running the model (ValueError from
+    the layers / rope ops) are ConfigErrors at parse time."""
+    with pytest.raises(ConfigError, match=rf"^{field}"):
+        config_from_hf({**tiny_hf_config(family).to_dict(), **change})

@@ -20,9 +20,9 @@ import math
 
 import torch
 
-from hyla.config import RopeConfig
+from hyla.config import ROPE_SCALING_TYPES, RopeConfig
 
-SCALING_TYPES = ("default", "linear", "yarn")
+SCALING_TYPES = ROPE_SCALING_TYPES  # validated by RopeConfig; kept for direct callers
 
 
 def _yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
