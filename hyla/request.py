@@ -47,6 +47,10 @@ def _check(cond: bool, name: str, message: str) -> None:
         raise SamplingParamsError(name, message)
 
 
+# Below this, logits / temperature can overflow fp32 and sampling degenerates.
+MIN_TEMPERATURE = 1e-2
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to draw tokens for one request.
@@ -134,6 +138,8 @@ class SamplingParams:
         t = self.temperature
         _check(_is_num(t) and t >= 0, "temperature", f"must be >= 0, got {t!r}")
         _check(t == t and t != float("inf"), "temperature", f"must be finite, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:  # as vLLM: tiny temperatures are clamped, not rejected
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         p = self.top_p
         _check(_is_num(p) and 0 < p <= 1, "top_p", f"must be in (0, 1], got {p!r}")
         m = self.min_p

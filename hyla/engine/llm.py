@@ -30,8 +30,16 @@ def load_tokenizer(path: str | Path) -> Any:
     if not any((directory / name).exists() for name in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    # AutoTokenizer also reads config.json; hyla's own model_type is unknown to transformers,
+    # which only warns about it. The tokenizer files alone decide the tokenizer.
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    finally:
+        hf_logging.set_verbosity(previous)
 
 
 def random_model(config: ModelConfig, seed: int = 0, device: str = "cpu"):

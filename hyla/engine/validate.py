@@ -22,7 +22,10 @@ def prompt_token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
             raise InvalidRequestError("prompt", "must not be empty")
         if tokenizer is None:
             raise InvalidRequestError("prompt", "text needs a tokenizer; pass token ids")
-        ids = list(tokenizer.encode(prompt))
+        try:
+            ids = list(tokenizer.encode(prompt))
+        except (TypeError, ValueError, UnicodeError) as e:  # e.g. lone surrogates
+            raise InvalidRequestError("prompt", f"text cannot be tokenized: {e}") from e
     elif isinstance(prompt, (list, tuple)):
         ids = list(prompt)
     else:

@@ -29,7 +29,6 @@ from hyla.models.hf_fields import (
     layer_list,
     model_dtype,
     require_silu,
-    rope_config,
 )
 from hyla.models.weights import (
     Placement,
@@ -107,7 +106,10 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     lin = HFFields(f.raw("linear_attn_config", {}))
     heads = lin.integer("num_heads", f.integer("linear_num_heads", 32))
     head_dim = lin.integer("head_dim", f.integer("linear_head_dim", 128))
-    use_rope = not f.flag("mla_use_nope", True)
+    # The released modeling code asserts mla_use_nope and transformers' KimiLinearAttention never
+    # rotates: a rope MLA would match neither reference, so it is refused rather than guessed.
+    if not f.flag("mla_use_nope", True):
+        raise ConfigError("mla_use_nope: only true (NoPE MLA) is supported, got false")
     qk_rope = f.integer("qk_rope_head_dim", 64, minimum=0)
     return ModelConfig(
         vocab_size=f.integer("vocab_size"),
@@ -122,7 +124,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         dtype=model_dtype(f),
         bos_token_id=f.integer("bos_token_id", 163584, minimum=0),
         eos_token_ids=eos_ids(f) or (163586,),
-        rope=rope_config(f, qk_rope, "interleave", 10000.0) if use_rope else None,
+        rope=None,
         linear=LinearAttentionConfig(
             num_k_heads=heads,
             num_v_heads=heads,
@@ -139,7 +141,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
             qk_rope_head_dim=qk_rope,
             v_head_dim=f.integer("v_head_dim", 128),
             q_lora_rank=f.integer("q_lora_rank", None),
-            use_rope=use_rope,
+            use_rope=False,
             bias=f.flag("attention_bias", False),
         ),
         moe=_moe(f) if "moe" in ffns else None,

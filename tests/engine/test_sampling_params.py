@@ -72,3 +72,10 @@ def test_defaults_and_conversions():
     assert SamplingParams(max_tokens=None, top_k=-1).max_tokens is None
     assert SamplingParams(n=2, best_of=4).num_sequences == 4
     hash(p)  # frozen
+
+
+def test_tiny_temperature_is_clamped_not_degenerate():
+    from hyla.request import MIN_TEMPERATURE
+
+    assert SamplingParams(temperature=1e-320).temperature == MIN_TEMPERATURE
+    assert SamplingParams(temperature=0).temperature == 0

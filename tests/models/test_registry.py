@@ -344,6 +344,7 @@ def test_bad_native_config_names_the_field(path: tuple[str, ...], value, field: 
          r"rope.rotary_dim: 32 > gqa.head_dim=16"),
         ("qwen3_next", {"linear_num_value_heads": 3}, "linear.num_v_heads"),
         ("kimi_linear", {"linear_attn_config": {"head_dim": 16, "num_heads": "4"}}, "num_heads"),
+        ("kimi_linear", {"mla_use_nope": False}, "mla_use_nope"),  # no reference rotates
     ],
 )  # fmt: skip
 def test_bad_hf_config_fails_at_parse_time_naming_the_field(family, change, field) -> None:
