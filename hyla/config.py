@@ -457,7 +457,11 @@ def _build_sub(name: str, value: Any) -> Any:
 class CacheConfig:
     """Paged-cache settings. `block_size` tokens per block; pools are sized from
     `kv_cache_memory` bytes when set, else from `gpu_memory_fraction` of free device memory
-    (CPU: of `cpu_cache_memory_default`)."""
+    (CPU: of `cpu_cache_memory_default`). `enable_prefix_caching` reuses cached prompt prefixes
+    across requests (attention blocks plus linear-state checkpoints); `state_checkpoint_stride`
+    is the token stride of linear-state checkpoints, a multiple of block_size; the checkpoint
+    pool takes `num_state_checkpoints` state slots of the budget (None: one per stride of
+    cached tokens, at most half the budget)."""
 
     block_size: int = 16
     kv_cache_memory: int | None = None
@@ -467,12 +471,17 @@ class CacheConfig:
     state_checkpoint_stride: int = 256
     num_blocks: int | None = None
     cpu_cache_memory_default: int = 4 * 1024**3
+    num_state_checkpoints: int | None = None
 
     def __post_init__(self) -> None:
         _positive(self, "", "block_size", "state_checkpoint_stride", "cpu_cache_memory_default")
         for name in ("kv_cache_memory", "num_state_slots", "num_blocks"):
             if getattr(self, name) is not None:
                 _positive(self, "", name)
+        n = self.num_state_checkpoints
+        _require(
+            n is None or (isinstance(n, int) and n >= 0), "num_state_checkpoints", "must be >= 0"
+        )
         _require(0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]")
         _require(
             self.state_checkpoint_stride % self.block_size == 0,

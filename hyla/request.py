@@ -236,6 +236,7 @@ class Request:
 
     `all_token_ids` = prompt + generated; `num_computed_tokens` of them are in the cache. After a
     preemption `num_computed_tokens` drops to 0 and the whole sequence is recomputed.
+    `num_cached_tokens`: prompt tokens served from the prefix cache at its first admission.
     """
 
     request_id: str
@@ -250,6 +251,7 @@ class Request:
     num_computed_tokens: int = 0
     num_preemptions: int = 0
     stop_reason: str | int | None = None
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

@@ -11,8 +11,21 @@ where its `num_computed_tokens` reaches `num_tokens`.
 
 Admission needs a free state slot and the blocks for its first chunk. When a running request
 cannot get a block, the lowest-ranked running request not yet scheduled this step is preempted:
-its slot and blocks are released and it waits to recompute prompt + generated tokens from
-scratch (zero initial state). No request is admitted in a step that preempted.
+its slot and blocks are released and it waits to recompute prompt + generated tokens (from its
+longest cached prefix, else from scratch). No request is admitted in a step that preempted.
+
+Prefix caching (`hyla.cache.prefix`) adds three rules:
+- a request is admitted at its longest cached prefix (blocks + state checkpoint at one length);
+- a chunk that crosses a multiple of the checkpoint stride s is cut at the deepest one (or at an
+  earlier boundary another request asked for), so the state slot holds the state after exactly
+  k*s tokens when the forward ends, and the model runner copies it into a checkpoint:
+
+      computed c        chunk budget ends here
+      |-----------------|-s-|------------)-------    -> this step computes [c, k*s)
+
+- a waiting request whose prefix a running request is computing right now waits for it (and
+  asks it to cut a chunk at their shared boundary) instead of computing it twice; requests
+  sharing a prefix are thus admitted together once it is cached.
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from hyla.cache.manager import CacheManager
+from hyla.cache.prefix import PrefixHit
 from hyla.config import SchedulerConfig
 from hyla.request import Request, RequestStatus, check_token_stop
 
@@ -32,6 +46,10 @@ class SchedulerOutput:
 
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     preempted_ids: list[str] = field(default_factory=list)
+    # State-row copies (prefix caching): (checkpoint row, slot) before the forward, restoring a
+    # cached prefix's state; (slot, checkpoint row) after it, saving a stride-boundary state.
+    state_restores: list[tuple[int, int]] = field(default_factory=list)
+    state_saves: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def total_num_tokens(self) -> int:
@@ -59,6 +77,7 @@ class Scheduler:
         self._order: dict[str, tuple[int, int]] = {}
         self._counter = itertools.count()
         self.num_preemptions = 0
+        self._cuts: dict[str, set[int]] = {}  # request id -> chunk ends others wait for
 
     # -- queues ----------------------------------------------------------------------------------
 
@@ -94,11 +113,41 @@ class Scheduler:
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         n = min(req.num_uncomputed_tokens, budget)
         limit = self.config.long_prefill_token_threshold
-        return min(n, limit) if limit > 0 else n
+        n = min(n, limit) if limit > 0 else n
+        return self._cut(req, n)
+
+    def _cut(self, req: Request, n: int) -> int:
+        """End the chunk at a checkpoint boundary: the earliest one another request waits for,
+        else the deepest multiple of the stride inside it."""
+        stride = self.cache.checkpoint_stride
+        start = req.num_computed_tokens
+        deepest = (start + n) // stride * stride if stride else 0
+        if deepest <= start:
+            return n
+        wanted = [p for p in self._cuts.get(req.request_id, ()) if start < p <= start + n]
+        return (min(wanted) if wanted else deepest) - start
+
+    def _ask_cut(self, owner_id: str, end: int, out: SchedulerOutput) -> int:
+        """A waiting request wants `owner_id` to checkpoint its state after `end` tokens.
+        Returns the tokens given back when this step's chunk of the owner is cut short."""
+        if not self.cache.checkpoint_stride:
+            return 0
+        owner = self.requests[owner_id]
+        start = owner.num_computed_tokens
+        n = out.num_scheduled_tokens.get(owner_id)
+        if n is not None and start < end < start + n:
+            self.cache.cancel_save(owner_id)
+            out.num_scheduled_tokens[owner_id] = end - start
+            self.cache.plan_save(owner, end)
+            return start + n - end
+        if n is None or end > start + n:
+            self._cuts.setdefault(owner_id, set()).add(end)
+        return 0
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.cache.free(req.request_id)
+        self.cache.free(req.request_id, keep_hashes=True)
+        self._cuts.pop(req.request_id, None)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -118,28 +167,44 @@ class Scheduler:
                     break
             else:
                 out.num_scheduled_tokens[req.request_id] = n
+                self.cache.plan_save(req, total)
                 budget -= n
                 i += 1
         return budget
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
-            n = self._num_new_tokens(req, budget)
-            if not self.cache.allocate(req.request_id, req.num_computed_tokens + n):
+        for req in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            self.waiting.pop(0)
+            wants_logprobs = req.params.prompt_logprobs is not None  # needs every prompt row
+            hit = self.cache.match(req) if not wants_logprobs else PrefixHit()
+            shared = None if wants_logprobs else self.cache.in_flight_boundary(req, hit)
+            if shared is not None:  # wait for the running request computing our prefix
+                budget += self._ask_cut(shared[1], shared[0], out)
+                continue
+            req.num_computed_tokens = hit.num_tokens
+            n = self._num_new_tokens(req, budget)
+            if not self.cache.allocate(req.request_id, hit.num_tokens + n, hit):
+                req.num_computed_tokens = 0
+                break
+            self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = hit.num_tokens
             self.running.append(req)
+            self.cache.start(req, hit)
+            self.cache.plan_save(req, hit.num_tokens + n)
             out.num_scheduled_tokens[req.request_id] = n
             budget -= n
 
     def schedule(self) -> SchedulerOutput:
         """Decide the next step under `max_num_batched_tokens` and `max_num_seqs`."""
+        self.cache.end_step()
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted_ids:
             self._admit_waiting(out, budget)
+        out.state_restores, out.state_saves = self.cache.take_state_copies()
         return out
 
     # -- progress --------------------------------------------------------------------------------
@@ -160,6 +225,10 @@ class Scheduler:
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # aborted after scheduling
             req.num_computed_tokens += n
+            self.cache.commit(req)
+            cuts = self._cuts.get(rid)
+            if cuts:
+                cuts.difference_update([p for p in cuts if p <= req.num_computed_tokens])
             if rid not in sampled:
                 continue
             if req.num_computed_tokens != req.num_tokens:
@@ -169,6 +238,7 @@ class Scheduler:
             if status is not None:
                 self.finish(rid, status)
                 finished.append(req)
+        self.cache.end_step()
         return finished
 
     def finish(self, request_id: str, status: RequestStatus) -> Request | None:
@@ -185,5 +255,6 @@ class Scheduler:
             self.waiting.remove(req)
         self.cache.free(request_id)
         self._order.pop(request_id, None)
+        self._cuts.pop(request_id, None)
         req.status = status
         return req

@@ -21,11 +21,12 @@ from hyla.training.metrics import bits_per_byte, token_byte_lengths
 from hyla.training.recipe import MAX_CHECKPOINT_BYTES, build_model
 from hyla.training.stdlib_data import split_of, stdlib_root
 
-# Measured 1.25 bits/byte on this slice (CPython 3.11 `secrets.py`, fp32, SequenceRunner); a
-# random-weight model scores about 13. The bound leaves room for other Python versions' sources.
-HELDOUT_MODULE = "secrets"
+# The first 512 tokens of `unittest/suite.py` (held out): measured 0.84 bits/byte for the shipped
+# model (CPython 3.11 source, fp32, SequenceRunner) and 2.94 for random weights of the same
+# architecture. The bound leaves room for other Python versions' copies of the file.
+HELDOUT_MODULE = "unittest.suite"
 HELDOUT_TOKENS = 512
-BPB_BOUND = 1.8
+BPB_BOUND = 1.3
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_greedy_is_deterministic(model, tokenizer):
 
 
 def _heldout_bpb(model, tokenizer) -> float:
-    path = stdlib_root() / f"{HELDOUT_MODULE}.py"
+    path = stdlib_root() / (HELDOUT_MODULE.replace(".", "/") + ".py")
     if not path.is_file():
         pytest.skip(f"no {path} in this Python")
     ids = tokenizer.encode(path.read_text()).ids[: HELDOUT_TOKENS + 1]
@@ -101,7 +102,7 @@ def test_heldout_bits_per_byte_under_bound(model, tokenizer):
     trained = _heldout_bpb(model, tokenizer)
     assert math.isfinite(trained) and trained < BPB_BOUND
     random_model = build_model(model.config, seed=0).eval()
-    assert _heldout_bpb(random_model, tokenizer) > 2 * BPB_BOUND
+    assert _heldout_bpb(random_model, tokenizer) > BPB_BOUND + 1.0
 
 
 @pytest.mark.xfail(

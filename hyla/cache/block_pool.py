@@ -1,16 +1,23 @@
-"""Pools of cache blocks (attention/DSA layers) and state slots (linear layers), as plain ints.
+"""Pools of cache blocks (attention/DSA layers), state slots and state checkpoints (linear
+layers), as plain ints.
 
 Block 0 and state slot 0 are reserved: block tables are padded with block 0 and padding rows may
 point at slot 0, so neither is ever handed to a request (tests poison them to catch stray reads).
 
-Each block carries a reference count and room for a content hash: prefix caching will share
-full blocks between requests (ref_count > 1) and keep freed hashed blocks findable until they
-are evicted from the free queue (least recently freed first).
+Each block carries a reference count and a content hash. Prefix caching shares full blocks
+between requests (ref_count > 1) and keeps freed hashed blocks findable in `cached` until they
+are evicted: the free queue is an LRU, least recently freed first, and `allocate` evicts the
+hashed blocks it hands out (telling `on_evict`, so the state checkpoint keyed by the same hash
+goes with them).
+
+    free queue (LRU -> MRU):  [b4 b9 (h=..) b2 (h=..) ...]     ref_count == 0 for all of them
+    cached:                   {hash: block id}                  hashed blocks, in use or free
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 NULL_BLOCK_ID = 0
@@ -42,7 +49,10 @@ class BlockPool:
             raise ValueError(f"num_blocks: need >= 2 (one is reserved), got {num_blocks}")
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free: deque[int] = deque(range(1, num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        self.cached: dict[int, int] = {}
+        self.on_evict: Callable[[int], None] | None = None
+        self.num_evictions = 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -50,18 +60,34 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks no request references (some may still be cached and findable)."""
         return len(self._free)
 
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cached)
+
     def allocate(self, count: int) -> list[int]:
-        """Take `count` free blocks (ref_count 1 each) or raise CacheError when too few."""
+        """Take `count` free blocks (ref_count 1 each, hashes evicted) or raise CacheError."""
         if count > len(self._free):
             raise CacheError(f"allocate: {count} blocks wanted, {len(self._free)} free")
-        ids = [self._free.popleft() for _ in range(count)]
+        ids = [self._free.popitem(last=False)[0] for _ in range(count)]
         for i in ids:
             block = self.blocks[i]
+            self._evict(block)
             block.ref_count = 1
-            block.block_hash = None
         return ids
+
+    def _evict(self, block: Block) -> None:
+        h = block.block_hash
+        if h is None:
+            return
+        block.block_hash = None
+        if self.cached.get(h) == block.block_id:
+            del self.cached[h]
+            self.num_evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(h)
 
     def share(self, block_ids: list[int]) -> None:
         """Add one reference to each (already allocated) block."""
@@ -71,19 +97,54 @@ class BlockPool:
                 raise CacheError(f"share: block {i} is not allocated")
             block.ref_count += 1
 
+    def acquire_cached(self, block_ids: list[int]) -> None:
+        """Add one reference to each cached block, taking unreferenced ones off the free queue."""
+        for i in block_ids:
+            block = self.blocks[i]
+            if block.block_hash is None or self.cached.get(block.block_hash) != i:
+                raise CacheError(f"acquire_cached: block {i} is not cached")
+            if block.ref_count == 0:
+                del self._free[i]
+            block.ref_count += 1
+
     def free(self, block_ids: list[int]) -> None:
         """Drop one reference per block; blocks reaching 0 go to the back of the free queue.
 
         Freed in reverse so that a request's tail blocks are reused before its head blocks
         (the head is the likelier prefix-cache hit).
         """
+        unhashed: list[int] = []
         for i in reversed(block_ids):
             block = self.blocks[i]
             if i == NULL_BLOCK_ID or block.ref_count <= 0:
                 raise CacheError(f"free: block {i} is not allocated")
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free.append(i)
+                if block.block_hash is None:
+                    unhashed.append(i)
+                else:
+                    self._free[i] = None
+        for i in reversed(unhashed):  # nothing worth keeping: handed out before cached blocks
+            self._free[i] = None
+            self._free.move_to_end(i, last=False)
+
+    def cache_block(self, block_id: int, block_hash: int) -> bool:
+        """File an allocated, fully written block under `block_hash`.
+
+        Returns: False (and changes nothing) when another block already holds that hash.
+        """
+        block = self.blocks[block_id]
+        if block.ref_count <= 0:
+            raise CacheError(f"cache_block: block {block_id} is not allocated")
+        if block_hash in self.cached:
+            return False
+        block.block_hash = block_hash
+        self.cached[block_hash] = block_id
+        return True
+
+    def lookup(self, block_hash: int) -> int | None:
+        """The block cached under `block_hash`, or None."""
+        return self.cached.get(block_hash)
 
     def free_block_ids(self) -> list[int]:
         return list(self._free)
@@ -122,3 +183,71 @@ class SlotPool:
 
     def free_slot_ids(self) -> list[int]:
         return list(self._free)
+
+
+class CheckpointPool:
+    """`num_checkpoints` state checkpoints (ids 0..n-1): ref counts, keys, LRU eviction.
+
+    A checkpoint is free (no key), pending (referenced, no key: written after this step's
+    forward), cached (keyed; evictable while unreferenced) or restoring (keyed and referenced
+    while its copy into a request's slot is in flight). Unreferenced ones sit in an LRU queue,
+    unkeyed ones first.
+    """
+
+    def __init__(self, num_checkpoints: int) -> None:
+        self.num_checkpoints = num_checkpoints
+        self.ref_counts = [0] * num_checkpoints
+        self.keys: list[int | None] = [None] * num_checkpoints
+        self.cached: dict[int, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_checkpoints))
+        self.num_evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        """Unreferenced checkpoints (cached ones included)."""
+        return len(self._free)
+
+    def lookup(self, key: int) -> int | None:
+        return self.cached.get(key)
+
+    def allocate(self) -> int | None:
+        """A referenced, unkeyed checkpoint (evicting the least recently used), or None."""
+        if not self._free:
+            return None
+        c = self._free.popitem(last=False)[0]
+        if self.keys[c] is not None:
+            del self.cached[self.keys[c]]
+            self.keys[c] = None
+            self.num_evictions += 1
+        self.ref_counts[c] = 1
+        return c
+
+    def acquire(self, c: int) -> None:
+        if self.ref_counts[c] == 0:
+            del self._free[c]
+        self.ref_counts[c] += 1
+
+    def release(self, c: int) -> None:
+        self.ref_counts[c] -= 1
+        if self.ref_counts[c] == 0:
+            self._free[c] = None
+            if self.keys[c] is None:
+                self._free.move_to_end(c, last=False)
+
+    def register(self, c: int, key: int) -> bool:
+        """Key checkpoint `c`; False (nothing changed) when `key` already has a checkpoint."""
+        if key in self.cached:
+            return False
+        self.keys[c] = key
+        self.cached[key] = c
+        return True
+
+    def drop(self, key: int) -> None:
+        """Forget the checkpoint keyed `key` (its block was evicted)."""
+        c = self.cached.pop(key, None)
+        if c is None:
+            return
+        self.keys[c] = None
+        self.num_evictions += 1
+        if self.ref_counts[c] == 0:
+            self._free.move_to_end(c, last=False)

@@ -7,12 +7,20 @@ tokens [j*B, (j+1)*B) of the sequence in every such layer's paged tensors. All l
     tokens   0 ........ B-1 | B ....... 2B-1 | 2B .. n-1
     table    [   b7         ,    b2          ,   b9      ]      slot = s3
 
+With prefix caching (`hyla.cache.prefix`) a table may start with blocks shared with other
+requests, and state checkpoints live in extra rows of the same state tensors, after the slots:
+
+    state rows   0 | 1 .. num_slots-1 | num_slots + 0 .. num_slots + num_checkpoints-1
+                 pad   request slots     checkpoints
+
 Allocation is all-or-nothing: `allocate` either grants what was asked or changes nothing.
 """
 
 from __future__ import annotations
 
 from hyla.cache.block_pool import BlockPool, SlotPool
+from hyla.cache.prefix import PrefixCache, PrefixHit
+from hyla.request import Request
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
@@ -26,14 +34,32 @@ class CacheManager:
         num_blocks: size of the block pool (block 0 reserved).
         num_slots: size of the state-slot pool (slot 0 reserved).
         block_size: tokens per block B.
+        enable_prefix_caching: index full blocks by content and reuse them across requests.
+        checkpoint_stride: tokens between state checkpoints (a multiple of B); 0 for a model
+            without linear layers (hits need blocks only).
+        num_checkpoints: state checkpoints (extra state rows after the slots).
     """
 
-    def __init__(self, num_blocks: int, num_slots: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        num_slots: int,
+        block_size: int,
+        enable_prefix_caching: bool = False,
+        checkpoint_stride: int = 0,
+        num_checkpoints: int = 0,
+    ) -> None:
         self.block_size = block_size
         self.block_pool = BlockPool(num_blocks)
         self.slot_pool = SlotPool(num_slots)
         self.block_tables: dict[str, list[int]] = {}
         self.state_slots: dict[str, int] = {}
+        self.prefix: PrefixCache | None = None
+        if enable_prefix_caching:
+            self.prefix = PrefixCache(
+                self.block_pool, block_size, checkpoint_stride, num_checkpoints
+            )
+        self._restores: list[tuple[int, int]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -43,36 +69,58 @@ class CacheManager:
     def num_free_slots(self) -> int:
         return self.slot_pool.num_free_slots
 
+    @property
+    def checkpoint_stride(self) -> int:
+        """Chunk ends the scheduler aligns to (0: no checkpoints are taken)."""
+        return self.prefix.stride if self.prefix is not None else 0
+
+    def checkpoint_row(self, checkpoint_id: int) -> int:
+        """Row of a checkpoint in the state tensors (slot rows come first)."""
+        return self.slot_pool.num_slots + checkpoint_id
+
     def num_blocks_needed(self, request_id: str, num_tokens: int) -> int:
         """New blocks `request_id` needs so its table covers `num_tokens` tokens."""
         have = len(self.block_tables.get(request_id, ()))
         return max(0, num_blocks_for(num_tokens, self.block_size) - have)
 
-    def can_allocate(self, request_id: str, num_tokens: int) -> bool:
+    def can_allocate(self, request_id: str, num_tokens: int, hit: PrefixHit | None = None) -> bool:
         if request_id not in self.state_slots and self.num_free_slots == 0:
             return False
-        return self.num_blocks_needed(request_id, num_tokens) <= self.num_free_blocks
+        need = self.num_blocks_needed(request_id, num_tokens)
+        if hit is not None and hit.block_ids:
+            blocks = self.block_pool.blocks
+            need -= len(hit.block_ids)  # unreferenced cached blocks leave the free queue
+            need = max(0, need) + sum(1 for b in hit.block_ids if blocks[b].ref_count == 0)
+        return need <= self.num_free_blocks
 
-    def allocate(self, request_id: str, num_tokens: int) -> bool:
+    def allocate(self, request_id: str, num_tokens: int, hit: PrefixHit | None = None) -> bool:
         """Grow `request_id`'s table to cover `num_tokens` tokens and give it a state slot if it
-        has none. Returns False (and changes nothing) when the pools cannot cover it."""
-        if not self.can_allocate(request_id, num_tokens):
+        has none; a new request with a prefix `hit` starts its table with the hit's blocks.
+        Returns False (and changes nothing) when the pools cannot cover it."""
+        if not self.can_allocate(request_id, num_tokens, hit):
             return False
         if request_id not in self.state_slots:
             self.state_slots[request_id] = self.slot_pool.allocate()
+        if hit is not None and hit.block_ids and request_id not in self.block_tables:
+            self.block_pool.acquire_cached(hit.block_ids)
+            self.block_tables[request_id] = list(hit.block_ids)
         need = self.num_blocks_needed(request_id, num_tokens)
         table = self.block_tables.setdefault(request_id, [])
         table.extend(self.block_pool.allocate(need))
         return True
 
-    def free(self, request_id: str) -> None:
-        """Release `request_id`'s blocks and state slot (no-op for an unknown id)."""
+    def free(self, request_id: str, keep_hashes: bool = False) -> None:
+        """Release `request_id`'s blocks and state slot (no-op for an unknown id); hashed blocks
+        stay findable until evicted. `keep_hashes` keeps its token hashes (a preempted request
+        will be matched again)."""
         table = self.block_tables.pop(request_id, None)
         if table:
             self.block_pool.free(table)
         slot = self.state_slots.pop(request_id, None)
         if slot is not None:
             self.slot_pool.free(slot)
+        if self.prefix is not None:
+            self.prefix.release(request_id, keep_hashes)
 
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables[request_id]
@@ -82,3 +130,52 @@ class CacheManager:
 
     def has(self, request_id: str) -> bool:
         return request_id in self.state_slots
+
+    # -- prefix caching (all no-ops when it is off) ------------------------------------------
+
+    def match(self, req: Request) -> PrefixHit:
+        """`req`'s reusable cached prefix (empty when prefix caching is off)."""
+        return self.prefix.match(req) if self.prefix is not None else PrefixHit()
+
+    def in_flight_boundary(self, req: Request, hit: PrefixHit) -> tuple[int, str] | None:
+        """(L, owner): a running request is computing `req`'s prefix up to L > hit right now."""
+        return self.prefix.in_flight_boundary(req, hit) if self.prefix is not None else None
+
+    def start(self, req: Request, hit: PrefixHit) -> None:
+        """`req` was just allocated with `hit`: queue the copy of its checkpoint into its slot."""
+        if self.prefix is None:
+            return
+        self.prefix.record(req, hit)
+        self.prefix.begin(req, hit)
+        if hit.checkpoint_id is not None:
+            row = self.checkpoint_row(hit.checkpoint_id)
+            self._restores.append((row, self.state_slots[req.request_id]))
+
+    def plan_save(self, req: Request, end: int) -> None:
+        if self.prefix is not None:
+            self.prefix.plan_save(req, end)
+
+    def cancel_save(self, request_id: str) -> None:
+        if self.prefix is not None:
+            self.prefix.cancel_save(request_id)
+
+    def take_state_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """This step's state-row copies: restores (checkpoint row -> slot) to run before the
+        forward, saves (slot -> checkpoint row) to run after it."""
+        restores, self._restores = self._restores, []
+        if self.prefix is None:
+            return restores, []
+        saves = [
+            (self.state_slots[rid], self.checkpoint_row(c))
+            for rid, c in self.prefix.pending_saves().items()
+        ]
+        return restores, saves
+
+    def commit(self, req: Request) -> None:
+        """`req`'s computed tokens advanced: file its full blocks and due checkpoint."""
+        if self.prefix is not None and req.request_id in self.block_tables:
+            self.prefix.commit(req, self.block_tables[req.request_id])
+
+    def end_step(self) -> None:
+        if self.prefix is not None:
+            self.prefix.end_step()

@@ -93,6 +93,7 @@ class RequestGroup:
             outputs=[s.completion(i) for i, s in enumerate(seqs)],
             finished=finished,
             metrics=self.metrics,
+            num_cached_tokens=self.sequences[0].request.num_cached_tokens,
         )
 
     def wants_stream_output(self) -> bool:

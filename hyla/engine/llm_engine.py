@@ -44,7 +44,14 @@ DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default
 
 @dataclass
 class EngineStats:
-    """A snapshot of queue and cache occupancy (requests, not sequences, for the queues)."""
+    """A snapshot of queue and cache occupancy (requests, not sequences, for the queues).
+
+    Prefix-cache counters (since start, over admitted sequences): `prefix_cache_queried_tokens`
+    and `prefix_cache_hit_tokens` (tokens served from the cache), their ratio
+    `prefix_cache_hit_rate`, and `prefix_cache_block_only_tokens`: tokens whose attention blocks
+    were cached up to a checkpoint boundary without the linear-state checkpoint there (a miss
+    that an engine restoring the blocks alone would turn into silently wrong output).
+    """
 
     num_running: int
     num_waiting: int
@@ -55,6 +62,14 @@ class EngineStats:
     num_running_seqs: int = 0
     num_waiting_seqs: int = 0
     num_preemptions: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_queried_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    prefix_cache_hit_rate: float = 0.0
+    prefix_cache_block_only_tokens: int = 0
+    num_cached_blocks: int = 0
+    num_total_checkpoints: int = 0
+    num_cached_checkpoints: int = 0
 
 
 class LLMEngine:
@@ -86,7 +101,15 @@ class LLMEngine:
             self.model_config, engine_config.cache, self.max_model_len, sched.max_num_seqs, budget
         )
         self.cache_plan = plan
-        self.cache = CacheManager(plan.num_blocks, plan.num_slots, plan.block_size)
+        has_state = plan.bytes_per_slot > 0  # linear layers: prefix hits need checkpoints
+        self.cache = CacheManager(
+            plan.num_blocks,
+            plan.num_slots,
+            plan.block_size,
+            enable_prefix_caching=engine_config.cache.enable_prefix_caching,
+            checkpoint_stride=engine_config.cache.state_checkpoint_stride if has_state else 0,
+            num_checkpoints=plan.num_checkpoints,
+        )
         self.scheduler = Scheduler(sched, self.cache)
         self.runner = ModelRunner(self.model, plan)
         self.sampler = Sampler(make_generator(engine_config.seed, device))
@@ -233,7 +256,24 @@ class LLMEngine:
                 num_running_seqs=self.scheduler.num_running,
                 num_waiting_seqs=self.scheduler.num_waiting,
                 num_preemptions=self.scheduler.num_preemptions,
+                **self._prefix_stats(),
             )
+
+    def _prefix_stats(self) -> dict[str, Any]:
+        prefix = self.cache.prefix
+        if prefix is None:
+            return {}
+        s = prefix.stats
+        return dict(
+            prefix_cache_queries=s.num_queries,
+            prefix_cache_queried_tokens=s.num_queried_tokens,
+            prefix_cache_hit_tokens=s.num_hit_tokens,
+            prefix_cache_hit_rate=s.hit_rate,
+            prefix_cache_block_only_tokens=s.num_block_only_tokens,
+            num_cached_blocks=self.cache.block_pool.num_cached_blocks,
+            num_total_checkpoints=prefix.checkpoints.num_checkpoints,
+            num_cached_checkpoints=len(prefix.checkpoints.cached),
+        )
 
     # -- the step --------------------------------------------------------------------------------
 

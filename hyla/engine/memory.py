@@ -4,8 +4,10 @@
            | memory_fraction * free device memory (CUDA, measured after the model is loaded)
            | min(memory_fraction * free RAM, cpu_cache_memory_default)   (CPU)
     slots  = (num_state_slots or max_num_seqs) + 1 padding slot, paid first
-    blocks = (budget - slot bytes) // bytes per block, capped at what max_num_seqs sequences of
-             max_model_len tokens can use, + 1 null block
+    checkpoints (prefix caching, models with linear layers) = num_state_checkpoints, or one per
+             state_checkpoint_stride tokens of blocks, taking at most half of what is left
+    blocks = (budget - slot and checkpoint bytes) // bytes per block, capped at what
+             max_num_seqs sequences of max_model_len tokens can use, + 1 null block
 
 Per-token and per-slot costs come from `hyla.cache.spec` (the same tables the allocator reads).
 """
@@ -36,6 +38,7 @@ class CachePlan:
     block_size: int
     bytes_per_block: int
     bytes_per_slot: int
+    num_checkpoints: int = 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -47,7 +50,8 @@ class CachePlan:
 
     @property
     def total_bytes(self) -> int:
-        return self.num_blocks * self.bytes_per_block + self.num_slots * self.bytes_per_slot
+        rows = self.num_slots + self.num_checkpoints
+        return self.num_blocks * self.bytes_per_block + rows * self.bytes_per_slot
 
     def describe(self) -> str:
         tokens = self.num_usable_blocks * self.block_size
@@ -55,7 +59,9 @@ class CachePlan:
             f"paged cache: {self.num_usable_blocks} blocks x {self.block_size} tokens = "
             f"{tokens} tokens ({self.num_blocks * self.bytes_per_block / MIB:.1f} MiB); "
             f"{self.num_usable_slots} state slots "
-            f"({self.num_slots * self.bytes_per_slot / MIB:.1f} MiB)"
+            f"({self.num_slots * self.bytes_per_slot / MIB:.1f} MiB); "
+            f"{self.num_checkpoints} state checkpoints "
+            f"({self.num_checkpoints * self.bytes_per_slot / MIB:.1f} MiB)"
         )
 
 
@@ -99,15 +105,23 @@ def plan_cache(
     per_slot = bytes_per_state_slot(model)
     num_slots = (cache.num_state_slots or max_num_seqs) + 1
     blocks_per_seq = num_blocks_for(max_model_len, block_size)
+    use_checkpoints = cache.enable_prefix_caching and per_slot > 0
+    fixed = cache.num_state_checkpoints if use_checkpoints else 0
+    stride_blocks = cache.state_checkpoint_stride // block_size
+    reserve: int | None = None  # bytes set aside for automatically sized checkpoints
     if cache.num_blocks is not None:
         num_blocks = cache.num_blocks + 1
     else:
-        left = budget - num_slots * per_slot
+        left = budget - (num_slots + (fixed or 0)) * per_slot
         if left < 0:
             raise ConfigError(
                 f"kv_cache_memory: {budget} bytes cannot hold {num_slots} state slots of "
                 f"{per_slot} bytes; lower max_num_seqs/num_state_slots or raise the budget"
             )
+        if fixed is None:  # one checkpoint per stride of blocks, at most half of the rest
+            units = left // (stride_blocks * per_block + per_slot)
+            reserve = min(units * per_slot, left // 2 // per_slot * per_slot)
+            left -= reserve
         cap = max_num_seqs * blocks_per_seq + 1
         num_blocks = cap if per_block == 0 else min(cap, left // per_block)
     if num_blocks - 1 < blocks_per_seq:
@@ -117,6 +131,11 @@ def plan_cache(
             f"max_model_len={max_model_len} sequence needs; raise the budget or lower "
             "max_model_len"
         )
-    plan = CachePlan(num_blocks, num_slots, block_size, per_block, per_slot)
+    num_checkpoints = fixed
+    if fixed is None:
+        num_checkpoints = -(-(num_blocks - 1) // stride_blocks)
+        if reserve is not None:
+            num_checkpoints = min(num_checkpoints, reserve // per_slot)
+    plan = CachePlan(num_blocks, num_slots, block_size, per_block, per_slot, num_checkpoints)
     logger.info("%s", plan.describe())
     return plan

@@ -21,6 +21,7 @@ import torch
 from hyla.cache.manager import CacheManager
 from hyla.engine.memory import CachePlan
 from hyla.engine.sampler import top_logprobs
+from hyla.engine.state_copies import copy_state_rows, state_tensors
 from hyla.forward_batch import allocate_caches, build_forward_batch
 from hyla.models.hybrid import HybridModel
 from hyla.request import Request
@@ -50,9 +51,11 @@ class ModelRunner:
         self.config = model.config
         self.device = next(model.parameters()).device
         self.block_size = plan.block_size
+        num_state_rows = plan.num_slots + plan.num_checkpoints  # checkpoints follow the slots
         self.caches = allocate_caches(
-            self.config, plan.num_blocks, plan.block_size, plan.num_slots, self.device
+            self.config, plan.num_blocks, plan.block_size, num_state_rows, self.device
         )
+        self.state_tensors = state_tensors(self.config, self.caches)
 
     @torch.inference_mode()
     def execute(
@@ -72,6 +75,7 @@ class ModelRunner:
                 (requests asking for prompt logprobs only).
         Returns: the logits of the sampled rows and the new prompt-logprob entries.
         """
+        copy_state_rows(self.state_tensors, out.state_restores)  # cached prefix -> own slot
         ids = list(out.num_scheduled_tokens)
         query_lens = [out.num_scheduled_tokens[r] for r in ids]
         context_lens = [requests[r].num_computed_tokens for r in ids]
@@ -89,6 +93,7 @@ class ModelRunner:
             tokens.extend(requests[r].all_token_ids[c : c + q])
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
         hidden = self.model(input_ids, batch.positions, batch)
+        copy_state_rows(self.state_tensors, out.state_saves)  # slot at k*stride -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
 
     def _logits(

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from hyla.config import (
+    ConfigError,
     DSAConfig,
     LinearAttentionConfig,
     MLAConfig,
@@ -180,8 +181,6 @@ def test_batch_equals_solo(loaded) -> None:
 
 
 def _rewrite(saved_path: Path, tmp_path: Path, edit) -> Path:
-    from safetensors.torch import load_file
-
     state = load_file(saved_path / "model.safetensors")
     edit(state)
     (tmp_path / "config.json").write_text((saved_path / "config.json").read_text())
@@ -208,8 +207,6 @@ def test_wrong_shape_is_named(saved, tmp_path) -> None:
 
 
 def test_unknown_architecture_in_native_config(saved, tmp_path) -> None:
-    from hyla.config import ConfigError
-
     data = json.loads((saved[1] / "config.json").read_text())
     data["architecture"] = "llama"
     (tmp_path / "config.json").write_text(json.dumps(data))

@@ -1,11 +1,12 @@
-"""Mixture-of-experts routing and expert computation. See `reference.py`.
+"""Mixture-of-experts routing and expert computation. See `reference.py` for the definitions.
 
-Only the reference exists so far; a fused GPU kernel (same signatures) will dispatch here.
+`moe_experts` is the grouped form of `cpu.py` (tokens sorted by expert once), tested against the
+per-expert reference; a fused GPU kernel (same signature) will dispatch here.
 """
 
+from hyla.ops.moe.cpu import moe_experts
 from hyla.ops.moe.reference import (
     group_limited_mask,
-    moe_experts,
     route_sigmoid,
     route_softmax,
     stable_topk,

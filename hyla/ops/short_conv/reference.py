@@ -24,6 +24,27 @@ import torch.nn.functional as F
 ACTIVATIONS = {"silu": F.silu, "sigmoid": torch.sigmoid}
 
 
+def check_conv_inputs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    conv_state: torch.Tensor | None,
+    activation: str | None,
+) -> None:
+    """Raise ValueError unless the arguments of a `causal_conv1d` call agree."""
+    T, C = x.shape
+    W = weight.shape[-1]
+    N = cu_seqlens.numel() - 1
+    if weight.shape != (C, W):
+        raise ValueError(f"weight: shape {tuple(weight.shape)} != {(C, W)}")
+    if conv_state is not None and tuple(conv_state.shape) != (N, C, W - 1):
+        raise ValueError(f"conv_state: shape {tuple(conv_state.shape)} != {(N, C, W - 1)}")
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"activation: {activation!r} not in {sorted(ACTIVATIONS)} or None")
+    if int(cu_seqlens[-1]) != T:
+        raise ValueError(f"cu_seqlens: ends at {int(cu_seqlens[-1])}, expected T={T}")
+
+
 def causal_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -52,17 +73,10 @@ def causal_conv1d(
     Raises:
         ValueError: inconsistent shapes or an unknown activation.
     """
+    check_conv_inputs(x, weight, cu_seqlens, conv_state, activation)
     T, C = x.shape
     W = weight.shape[-1]
     N = cu_seqlens.numel() - 1
-    if weight.shape != (C, W):
-        raise ValueError(f"weight: shape {tuple(weight.shape)} != {(C, W)}")
-    if conv_state is not None and tuple(conv_state.shape) != (N, C, W - 1):
-        raise ValueError(f"conv_state: shape {tuple(conv_state.shape)} != {(N, C, W - 1)}")
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ValueError(f"activation: {activation!r} not in {sorted(ACTIVATIONS)} or None")
-    if int(cu_seqlens[-1]) != T:
-        raise ValueError(f"cu_seqlens: ends at {int(cu_seqlens[-1])}, expected T={T}")
     state_dtype = x.dtype if conv_state is None else conv_state.dtype
     if conv_state is None:
         conv_state = torch.zeros(N, C, W - 1, dtype=state_dtype, device=x.device)

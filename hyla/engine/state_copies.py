@@ -1,0 +1,39 @@
+"""Copies of whole linear-layer state rows: prefix-cache checkpoint saves and restores.
+
+The state tensors of every linear layer (`recurrent_state`, `conv_state`, see
+`hyla.cache.spec`) have one row per state slot followed by one row per checkpoint; the cache
+bookkeeping names rows only. A copy (src, dst) copies row src onto row dst in every such tensor
+of every layer, so the recurrent and conv states of one prefix always travel together.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hyla.cache.spec import layer_cache_specs
+from hyla.config import ModelConfig
+from hyla.forward_batch import LayerCache
+
+
+def state_tensors(config: ModelConfig, caches: list[LayerCache]) -> list[torch.Tensor]:
+    """The per-slot cache tensors of all layers (empty for a model without linear layers)."""
+    return [
+        caches[i][spec.name]
+        for i in range(config.num_layers)
+        for spec in layer_cache_specs(config, i)
+        if spec.per == "slot"
+    ]
+
+
+def copy_state_rows(tensors: list[torch.Tensor], copies: list[tuple[int, int]]) -> None:
+    """For each (src, dst) in `copies`: `t[dst] = t[src]` for every tensor `t: [rows, ...]`.
+
+    Sources are read before any destination is written; a row is never both.
+    """
+    if not copies or not tensors:
+        return
+    device = tensors[0].device
+    src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=device)
+    dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=device)
+    for t in tensors:
+        t.index_copy_(0, dst, t.index_select(0, src))

@@ -1,0 +1,53 @@
+"""Gated DeltaNet on the vectorized KDA path (`hyla.ops.kda.cpu`): the scalar decay per head is
+broadcast over K, exactly as `reference.py` does onto the KDA reference. Same signatures and
+results as `reference.py` (tests/ops/test_gdn.py holds them together)."""
+
+from __future__ import annotations
+
+import torch
+
+from hyla.ops.gdn.reference import _per_channel
+from hyla.ops.kda import cpu as kda
+from hyla.ops.kda.reference import check_delta_inputs
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference.recurrent_gated_delta_rule`, all sequences stepped together. g: [T, HV]."""
+    check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=2)
+    g = _per_channel(g, q.shape[-1])
+    return kda.recurrent_kda(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    *,
+    chunk_size: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference.chunk_gated_delta_rule`, all sequences' chunks batched. g: [T, HV].
+
+    Raises:
+        ValueError: inconsistent shapes, or chunk_size < 1.
+    """
+    check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=2)
+    g = _per_channel(g, q.shape[-1])
+    return kda.chunk_kda(
+        q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, chunk_size=chunk_size
+    )

@@ -1,0 +1,71 @@
+"""Routed experts with the tokens grouped once: the fast path of `reference.moe_experts` (same
+signature and results; tests/ops/test_moe_routing.py holds them together).
+
+The reference finds each expert's tokens with its own `nonzero` and scatters each expert's
+output separately. Here the (token, slot) pairs are sorted by expert once, so each expert reads
+one contiguous slice of the gathered inputs, and the outputs come back to their tokens in one copy:
+
+    pairs sorted by expert:  | e0: t3 t9 | e2: t0 t3 t4 | e5: t9 | ...      (stable: token order)
+    out[t] = (y[e_a, t] + y[e_b, t]) + ...   a < b < ...: ascending expert order, as the reference
+
+Each expert sees the same rows in the same order as in the reference, so results agree bit for
+bit on the same machine.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def moe_experts(
+    hidden_states: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """`reference.moe_experts` with the tokens sorted by expert once.
+
+    Args:
+        hidden_states: [T, D]; gate_up_proj: [E, 2 * I, D]; down_proj: [E, D, I];
+        topk_weights: [T, k]; topk_ids: [T, k] int64 in [0, E).
+    Returns: [T, D] in hidden_states' dtype.
+    """
+    num_experts, k = gate_up_proj.shape[0], topk_ids.shape[1]
+    flat_ids = topk_ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)  # pair p = token p // k, slot p % k
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    token_idx = order // k
+    x = hidden_states.index_select(0, token_idx)  # [T*k, D] grouped by expert
+    ys = []
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        gate, up = F.linear(x[start : start + n], gate_up_proj[e]).chunk(2, dim=-1)
+        ys.append(F.linear(F.silu(gate) * up, down_proj[e]))
+        start += n
+    if not ys:
+        return torch.zeros_like(hidden_states)
+    weights = topk_weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+    y = (torch.cat(ys) * weights).to(hidden_states.dtype)
+    return _sum_in_expert_order(y, order, topk_ids)
+
+
+def _sum_in_expert_order(
+    y: torch.Tensor, order: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """out[t] = ((y_a + y_b) + y_c) + ... over token t's experts a < b < c ..., each sum rounded
+    to y's dtype as the reference's one `index_add_` per expert rounds it (a single
+    `index_add_` with repeated rows accumulates differently below fp32).
+
+    y: [T*k, D] per (token, slot) pair in `order` (pairs sorted by expert). Returns [T, D]."""
+    T, k = topk_ids.shape
+    rank = topk_ids.argsort(dim=1).argsort(dim=1).reshape(-1)  # slot -> rank of its expert
+    dest = torch.div(order, k, rounding_mode="floor") * k + rank.index_select(0, order)
+    by_rank = torch.empty_like(y).index_copy_(0, dest, y).view(T, k, -1)
+    out = by_rank[:, 0].clone()
+    for r in range(1, k):
+        out += by_rank[:, r]
+    return out
