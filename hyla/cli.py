@@ -52,7 +52,7 @@ def serve(
     model: str | None = typer.Argument(None, metavar="[MODEL]", help=MODEL_HELP,
                                        show_default=False),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-    port: int = typer.Option(8000, help="TCP port."),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: any free port)."),
     api_key: str | None = typer.Option(None, envvar="HYLA_API_KEY",
                                        help="Require 'Authorization: Bearer <key>' on /v1/*."),
     served_model_name: str | None = typer.Option(

@@ -15,6 +15,9 @@ from typing import Any
 
 MAX_N = 16
 MAX_LOGPROBS = 20
+# Seeds are signed 64-bit integers (what torch.Generator.manual_seed and most clients accept);
+# sequence k of a request uses seed + k, which stays below 2**64 for any seed in this range.
+MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
 
 
 class InvalidRequestError(ValueError):
@@ -87,9 +90,10 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        stop = () if stop is None else stop  # None means no stop strings (as in vLLM)
         _check(isinstance(stop, (list, tuple)), "stop", "must be a string or a list of strings")
         object.__setattr__(self, "stop", tuple(stop))
-        ids = self.stop_token_ids
+        ids = () if self.stop_token_ids is None else self.stop_token_ids
         _check(isinstance(ids, (list, tuple)), "stop_token_ids", "must be a list of token ids")
         object.__setattr__(self, "stop_token_ids", tuple(ids))
         self._check_counts()
@@ -131,7 +135,11 @@ class SamplingParams:
                     f"must be in [0, {MAX_LOGPROBS}], got {v!r}",
                 )
         if self.seed is not None:
-            _check(_is_int(self.seed), "seed", f"must be an integer, got {self.seed!r}")
+            _check(
+                _is_int(self.seed) and MIN_SEED <= self.seed <= MAX_SEED,
+                "seed",
+                f"must be an integer in [{MIN_SEED}, {MAX_SEED}], got {self.seed!r}",
+            )
         _check(_is_int(self.top_k), "top_k", f"must be an integer (<= 0: off), got {self.top_k!r}")
 
     def _check_probabilities(self) -> None:

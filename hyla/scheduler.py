@@ -124,6 +124,8 @@ class Scheduler:
         deepest = (start + n) // stride * stride if stride else 0
         if deepest <= start:
             return n
+        if deepest == req.num_tokens and deepest - stride > start:
+            deepest -= stride  # a repeat of this exact sequence can hit at most num_tokens - 1
         wanted = [p for p in self._cuts.get(req.request_id, ()) if start < p <= start + n]
         return (min(wanted) if wanted else deepest) - start
 

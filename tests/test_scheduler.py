@@ -7,6 +7,11 @@ step it checks: budgets respected, no block or slot owned twice, pools conserved
 requests hold blocks for their tokens; at the end every request finished or was aborted and
 every block and slot is free. A reference run with ample memory checks that preemption by
 recompute does not change any request's tokens.
+
+The prefix-caching fuzz also plays the model runner's tensors with exact stand-ins: a state row
+holds the tuple of tokens it has absorbed, a block holds its tokens. Every step checks that each
+scheduled request starts from the state of exactly its computed tokens (restored checkpoints
+included) and that its table's blocks hold its context, i.e. cache hits are transparent.
 """
 
 from __future__ import annotations
@@ -174,11 +179,14 @@ request_st = st.tuples(
 )
 
 
-def simulate(config, reqs, block_size, num_blocks, num_slots, check=True, vocab=50):
-    s = Scheduler(config, CacheManager(num_blocks, num_slots, block_size))
+def simulate(
+    config, reqs, block_size, num_blocks, num_slots, check=True, vocab=50, prompts=None, **prefix
+):
+    s = Scheduler(config, CacheManager(num_blocks, num_slots, block_size, **prefix))
+    sim = FakeTensors(s.cache) if prefix else None
     objs = {}
     for i, (_, plen, mt, _, prio) in enumerate(reqs):
-        prompt = [(i * 13 + j) % vocab for j in range(plen)]
+        prompt = prompts[i] if prompts else [(i * 13 + j) % vocab for j in range(plen)]
         params = SamplingParams(max_tokens=mt)
         objs[f"r{i}"] = Request(f"r{i}", prompt, params, eos_token_ids=(EOS,), priority=prio)
     aborted = set()
@@ -191,6 +199,8 @@ def simulate(config, reqs, block_size, num_blocks, num_slots, check=True, vocab=
         out = s.schedule()
         if check:
             check_step(s, out, config, num_blocks, num_slots)
+        if sim is not None:
+            sim.run(s, out)
         sampled = {}
         for rid, n in out.num_scheduled_tokens.items():
             r = s.requests[rid]
@@ -202,16 +212,66 @@ def simulate(config, reqs, block_size, num_blocks, num_slots, check=True, vocab=
     return s, objs, aborted
 
 
+class FakeTensors:
+    """Exact stand-ins for the cache tensors: a state row is the tuple of tokens it absorbed,
+    a block maps offsets to the tokens written there."""
+
+    def __init__(self, cache: CacheManager) -> None:
+        self.cache = cache
+        self.rows: dict[int, tuple[int, ...]] = {}
+        self.blocks: dict[int, dict[int, int]] = {}
+
+    def copy(self, pairs) -> None:
+        values = {dst: self.rows.get(src) for src, dst in pairs}  # read all, then write
+        self.rows.update(values)
+
+    def run(self, s: Scheduler, out) -> None:
+        cm, B = self.cache, self.cache.block_size
+        self.copy(out.state_restores)
+        for rid, n in out.num_scheduled_tokens.items():
+            req = s.requests[rid]
+            c, tokens, table = req.num_computed_tokens, req.all_token_ids, cm.block_table(rid)
+            slot = cm.state_slot(rid)
+            if c > 0 and cm.checkpoint_stride:  # (no linear layers: no state to check)
+                assert self.rows.get(slot) == tuple(tokens[:c]), f"{rid}: wrong initial state"
+            for p in range(c):
+                assert self.blocks[table[p // B]][p % B] == tokens[p], f"{rid}: wrong context"
+            for p in range(c, c + n):
+                assert cm.block_pool.blocks[table[p // B]].ref_count == 1, "write to a shared block"
+                self.blocks.setdefault(table[p // B], {})[p % B] = tokens[p]
+            self.rows[slot] = tuple(tokens[: c + n])
+        self.copy(out.state_saves)
+
+
+def check_prefix_index(cm: CacheManager) -> None:
+    pool, ckpt = cm.block_pool, cm.prefix.checkpoints
+    for h, b in pool.cached.items():
+        assert pool.blocks[b].block_hash == h
+    for h, c in ckpt.cached.items():
+        assert h in pool.cached, "a checkpoint outlived its block"
+        assert ckpt.keys[c] == h
+    referenced = sum(1 for r in ckpt.ref_counts if r > 0)
+    assert min(ckpt.ref_counts, default=0) >= 0
+    assert referenced + ckpt.num_free == ckpt.num_checkpoints
+
+
 def check_step(s, out, config, num_blocks, num_slots):
     cm = s.cache
     assert out.total_num_tokens <= config.max_num_batched_tokens
     assert len(out.num_scheduled_tokens) <= config.max_num_seqs
     assert len(s.running) <= config.max_num_seqs
     owned = [b for t in cm.block_tables.values() for b in t]
-    assert len(owned) == len(set(owned)), "a block is in two tables"
+    if cm.prefix is None:
+        assert len(owned) == len(set(owned)), "a block is in two tables"
+    for b in set(owned):  # shared blocks: one reference per table, and content-addressed
+        block = cm.block_pool.blocks[b]
+        assert block.ref_count == owned.count(b)
+        assert block.ref_count == 1 or cm.block_pool.cached.get(block.block_hash) == b
     assert 0 not in owned
     assert set(owned).isdisjoint(cm.block_pool.free_block_ids())
-    assert len(owned) + cm.num_free_blocks == num_blocks - 1
+    assert len(set(owned)) + cm.num_free_blocks == num_blocks - 1
+    if cm.prefix is not None:
+        check_prefix_index(cm)
     slots = list(cm.state_slots.values())
     assert len(slots) == len(set(slots)) and 0 not in slots
     assert len(slots) + cm.num_free_slots == num_slots - 1

@@ -72,7 +72,8 @@ class CacheManager:
     @property
     def checkpoint_stride(self) -> int:
         """Chunk ends the scheduler aligns to (0: no checkpoints are taken)."""
-        return self.prefix.stride if self.prefix is not None else 0
+        prefix = self.prefix
+        return prefix.stride if prefix is not None and prefix.checkpoints.num_checkpoints else 0
 
     def checkpoint_row(self, checkpoint_id: int) -> int:
         """Row of a checkpoint in the state tensors (slot rows come first)."""

@@ -156,6 +156,8 @@ class PrefixCache:
     def in_flight_boundary(self, req: Request, hit: PrefixHit) -> tuple[int, str] | None:
         """(L, owner): a running request `owner` is computing `req`'s prefix up to a boundary
         L > hit.num_tokens right now, so `req` may wait for it instead of computing it twice."""
+        if self.stride and not self.checkpoints.num_checkpoints:
+            return None  # no checkpoint can ever make a hit: nothing worth waiting for
         hashes = self.hashes(req)
         limit = min(len(hashes), (req.num_tokens - 1) // self.block_size)
         reach = self._num_matching_blocks(hashes, limit, in_flight=True) * self.block_size

@@ -8,6 +8,11 @@
                                               timeouts  -> engine.abort_request, "timeout"
     stream queue <- RequestOutput ---------   engine.step() while there is work
 
+Text prompts are tokenized in a worker thread before the "add" command (a multi-megabyte
+prompt takes seconds to tokenize; on the engine thread it would stall every running stream); an
+over-long one is refused there and never reaches the engine. The engine gets the token ids and
+the outputs get the text back as `prompt`.
+
 The engine is touched only by the engine thread, so it needs no lock. The thread sleeps on a
 condition variable while there is no work and wakes on the next command. Commands are applied
 before every step, so a cancelled request's blocks and state slot are free before the next
@@ -30,12 +35,14 @@ from hyla.engine.async_stream import (
     DONE,
     EngineDeadError,
     EngineDrainingError,
+    OutputQueue,
     QueueFullError,
     RequestStream,
     timeout_output,
     with_finish_reason,
 )
-from hyla.request import InvalidRequestError
+from hyla.engine.validate import prompt_token_ids, validate_lengths
+from hyla.request import InvalidRequestError, SamplingParams
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "QueueFullError",
            "RequestStream"]
@@ -48,10 +55,11 @@ class _Stream:
     """Per-request state, owned by the engine thread except `queue` (event-loop side)."""
 
     request_id: str
-    queue: asyncio.Queue
+    queue: OutputQueue
     deadline: float | None
     num_outputs: int = 1
     last_output: Any = None
+    prompt_text: str | None = None
 
 
 class AsyncEngine:
@@ -158,8 +166,28 @@ class AsyncEngine:
         `LLMEngine.add_request`; nothing stays allocated), QueueFullError, EngineDrainingError.
         """
         request_id = request_id or uuid.uuid4().hex
-        queue = await self._submit(prompt, params, request_id)
+        text = None
+        if isinstance(prompt, str) and self._can_pretokenize():
+            self._check_admission()  # before paying for the tokenization
+            text = prompt
+            prompt = await asyncio.to_thread(self._tokenize, text, params)
+        queue = await self._submit(prompt, params, request_id, text)
         return RequestStream(self, request_id, queue)
+
+    def _can_pretokenize(self) -> bool:
+        vocab = getattr(getattr(self.engine, "model_config", None), "vocab_size", None)
+        return self.tokenizer is not None and isinstance(vocab, int)
+
+    def _tokenize(self, text: str, params: Any) -> list[int]:
+        """Token ids of `text` as the engine would compute them (worker thread).
+
+        Raises: InvalidRequestError("prompt") for text that cannot be tokenized or leaves no
+            room in the context window; InvalidRequestError("max_tokens") past the window.
+        """
+        ids = prompt_token_ids(text, self.tokenizer, self.engine.model_config.vocab_size)
+        if isinstance(params, SamplingParams):
+            validate_lengths(len(ids), params, self.max_model_len)
+        return ids
 
     async def generate(
         self, prompt: str | list[int], params: Any, request_id: str | None = None
@@ -177,20 +205,30 @@ class AsyncEngine:
         finally:
             stream.abort()
 
-    async def _submit(self, prompt: Any, params: Any, request_id: str) -> asyncio.Queue:
+    def _check_admission(self) -> None:
+        """Raises EngineDrainingError while draining, QueueFullError when the queue is full."""
         if self._is_draining:
             raise EngineDrainingError("the server is shutting down")
+        with self._cond:
+            limit = self.max_queue_len
+            if limit is not None and self._num_waiting_locked() >= limit:
+                raise QueueFullError(limit)
+
+    async def _submit(
+        self, prompt: Any, params: Any, request_id: str, text: str | None = None
+    ) -> OutputQueue:
+        self._check_admission()
         if not self.is_running:
             self.start()
         with self._cond:
             limit = self.max_queue_len
             if limit is not None and self._num_waiting_locked() >= limit:
-                raise QueueFullError(self.max_queue_len)
+                raise QueueFullError(limit)
             loop = asyncio.get_running_loop()
             admitted: asyncio.Future = loop.create_future()
-            queue: asyncio.Queue = asyncio.Queue()
+            queue = OutputQueue()
             self._num_pending_adds += 1
-            self._commands.append(("add", request_id, prompt, params, queue, admitted))
+            self._commands.append(("add", request_id, prompt, params, queue, admitted, text))
             self._cond.notify()
         try:
             await asyncio.shield(admitted)
@@ -216,17 +254,27 @@ class AsyncEngine:
     def _run(self) -> None:
         while True:
             commands = self._wait_for_work()
-            if any(c[0] == "stop" for c in commands):
-                self._apply(c for c in commands if c[0] != "stop")
-                self._update_snapshot()
+            stop = any(c[0] == "stop" for c in commands)
+            try:
+                self._iterate([c for c in commands if c[0] != "stop"], stop)
+            except Exception as e:
+                # Never let the thread die: its requests would hang with no output and no end.
+                logger.exception("engine loop failed; ending %d requests", len(self._streams))
+                self._fail_all(EngineDeadError(f"engine loop failed: {type(e).__name__}: {e}"))
+            if stop:
                 return
-            self._apply(commands)
-            self._expire()
-            if commands:
-                self._update_snapshot()
-            if self.engine.has_unfinished_requests():
-                self._step()
-                self._update_snapshot()
+
+    def _iterate(self, commands: list[tuple], stop: bool) -> None:
+        self._apply(commands)
+        if stop:
+            self._update_snapshot()
+            return
+        self._expire()
+        if commands:
+            self._update_snapshot()
+        if self.engine.has_unfinished_requests():
+            self._step()
+            self._update_snapshot()
 
     def _wait_for_work(self) -> list[tuple]:
         with self._cond:
@@ -256,7 +304,7 @@ class AsyncEngine:
             elif command[0] == "abort":
                 self._abort(command[1], command[2])
 
-    def _add(self, request_id, prompt, params, queue, admitted) -> None:  # noqa: ANN001
+    def _add(self, request_id, prompt, params, queue, admitted, text) -> None:  # noqa: ANN001
         arrival = time.monotonic()
         try:
             if request_id in self._streams:
@@ -271,12 +319,16 @@ class AsyncEngine:
         num_outputs = getattr(params, "n", 1) or 1
         with self._cond:
             self._num_pending_adds -= 1
-            self._streams[request_id] = _Stream(request_id, queue, deadline, num_outputs)
+            self._streams[request_id] = _Stream(request_id, queue, deadline, num_outputs,
+                                                prompt_text=text)
         self._call(_set_result, admitted)
 
     def _abort(self, request_id: str, reason: str) -> None:
         stream = self._streams.get(request_id)
-        self.engine.abort_request(request_id)
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:  # the stream still ends; the engine finishes the request on its own
+            logger.exception("abort of %s raised", request_id)
         if stream is None:
             return
         with self._cond:
@@ -306,6 +358,8 @@ class AsyncEngine:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
+            if stream.prompt_text is not None and output.prompt is None:
+                output.prompt = stream.prompt_text  # a fresh object per step: safe to set
             stream.last_output = output
             self._put(stream, output)
             if output.finished:

@@ -1,13 +1,14 @@
 """Per-request output streams of the AsyncEngine, and the errors it raises.
 
 `RequestStream` is what `AsyncEngine.add_request` returns: an async iterator over cumulative
-`RequestOutput`s fed by the engine thread through an asyncio.Queue. The engine thread ends a
+`RequestOutput`s fed by the engine thread through an `OutputQueue`. The engine thread ends a
 stream with `DONE` (after an abort) or with an exception (after a failed step).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import time
 from typing import Any
@@ -35,17 +36,61 @@ class EngineDeadError(RuntimeError):
     """A step of the engine raised; the requests in flight were ended with this error."""
 
 
+class OutputQueue:
+    """The event-loop side of one request's outputs: a FIFO that keeps only the newest unread
+    unfinished `RequestOutput`.
+
+    Outputs are cumulative, so a newer one replaces an unread older one: a consumer that falls
+    behind (a slow client, a busy event loop) gets the latest text in one piece, and memory
+    stays O(length) instead of one full copy per step. Markers (`DONE`), errors and finished
+    outputs are never replaced. Not thread-safe: call from the event loop.
+    """
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        items = self._items
+        last = items[-1] if items else None
+        if isinstance(item, RequestOutput) and isinstance(last, RequestOutput) and (
+            not last.finished
+        ):
+            items[-1] = item
+        else:
+            items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+
 class RequestStream:
     """Async iterator over one request's cumulative outputs; `abort()` cancels it.
 
     Cancelling a task blocked in `__anext__`, or dropping an unfinished stream, aborts too.
     """
 
-    def __init__(self, engine: Any, request_id: str, queue: asyncio.Queue) -> None:
+    def __init__(self, engine: Any, request_id: str, queue: OutputQueue) -> None:
         self.engine = engine
         self.request_id = request_id
         self._queue = queue
         self.is_finished = False
+
+    @property
+    def num_pending(self) -> int:
+        """Items received from the engine and not read yet (at most one partial output)."""
+        return self._queue.qsize()
 
     def __aiter__(self) -> RequestStream:
         return self

@@ -8,7 +8,8 @@ decodes a short window twice and keeps the difference:
                 ^prefix_offset ^read_offset   text   = ids[prefix_offset:]
     delta = decode(text)[len(decode(prefix)):]   (held back while it ends in U+FFFD)
 
-Stop strings are searched only where new text could complete one. While a request runs, the
+Stop strings are searched only where new text could complete one, and only from the token that
+reaches `min_tokens` on (as vLLM: `min_tokens` holds back EOS, stop ids and stop strings). While a request runs, the
 last `max(len(stop)) - 1` characters are held back, so streamed text never shows a stop string
 that the final text will cut.
 """
@@ -39,6 +40,7 @@ class IncrementalDetokenizer:
         self.prefix_offset = max(self.read_offset - INITIAL_WINDOW, 0)
         self.text = ""
         self.stopped = False
+        self.num_tokens = 0  # generated tokens seen
         self._hold = max((len(s) for s in params.stop), default=1) - 1
 
     def _decode(self, ids: list[int]) -> str:
@@ -61,6 +63,9 @@ class IncrementalDetokenizer:
         for token_id in token_ids:
             before = len(self.text)
             self._append(token_id)
+            self.num_tokens += 1
+            if self.num_tokens < self.params.min_tokens:
+                continue
             matched = self._find_stop(before)
             if matched is not None:
                 return matched

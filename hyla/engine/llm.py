@@ -73,14 +73,33 @@ def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> 
     return LLMEngine.from_path(model, **overrides)
 
 
+def _is_token_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
 def _as_prompt_list(prompts: Any) -> list[str | list[int]]:
+    """str | list[str] | list[int] | list[list[int]] (texts and id lists may mix) -> prompts.
+
+    Raises: InvalidRequestError("prompt") for any other shape (bools, bare ints among prompts,
+        None, nested strings).
+    """
     if isinstance(prompts, str):
         return [prompts]
     if not isinstance(prompts, Sequence):
         raise InvalidRequestError("prompt", f"expected str or list, got {type(prompts)}")
-    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+    if prompts and all(_is_token_id(t) for t in prompts):
         return [list(prompts)]
-    return [p if isinstance(p, str) else list(p) for p in prompts]
+    out: list[str | list[int]] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, Sequence) and all(_is_token_id(t) for t in p):
+            out.append(list(p))
+        else:
+            raise InvalidRequestError(
+                "prompt", f"prompt[{i}]: expected str or list[int], got {p!r:.60}"
+            )
+    return out
 
 
 class LLM:

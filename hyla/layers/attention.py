@@ -20,7 +20,7 @@ from hyla.forward_batch import ForwardBatch
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rotary import RotaryEmbedding
 from hyla.ops.gqa import paged_gqa
-from hyla.ops.mla import mla_absorbed, mla_expanded
+from hyla.ops.mla import mla_absorbed_batched, mla_expanded
 from hyla.ops.paged import write_paged
 from hyla.ops.rotary import rope_softmax_mscale
 
@@ -82,7 +82,7 @@ class MLAttention(nn.Module):
     `mla.use_rope` the rope channels rotate (style from `config.rope`, "interleave" for DeepSeek)
     and the softmax scale includes YaRN's mscale^2; without (Kimi-Linear) they stay unrotated and
     the scale is `(Dn+Dr)^-0.5`. Prefill sequences use the expanded form, decode sequences
-    (one new token) the absorbed one.
+    (one new token) the absorbed one, all of them in one batched call.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -150,7 +150,19 @@ class MLAttention(nn.Module):
         latent_cache = batch.caches[self.layer_idx]["latent"]
         decode = [i for i in seq_ids if batch.query_lens[i] == 1]
         prefill = [i for i in seq_ids if batch.query_lens[i] > 1]
-        for ids, op in ((decode, mla_absorbed), (prefill, mla_expanded)):
+        if len(decode) == batch.num_seqs:  # a pure decode step: the batch as it is
+            out[:] = mla_absorbed_batched(
+                proj.q_nope,
+                proj.q_rope,
+                latent_cache,
+                batch.block_tables,
+                batch.cu_seqlens,
+                batch.seq_lens,
+                self.kv_b_proj.weight,
+                self.scale,
+            )
+            return
+        for ids, op in ((decode, mla_absorbed_batched), (prefill, mla_expanded)):
             if not ids:
                 continue
             g = select_sequences(batch, ids)

@@ -59,9 +59,10 @@ def _depthwise_conv(channels: int, width: int) -> nn.Conv1d:
 def _read_slots(cache: LayerCache, name: str, batch: ForwardBatch) -> torch.Tensor:
     """This step's sequences' rows of cache[name]; zeros for sequences without context."""
     rows = cache[name].index_select(0, batch.state_indices)
-    has_state = torch.tensor(batch.has_initial_state, dtype=torch.bool, device=rows.device)
-    mask = has_state.view(-1, *([1] * (rows.dim() - 1)))
-    return torch.where(mask, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+    fresh = [i for i, has_state in enumerate(batch.has_initial_state) if not has_state]
+    if fresh:
+        rows.index_fill_(0, torch.tensor(fresh, dtype=torch.long, device=rows.device), 0)
+    return rows
 
 
 def short_conv_step(
@@ -97,10 +98,15 @@ def delta_rule_step(
     Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
     """
     state = _read_slots(cache, "recurrent_state", batch)  # [N, HV, K, V]
+    lens = batch.query_lens
+    if lens and (all(n == 1 for n in lens) or all(n > 1 for n in lens)):  # one op, no regrouping
+        fn = recurrent_fn if lens[0] == 1 else chunk_fn
+        o, final = fn(q, k, v, g, beta, batch.cu_seqlens, state, use_qk_l2norm=True)
+        cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
+        return o
     final = state.clone()
     o = torch.zeros_like(v)
     bounds = batch.cu_seqlens.tolist()
-    lens = batch.query_lens
     for fn, seqs in (
         (recurrent_fn, [i for i, n in enumerate(lens) if n == 1]),
         (chunk_fn, [i for i, n in enumerate(lens) if n > 1]),

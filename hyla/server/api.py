@@ -7,6 +7,7 @@ API key (only `/v1/*`), body-size limit. Errors are OpenAI error JSON (see `erro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import Any
@@ -227,7 +228,8 @@ async def create_chat_completion(
     ctx: Context, req: ChatCompletionRequest, request: Request
 ) -> Response:
     convert.check_model(req.model, ctx.model_name)
-    prompt_ids = convert.chat_prompt_ids(ctx.engine.tokenizer, req)
+    # Template rendering and tokenization of a large conversation take seconds: not on the loop.
+    prompt_ids = await asyncio.to_thread(convert.chat_prompt_ids, ctx.engine.tokenizer, req)
     params = convert.chat_params(req, ctx.engine.max_model_len)
     batch = await start_streams(ctx, [prompt_ids], params, random_id("chatcmpl"))
     if req.stream:

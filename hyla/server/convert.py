@@ -76,6 +76,7 @@ def completion_params(req: CompletionRequest, max_model_len: int) -> SamplingPar
 
 def chat_params(req: ChatCompletionRequest, max_model_len: int) -> SamplingParams:
     """SamplingParams of a chat request (max_completion_tokens wins over max_tokens)."""
+    _check_unsupported_chat(req)
     use_new = req.max_completion_tokens is not None
     max_tokens = req.max_completion_tokens if use_new else req.max_tokens
     if req.top_logprobs is not None and not req.logprobs:
@@ -84,6 +85,25 @@ def chat_params(req: ChatCompletionRequest, max_model_len: int) -> SamplingParam
     names = {"max_tokens": "max_completion_tokens" if use_new else "max_tokens",
              "logprobs": "top_logprobs"}
     return _build_params(req, max_model_len, names, max_tokens=max_tokens, logprobs=logprobs)
+
+
+def _check_unsupported_chat(req: ChatCompletionRequest) -> None:
+    """Refuse what would be silently ignored: constrained output formats and forced tool calls.
+
+    Raises: APIError 400 for `response_format` other than {"type": "text"}, and for
+        `tool_choice` "required" or a named function (hyla makes no tool calls; "auto" and
+        "none" are fine: the model may always answer in text).
+    """
+    fmt = req.response_format
+    if fmt is not None and fmt.get("type", "text") != "text":
+        raise APIError(400, f"response_format: type {fmt.get('type')!r} is not supported (no "
+                       "constrained decoding); use {'type': 'text'} or omit it",
+                       param="response_format", code="unsupported_value")
+    choice = req.tool_choice
+    if choice is not None and choice not in ("auto", "none"):
+        raise APIError(400, f"tool_choice: {choice!r:.80} is not supported (this server makes "
+                       "no tool calls); use 'auto', 'none' or omit it", param="tool_choice",
+                       code="unsupported_value")
 
 
 def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any) -> SamplingParams:

@@ -20,7 +20,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -33,6 +33,19 @@ _KNOWN_STATS = {
     "num_free_blocks": "hyla_cache_blocks_free",
     "num_total_slots": "hyla_state_slots_total",
     "num_free_slots": "hyla_state_slots_free",
+}
+# Prefix-cache counters of EngineStats (monotonic since engine start), exported as counters.
+_COUNTER_STATS = {
+    "prefix_cache_queries": (
+        "hyla_prefix_cache_queries", "sequences looked up in the prefix cache"),
+    "prefix_cache_queried_tokens": (
+        "hyla_prefix_cache_queried_tokens", "prompt tokens looked up in the prefix cache"),
+    "prefix_cache_hit_tokens": (
+        "hyla_prefix_cache_hit_tokens", "prompt tokens served from the prefix cache"),
+    "prefix_cache_block_only_tokens": (
+        "hyla_prefix_cache_block_only_tokens",
+        "prompt tokens whose attention blocks were cached without the linear-state checkpoint "
+        "(recomputed: a miss another engine might have served silently wrong)"),
 }
 
 
@@ -54,8 +67,15 @@ class _EngineCollector:
                      _usage(values, "num_total_slots", "num_free_slots"))
         yield _gauge("hyla_num_requests_in_flight", "requests admitted and not finished",
                      self.engine.num_in_flight())
+        for name, (metric, doc) in _COUNTER_STATS.items():
+            if name in values:
+                yield CounterMetricFamily(metric, doc, value=values[name])
+        if "prefix_cache_hit_rate" in values:
+            yield _gauge("hyla_prefix_cache_hit_rate", "hit tokens / queried tokens since start",
+                         values["prefix_cache_hit_rate"])
+        named = {*_KNOWN_STATS, *_COUNTER_STATS, "prefix_cache_hit_rate"}
         for name, value in values.items():
-            if name not in _KNOWN_STATS:
+            if name not in named:
                 yield _gauge(f"hyla_engine_{name}", f"engine stat {name}", value)
 
 

@@ -29,7 +29,11 @@ async def send_error(send: Any, status: int, message: str, param: str | None = N
 
 
 class StatusCounter:
-    """Counts responses by route and status code into `metrics.requests`."""
+    """Counts responses by route and status code into `metrics.requests`.
+
+    A request that ends without any response (the client went away first, e.g. during the
+    upload) counts as 499 (nginx's "client closed request"), not as a server error.
+    """
 
     def __init__(self, app: Any, metrics: Any, routes: set[str]) -> None:
         self.app = app
@@ -41,7 +45,7 @@ class StatusCounter:
             await self.app(scope, receive, send)
             return
         route = scope["path"] if scope["path"] in self.routes else "other"
-        status = {"code": 500}
+        status = {"code": 499}
 
         async def send_wrapper(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -50,6 +54,10 @@ class StatusCounter:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            if status["code"] == 499:  # failed before answering (uvicorn then sends a 500)
+                status["code"] = 500
+            raise
         finally:
             self.metrics.requests.labels(route, str(status["code"])).inc()
 

@@ -3,7 +3,10 @@
 The request models check *types* only (a violation is a 422); value ranges (temperature >= 0,
 0 < top_p <= 1, n <= MAX_N, max_tokens >= 1, ...) are checked by `hyla.request.SamplingParams`
 and by `hyla.server.api`, which answer 400 naming the field and the limit. Unknown request
-fields are ignored, as clients often send newer OpenAI fields.
+fields are ignored, as clients often send newer OpenAI fields. An explicit `null` for an
+optional field means its default (the OpenAI reference marks them nullable, and generated
+clients send `null` for unset fields); where `None` is itself a meaningful value (`max_tokens`:
+up to the context window) it is kept.
 
 Source: the OpenAI API reference (completions, chat completions, models, error objects).
 """
@@ -11,10 +14,20 @@ Source: the OpenAI API reference (completions, chat completions, models, error o
 from __future__ import annotations
 
 import time
+import types
+import typing
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StrictBool, StrictInt
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictBool,
+    StrictInt,
+    model_validator,
+)
 
 # A completion prompt: text, token ids, or a batch of either.
 Prompt = str | list[str] | list[StrictInt] | list[list[StrictInt]]
@@ -25,8 +38,30 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+def _admits_none(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_admits_none(a) for a in typing.get_args(annotation))
+    return False
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """Drop `null` values of optional fields whose type has no None (they get defaults)."""
+        if not isinstance(data, dict):
+            return data
+        drop = [
+            name for name, f in cls.model_fields.items()
+            if name in data and data[name] is None and not f.is_required()
+            and not _admits_none(f.annotation)
+        ]
+        return {k: v for k, v in data.items() if k not in drop} if drop else data
 
 
 class _Response(BaseModel):
@@ -162,6 +197,11 @@ class ChatCompletionRequest(_SamplingFields):
     logit_bias: dict[str, Number] | None = None
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # Accepted only where hyla can honour them (checked in `convert.chat_params`): no
+    # constrained decoding, no tool calls.
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class TopLogprob(_Response):

@@ -23,11 +23,33 @@ def test_budget_buys_slots_first_then_blocks(config, caplog):
     assert per_tok > 0 and per_slot > 0
     budget = 9 * per_slot + 100 * 16 * per_tok + 5
     with caplog.at_level(logging.INFO, logger="hyla.engine"):
-        plan = plan_cache(config, CacheConfig(block_size=16), 256, 8, budget)
-    assert plan.num_slots == 9 and plan.num_blocks == 100
+        cache = CacheConfig(block_size=16, enable_prefix_caching=False)
+        plan = plan_cache(config, cache, 256, 8, budget)
+    assert plan.num_slots == 9 and plan.num_blocks == 100 and plan.num_checkpoints == 0
     assert plan.num_usable_blocks == 99 and plan.num_usable_slots == 8
     assert plan.total_bytes <= budget
     assert "99 blocks x 16 tokens = 1584 tokens" in caplog.text and "8 state slots" in caplog.text
+
+
+def test_state_checkpoints_share_the_budget(config, caplog):
+    per_tok, per_slot = bytes_per_token(config), bytes_per_state_slot(config)
+    budget = 9 * per_slot + 10_000 * 16 * per_tok
+    half = (budget - 9 * per_slot) // 2
+    for stride in (64, 1024):
+        cache = CacheConfig(block_size=16, state_checkpoint_stride=stride, num_state_slots=8)
+        with caplog.at_level(logging.INFO, logger="hyla.engine"):
+            plan = plan_cache(config, cache, 2048, 256, budget)
+        per_stride = -(-(plan.num_usable_blocks * 16) // stride)
+        # one checkpoint per stride of blocks, at most half of what the slots leave
+        assert 0 <= min(per_stride, half // per_slot) - plan.num_checkpoints <= 1
+        assert plan.total_bytes <= budget < plan.total_bytes + 16 * per_tok + 2 * per_slot
+        assert f"{plan.num_checkpoints} state checkpoints" in caplog.text
+        # a checkpoint costs more than 64 tokens of this model's blocks: the half cap binds
+        assert (plan.num_checkpoints < per_stride - 1) == (stride == 64)
+    fixed = plan_cache(config, CacheConfig(block_size=16, num_state_checkpoints=3), 256, 8, budget)
+    assert fixed.num_checkpoints == 3 and fixed.total_bytes <= budget
+    explicit = plan_cache(config, CacheConfig(block_size=16, num_blocks=32), 64, 8, 0)
+    assert explicit.num_checkpoints == 2  # 32 blocks x 16 tokens / stride 256
 
 
 def test_blocks_capped_at_what_max_num_seqs_can_use(config):

@@ -246,13 +246,13 @@ def test_decode_uses_absorbed_form(monkeypatch: pytest.MonkeyPatch) -> None:
     import hyla.layers.attention as attn
 
     calls: list[str] = []
-    for name in ("mla_absorbed", "mla_expanded"):
+    for name in ("mla_absorbed_batched", "mla_expanded"):
         fn = getattr(attn, name)
         monkeypatch.setattr(attn, name, lambda *a, _f=fn, _n=name: calls.append(_n) or _f(*a))
     case, layer = _build("deepseek-interleave-qlora")
     x = torch.randn(6, D)
     _run_chunks(layer, case.config, x, [5, 1])
-    assert calls == ["mla_expanded", "mla_absorbed"]
+    assert calls == ["mla_expanded", "mla_absorbed_batched"]
 
 
 def test_rejects_rope_dim_mismatch() -> None:

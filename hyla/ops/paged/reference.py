@@ -88,3 +88,28 @@ def gather_paged_tokens(
     slots = token_slots(block_table, token_indices, cache.shape[1]).reshape(-1)
     rows = _raw(_flat(cache)).index_select(0, slots).view(cache.dtype)
     return rows.view(*token_indices.shape, *cache.shape[2:])
+
+
+def gather_paged_padded(
+    cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's entries at once, padded to the longest (`gather_paged` per row).
+
+    Args:
+        cache: [P, B, ...].
+        block_tables: [N, max_blocks] int32, rows padded with any valid block id.
+        seq_lens: N host ints, entries to read per sequence (<= max_blocks * B).
+    Returns: (entries [N, L, ...] in cache's dtype with L = max(seq_lens), valid [N, L] bool).
+        Padding entries (valid False) hold whatever the padded block ids point at: callers
+        mask them.
+    Raises: ValueError when the block tables are too short.
+    """
+    N, block_size = len(seq_lens), cache.shape[1]
+    longest = max(seq_lens, default=0)
+    if longest > block_tables.shape[1] * block_size:
+        raise ValueError(f"gather_paged_padded: {block_tables.shape[1]} blocks < {longest} tokens")
+    positions = torch.arange(longest, device=cache.device)
+    slots = block_tables.long()[:, positions // block_size] * block_size + positions % block_size
+    rows = _raw(_flat(cache)).index_select(0, slots.reshape(-1)).view(cache.dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.long, device=cache.device).reshape(N, 1)
+    return rows.view(N, longest, *cache.shape[2:]), positions[None, :] < lens

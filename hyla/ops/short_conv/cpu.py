@@ -57,9 +57,12 @@ def _one_token_each(
     x: torch.Tensor, wf: torch.Tensor, conv_state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode: sequence i's window is its state then x[i]. Returns (y [N, C] fp32 before bias
-    and activation, new state [N, C, W-1])."""
+    and activation, new state [N, C, W-1]). Same arithmetic as `_sliding_taps`."""
     window = torch.cat([conv_state.float(), x.float().unsqueeze(-1)], dim=-1)  # [N, C, W]
-    y = (window * wf).sum(-1)
+    taps = window.transpose(1, 2).contiguous()  # [N, W, C]
+    y = taps[:, 0] * wf[:, 0]
+    for j in range(1, wf.shape[-1]):
+        y.addcmul_(taps[:, j], wf[:, j])
     return y, window[..., 1:].contiguous()
 
 

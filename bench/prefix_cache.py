@@ -1,0 +1,181 @@
+"""Prefix caching: time to first token of a prefix-cache hit vs a cold run, same process.
+
+A kimi_linear-shaped model ([KDA, KDA, KDA, MLA] x layers/4, random weights, MoE FFNs; tiny by
+default) serves, for each repetition, a fresh random shared prefix of `prefix_len` tokens:
+
+    miss:    prefix + suffix A   prefix caching on, nothing cached: computes all, checkpoints
+    hit:     prefix + suffix B   right after: blocks + state checkpoint reused, suffix computed
+    nocache: prefix + suffix B   an engine with prefix caching off (what the hit replaces)
+
+TTFT = wall seconds from `add_request` to the step that returns the first token (max_tokens=1),
+one request in flight. The hit's first token and logprob must equal the nocache run's.
+
+    python3 bench/prefix_cache.py                                   # CPU, 8K prefix, JSON saved
+    python3 bench/prefix_cache.py --device cuda --prefix-len 32768 \\
+        --out bench/results/prefix_cache_h200.json                  # GPU
+    python3 bench/prefix_cache.py --prefix-len 1024 --reps 1 --no-save   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from throughput import git_commit, hardware  # noqa: E402
+
+from hyla.config import EngineConfig  # noqa: E402
+from hyla.engine.llm import random_model  # noqa: E402
+from hyla.engine.llm_engine import LLMEngine  # noqa: E402
+from hyla.models.registry import config_from_hf  # noqa: E402
+from hyla.request import SamplingParams  # noqa: E402
+
+FIRST_TOKEN = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=1)
+
+
+def model_config(args: argparse.Namespace):
+    from transformers import KimiLinearConfig
+
+    pattern = ["linear_attention"] * 3 + ["full_attention"]
+    hf = KimiLinearConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+        moe_intermediate_size=args.hidden // 2, num_hidden_layers=args.layers,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None,
+        qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
+        num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+        linear_attn_config={"head_dim": 32, "num_heads": 4, "short_conv_kernel_size": 4},
+        layer_types=(pattern * args.layers)[: args.layers],
+        mlp_layer_types=["dense"] + ["sparse"] * (args.layers - 1),
+        max_position_embeddings=args.prefix_len + 2 * args.suffix_len + 64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    return config_from_hf(hf.to_dict())
+
+
+def make_engine(model, args: argparse.Namespace, prefix_caching: bool) -> LLMEngine:
+    options = dict(
+        device=args.device,
+        max_model_len=args.prefix_len + args.suffix_len + 16,
+        max_num_seqs=2,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=prefix_caching,
+        state_checkpoint_stride=args.stride,
+    )
+    if args.kv_cache_memory:
+        options["kv_cache_memory"] = args.kv_cache_memory
+    return LLMEngine(model, None, EngineConfig.from_kwargs(**options))
+
+
+def ttft(engine: LLMEngine, rid: str, prompt: list[int]) -> tuple[float, object]:
+    start = time.perf_counter()
+    engine.add_request(rid, prompt, FIRST_TOKEN)
+    while True:
+        for out in engine.step():
+            if out.request_id == rid and out.outputs[0].token_ids:
+                elapsed = time.perf_counter() - start
+                while engine.has_unfinished_requests():
+                    engine.step()
+                return elapsed, out
+
+
+def tokens(n: int, vocab: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=gen).tolist()
+
+
+def run(args: argparse.Namespace) -> dict:
+    config = model_config(args)
+    model = random_model(config, seed=args.seed, device=args.device)
+    cached = make_engine(model, args, prefix_caching=True)
+    plain = make_engine(model, args, prefix_caching=False)
+    warm = tokens(args.stride + 40, args.vocab, seed=1)
+    for i, engine in enumerate((cached, plain, cached)):  # warm-up, including a hit
+        ttft(engine, f"warm{i}", warm + [5 + i])
+    rows = []
+    for r in range(args.reps):
+        prefix = tokens(args.prefix_len, args.vocab, seed=100 + r)
+        a = prefix + tokens(args.suffix_len, args.vocab, seed=200 + r)
+        b = prefix + tokens(args.suffix_len, args.vocab, seed=300 + r)
+        miss_s, _ = ttft(cached, f"miss{r}", a)
+        hit_s, hit = ttft(cached, f"hit{r}", b)
+        nocache_s, ref = ttft(plain, f"nocache{r}", b)
+        same_token = hit.outputs[0].token_ids == ref.outputs[0].token_ids
+        dlogprob = abs(hit.outputs[0].cumulative_logprob - ref.outputs[0].cumulative_logprob)
+        rows.append(dict(miss_s=miss_s, hit_s=hit_s, nocache_s=nocache_s,
+                         num_cached_tokens=hit.num_cached_tokens, same_first_token=same_token,
+                         first_logprob_abs_diff=dlogprob))
+        print(f"rep {r}: miss {miss_s:.3f} s  hit {hit_s:.3f} s  nocache {nocache_s:.3f} s  "
+              f"cached {hit.num_cached_tokens} tokens  same token {same_token}", flush=True)
+    med = {k: statistics.median(row[k] for row in rows) for k in ("miss_s", "hit_s", "nocache_s")}
+    stats = cached.get_stats()
+    return {
+        "reps": rows,
+        "median_ttft_s": med,
+        "speedup_hit_vs_nocache": med["nocache_s"] / med["hit_s"],
+        "speedup_hit_vs_miss": med["miss_s"] / med["hit_s"],
+        "all_first_tokens_equal": all(row["same_first_token"] for row in rows),
+        "cache": {
+            "num_blocks": cached.cache_plan.num_usable_blocks,
+            "block_size": cached.cache_plan.block_size,
+            "num_state_checkpoints": cached.cache_plan.num_checkpoints,
+            "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
+        },
+        "model": {"layer_pattern": list(config.layer_pattern), "hidden": config.hidden_size,
+                  "parameters": sum(p.numel() for p in model.parameters())},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--prefix-len", type=int, default=8192)
+    p.add_argument("--suffix-len", type=int, default=64)
+    p.add_argument("--stride", type=int, default=256, help="state_checkpoint_stride")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--kv-cache-memory", type=int, default=None)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: 1 on the CPU, where more threads only "
+                        "add noise on a shared machine; torch's default on a GPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-save", action="store_true")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefix_cache_cpu.json"))
+    args = p.parse_args()
+    if args.threads is None and args.device == "cpu":
+        args.threads = 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hw = hardware()
+    if args.device.startswith("cuda"):
+        hw["gpu"] = torch.cuda.get_device_name(torch.device(args.device))
+    result = {
+        "command": " ".join(["python3", "bench/prefix_cache.py", *sys.argv[1:]]),
+        "commit": git_commit(),
+        "hardware": hw,
+        "workload": {k: v for k, v in vars(args).items() if k not in ("out", "no_save")},
+        **run(args),
+    }
+    print(f"TTFT median: hit {result['median_ttft_s']['hit_s']:.3f} s vs nocache "
+          f"{result['median_ttft_s']['nocache_s']:.3f} s = "
+          f"{result['speedup_hit_vs_nocache']:.1f}x")
+    if not args.no_save:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
