@@ -8,6 +8,7 @@ commands so `hyla --help` and startup stay fast.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -38,10 +39,34 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _check_options(engine_options: dict[str, Any]) -> None:
+    """Fail cleanly (exit 2) on a device torch cannot use or a tokenizer directory without
+    tokenizer files, before loading any weights (torch and the loader would raise tracebacks
+    or, for the tokenizer, silently serve without one)."""
+    device = engine_options.get("device")
+    if device is not None:
+        import torch
+
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, ValueError) as e:
+            _fail(f"device: {device!r} is not a torch device ({e})")
+        if kind == "cuda" and not torch.cuda.is_available():
+            _fail(f"device: {device!r} needs CUDA, which this torch build or machine lacks")
+    tokenizer = engine_options.get("tokenizer")
+    if tokenizer is not None:
+        from hyla.engine.llm import TOKENIZER_FILES
+
+        directory = Path(tokenizer)
+        if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+            _fail(f"tokenizer: {tokenizer} holds none of {', '.join(TOKENIZER_FILES)}")
+
+
 def _load_engine(model: str | None, engine_options: dict[str, Any]) -> Any:
     from hyla.config import ConfigError
     from hyla.engine.llm_engine import LLMEngine
 
+    _check_options(engine_options)
     try:
         return LLMEngine.from_path(model, **engine_options)
     except (ConfigError, FileNotFoundError, ValueError) as e:
@@ -57,8 +82,9 @@ def serve(
                                        help="Require 'Authorization: Bearer <key>' on /v1/*."),
     served_model_name: str | None = typer.Option(
         None, help="Model name clients send (default: the checkpoint directory's name)."),
-    max_request_bytes: int = typer.Option(8 << 20, help="Larger request bodies get 413."),
-    drain_timeout: float = typer.Option(30.0, help="Seconds to finish requests on SIGTERM."),
+    max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies get 413."),
+    drain_timeout: float = typer.Option(30.0, min=0.0,
+                                        help="Seconds to finish requests on SIGTERM."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
     engine_options: dict | None = None,
 ) -> None:
@@ -97,13 +123,21 @@ def generate(
     if len(args) > 2:
         _fail(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote the prompt)")
     model, text = (None, args[0]) if len(args) == 1 else (args[0], args[1])
+    options = engine_options or {}
+    _check_options(options)
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, stop=tuple(stop))
-        llm = LLM(model, **(engine_options or {}))
+        llm = LLM(model, **options)
+        if llm.tokenizer is None:
+            _fail("this model has no tokenizer (no tokenizer.json or tokenizer_config.json in "
+                  "its directory); pass --tokenizer DIR")
         _stream_to_terminal(llm, text, params)
     except (ConfigError, InvalidRequestError, FileNotFoundError) as e:
         _fail(str(e))
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
 
 
 def _stream_to_terminal(llm: Any, prompt: str, params: Any) -> None:

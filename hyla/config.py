@@ -461,7 +461,7 @@ class CacheConfig:
     across requests (attention blocks plus linear-state checkpoints); `state_checkpoint_stride`
     is the token stride of linear-state checkpoints, a multiple of block_size; the checkpoint
     pool takes `num_state_checkpoints` state slots of the budget (None: one per stride of
-    cached tokens, at most half the budget)."""
+    cached tokens, at most a quarter of the budget)."""
 
     block_size: int = 16
     kv_cache_memory: int | None = None

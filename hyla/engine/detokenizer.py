@@ -9,9 +9,9 @@ decodes a short window twice and keeps the difference:
     delta = decode(text)[len(decode(prefix)):]   (held back while it ends in U+FFFD)
 
 Stop strings are searched only where new text could complete one, and only from the token that
-reaches `min_tokens` on (as vLLM: `min_tokens` holds back EOS, stop ids and stop strings). While a request runs, the
-last `max(len(stop)) - 1` characters are held back, so streamed text never shows a stop string
-that the final text will cut.
+reaches `min_tokens` on (as vLLM: `min_tokens` holds back EOS, stop ids and stop strings).
+While a request runs, the last `max(len(stop)) - 1` characters are held back, so streamed text
+never shows a stop string that the final text will cut.
 """
 
 from __future__ import annotations

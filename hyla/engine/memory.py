@@ -5,7 +5,7 @@
            | min(memory_fraction * free RAM, cpu_cache_memory_default)   (CPU)
     slots  = (num_state_slots or max_num_seqs) + 1 padding slot, paid first
     checkpoints (prefix caching, models with linear layers) = num_state_checkpoints, or one per
-             state_checkpoint_stride tokens of blocks, taking at most half of what is left
+             state_checkpoint_stride tokens of blocks, taking at most a quarter of what is left
     blocks = (budget - slot and checkpoint bytes) // bytes per block, capped at what
              max_num_seqs sequences of max_model_len tokens can use, + 1 null block
 
@@ -118,9 +118,9 @@ def plan_cache(
                 f"kv_cache_memory: {budget} bytes cannot hold {num_slots} state slots of "
                 f"{per_slot} bytes; lower max_num_seqs/num_state_slots or raise the budget"
             )
-        if fixed is None:  # one checkpoint per stride of blocks, at most half of the rest
+        if fixed is None:  # one checkpoint per stride of blocks, at most a quarter of the rest
             units = left // (stride_blocks * per_block + per_slot)
-            reserve = min(units * per_slot, left // 2 // per_slot * per_slot)
+            reserve = min(units * per_slot, left // 4 // per_slot * per_slot)
             left -= reserve
         cap = max_num_seqs * blocks_per_seq + 1
         num_blocks = cap if per_block == 0 else min(cap, left // per_block)

@@ -101,7 +101,9 @@ def delta_rule_step(
     lens = batch.query_lens
     if lens and (all(n == 1 for n in lens) or all(n > 1 for n in lens)):  # one op, no regrouping
         fn = recurrent_fn if lens[0] == 1 else chunk_fn
-        o, final = fn(q, k, v, g, beta, batch.cu_seqlens, state, use_qk_l2norm=True)
+        o, final = fn(
+            q, k, v, g, beta, batch.cu_seqlens, state, use_qk_l2norm=True, inplace_state=True
+        )
         cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
         return o
     final = state.clone()

@@ -22,6 +22,11 @@ from hyla.server.protocol import (
 
 MAX_PROMPTS = 64
 MAX_SEED = 2**63 - 1
+# Every generated token is checked against every stop string and stop token id, on the engine
+# thread: without a bound, one request (n=16, 64 prompts, 6 MB of stop strings) stalls the
+# engine for minutes per step. OpenAI allows 4 stop strings; these bounds are generous.
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # apply_chat_template arguments a client may not override through chat_template_kwargs.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "tokenize", "chat_template", "return_dict",
@@ -114,6 +119,13 @@ def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any
             kw[name] = value
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     stop = [check_text(s, "stop") for s in stop]
+    if len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings, got {len(stop)}",
+                       param="stop", code="invalid_value")
+    if len(req.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
+        raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got "
+                       f"{len(req.stop_token_ids)}", param="stop_token_ids",
+                       code="invalid_value")
     try:
         return SamplingParams(
             n=req.n, seed=req.seed, stop=tuple(stop),

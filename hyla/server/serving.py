@@ -69,28 +69,38 @@ async def iterate(batch: Batch) -> AsyncIterator[tuple[int, Any]]:
             batch.trackers[0].observe(output)
             yield 0, output
         return
-    queue: asyncio.Queue = asyncio.Queue()
+    # Outputs are cumulative: keep only the newest unread one per prompt, so a slow consumer
+    # holds at most one output per prompt (not one full copy per engine step).
+    latest: dict[int, Any] = {}
+    errors: list[BaseException] = []
+    ended: set[int] = set()
+    ready = asyncio.Event()
 
     async def pump(i: int, stream: RequestStream) -> None:
         try:
             async for output in stream:
-                queue.put_nowait((i, output, None))
+                latest[i] = output
+                ready.set()
         except Exception as e:
-            queue.put_nowait((i, None, e))
-        queue.put_nowait((i, None, StopAsyncIteration()))
+            errors.append(e)
+        ended.add(i)
+        ready.set()
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(batch.streams)]
     try:
-        remaining = len(tasks)
-        while remaining:
-            i, output, error = await queue.get()
-            if isinstance(error, StopAsyncIteration):
-                remaining -= 1
-            elif error is not None:
-                raise error
-            else:
+        while True:
+            if errors:
+                raise errors[0]
+            if latest:
+                i = next(iter(latest))
+                output = latest.pop(i)
                 batch.trackers[i].observe(output)
                 yield i, output
+                continue
+            if len(ended) == len(tasks):
+                return
+            ready.clear()
+            await ready.wait()
     finally:
         for task in tasks:
             task.cancel()

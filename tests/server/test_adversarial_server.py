@@ -118,10 +118,14 @@ def test_text_prompts_are_not_tokenized_on_the_engine_thread(server, monkeypatch
     assert server.thread.name not in threads, threads  # nor on the event loop
 
 
-def test_serve_port_out_of_range_is_a_usage_error():
-    result = CliRunner().invoke(app, ["serve", "--port", "99999"])
+@pytest.mark.parametrize(
+    "option,value", [("--port", "99999"), ("--port", "-1"), ("--drain-timeout", "-5"),
+                     ("--max-request-bytes", "0")],
+)
+def test_serve_out_of_range_server_options_are_usage_errors(option, value):
+    result = CliRunner().invoke(app, ["serve", option, value])
     assert result.exit_code == 2, result.output
-    assert "port" in result.output.lower() and "Traceback" not in result.output
+    assert option in result.output and "Traceback" not in result.output
 
 
 def test_engine_loop_survives_a_failing_abort(make_server, monkeypatch):
@@ -162,3 +166,164 @@ def test_engine_loop_survives_a_failing_abort(make_server, monkeypatch):
     assert server.async_engine.is_running
     r = _post(server, "/v1/completions", {"model": MODEL, "prompt": "c", "max_tokens": 2})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [(["generate", "hi", "--device", "foo"], "device:"),
+     (["serve", "--device", "nonsense:3"], "device:"),
+     (["generate", "hi", "--tokenizer", "/nonexistent/tok"], "tokenizer:"),
+     (["serve", "--tokenizer", "/nonexistent/tok"], "tokenizer:")],
+    ids=["generate-device", "serve-device", "generate-tokenizer", "serve-tokenizer"],
+)
+def test_cli_bad_device_or_tokenizer_is_a_clean_error(args, needle):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
+
+
+def test_cli_cuda_device_without_cuda_is_a_clean_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    result = CliRunner().invoke(app, ["generate", "hi", "--device", "cuda"])
+    assert result.exit_code == 2 and "CUDA" in result.output, result.output
+
+
+def _metric(server, name: str) -> float:
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_random_disconnects_under_load_leave_nothing_allocated(make_server):
+    """24 concurrent clients (streams and plain requests, n in {1, 2}, batches of prompts), half
+    of them hanging up at random points; afterwards every block and slot is free in both the
+    engine and /metrics, and the server still answers."""
+    import asyncio
+    import random
+
+    server = make_server(engine_options={"max_num_seqs": 6, "max_num_batched_tokens": 32})
+    rng = random.Random(1234)
+
+    async def one(client: httpx.AsyncClient) -> str:
+        stream, cut = rng.random() < 0.6, rng.random() < 0.5
+        chat = stream and rng.random() < 0.4
+        body = {"model": MODEL, "max_tokens": rng.randint(1, 24), "n": rng.choice([1, 2]),
+                "temperature": rng.choice([0, 1.0]), "ignore_eos": True}
+        if chat:
+            path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": "hi"}]
+        else:
+            path = "/v1/completions"
+            body["prompt"] = rng.choice(["x " * rng.randint(1, 30), ["a b", "c"],
+                                         [[5, 6, 7], [8]]])
+        if stream:
+            body["stream"] = True
+            async with client.stream("POST", path, json=body) as r:
+                limit = rng.randint(0, 5) if cut else None
+                async for i, _ in _aenumerate(r.aiter_lines()):
+                    if limit is not None and i >= limit:
+                        return "cut"
+                return str(r.status_code)
+        try:
+            r = await asyncio.wait_for(client.post(path, json=body),
+                                       timeout=rng.uniform(0.01, 0.3) if cut else 60)
+            return str(r.status_code)
+        except TimeoutError:
+            return "cut"
+
+    async def run() -> list[str]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await asyncio.gather(*(one(client) for _ in range(24)))
+
+    results = asyncio.run(run())
+    assert set(results) <= {"200", "cut"}, results
+    stats = server.wait_idle(15)
+    assert stats.num_free_blocks == stats.num_total_blocks, stats
+    assert stats.num_free_slots == stats.num_total_slots, stats
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _metric(server, "hyla_num_requests_in_flight"):
+        time.sleep(0.05)
+    assert _metric(server, "hyla_cache_blocks_free") == _metric(server, "hyla_cache_blocks_total")
+    assert _metric(server, "hyla_state_slots_free") == _metric(server, "hyla_state_slots_total")
+    assert _metric(server, "hyla_num_requests_running") == 0
+    assert _status_count(server, "/v1/completions", 500) == 0
+    r = _post(server, "/v1/completions", {"model": MODEL, "prompt": "still here", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+async def _aenumerate(aiter):
+    i = 0
+    async for item in aiter:
+        yield i, item
+        i += 1
+
+
+@pytest.mark.parametrize(
+    "extra,param",
+    [({"stop": [f"<{i}>" for i in range(65)]}, "stop"),
+     ({"stop_token_ids": list(range(1025))}, "stop_token_ids")],
+    ids=["stop-strings", "stop-token-ids"],
+)
+def test_unbounded_stop_lists_are_refused(server, extra, param):
+    """Each generated token is checked against every stop entry on the engine thread."""
+    r = _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2,
+                                          **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and ("64" in err["message"] or "1024" in err["message"])
+    ok = {"stop": [f"<{i}>" for i in range(64)], "stop_token_ids": list(range(1024))}
+    r = _post(server, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2,
+                                          param: ok[param]})
+    assert r.status_code == 200, r.text
+
+
+def test_slow_consumer_of_a_prompt_batch_buffers_one_output_per_prompt():
+    """`iterate` merges the streams of a batch of prompts; it used to copy every cumulative
+    output into an unbounded queue, so a slow client of a long batch held O(steps) copies."""
+    import asyncio
+
+    from hyla.request import CompletionOutput, RequestMetrics, RequestOutput
+    from hyla.server.metrics import ServerMetrics
+    from hyla.server.serving import Batch, iterate
+
+    steps = 50
+
+    def output(rid: str, k: int) -> RequestOutput:
+        done = k == steps
+        comp = CompletionOutput(index=0, text="x" * k, token_ids=[7] * k, logprobs=None,
+                                cumulative_logprob=None, finish_reason="length" if done else None)
+        return RequestOutput(request_id=rid, prompt="p", prompt_token_ids=[1], outputs=[comp],
+                             prompt_logprobs=None, finished=done,
+                             metrics=RequestMetrics(arrival_time=0.0))
+
+    class FastStream:
+        """Yields all its cumulative outputs at once, as an engine far ahead of the client."""
+
+        def __init__(self, rid: str) -> None:
+            self.rid = rid
+
+        async def __aiter__(self):
+            for k in range(1, steps + 1):
+                yield output(self.rid, k)
+
+        def abort(self) -> None:
+            pass
+
+    async def consume() -> list[tuple[int, RequestOutput]]:
+        metrics = ServerMetrics(engine=None)
+        streams = [FastStream("a"), FastStream("b")]
+        batch = Batch(streams, [metrics.tracker() for _ in streams], 1, "cmpl-x")
+        seen = []
+        async for item in iterate(batch):
+            seen.append(item)
+            await asyncio.sleep(0.01)  # a slow client
+        return seen
+
+    seen = asyncio.run(consume())
+    finals = {i: out for i, out in seen if out.finished}
+    assert sorted(finals) == [0, 1]
+    assert all(len(out.outputs[0].token_ids) == steps for out in finals.values())
+    assert len(seen) <= 8, len(seen)  # one or two per prompt, not 2 * 50

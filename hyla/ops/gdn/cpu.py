@@ -21,11 +21,25 @@ def recurrent_gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     scale: float | None = None,
     use_qk_l2norm: bool = False,
+    *,
+    inplace_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.recurrent_gated_delta_rule`, all sequences stepped together. g: [T, HV]."""
+    """`reference.recurrent_gated_delta_rule`, all sequences stepped together. g: [T, HV];
+    `inplace_state` as in `hyla.ops.kda.cpu.recurrent_kda`."""
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=2)
     g = _per_channel(g, q.shape[-1])
-    return kda.recurrent_kda(q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm)
+    return kda.recurrent_kda(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        initial_state,
+        scale,
+        use_qk_l2norm,
+        inplace_state=inplace_state,
+    )
 
 
 def chunk_gated_delta_rule(
@@ -40,8 +54,10 @@ def chunk_gated_delta_rule(
     use_qk_l2norm: bool = False,
     *,
     chunk_size: int = 16,
+    inplace_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.chunk_gated_delta_rule`, all sequences' chunks batched. g: [T, HV].
+    """`reference.chunk_gated_delta_rule`, all sequences' chunks batched. g: [T, HV];
+    `inplace_state` as in `hyla.ops.kda.cpu.chunk_kda`.
 
     Raises:
         ValueError: inconsistent shapes, or chunk_size < 1.
@@ -49,5 +65,15 @@ def chunk_gated_delta_rule(
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=2)
     g = _per_channel(g, q.shape[-1])
     return kda.chunk_kda(
-        q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, chunk_size=chunk_size
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        initial_state,
+        scale,
+        use_qk_l2norm,
+        chunk_size=chunk_size,
+        inplace_state=inplace_state,
     )

@@ -55,7 +55,10 @@ def mla_absorbed_batched(
     if T == 0:
         return q_nope.new_empty(0, num_heads, w_uv.shape[1])
     latents, valid = gather_paged_padded(latent_cache, block_tables, list(seq_lens))
-    latents = latents.to(q_nope.dtype).masked_fill_(~valid[..., None], 0.0)  # [N, L, R + Dr]
+    latents = latents.to(q_nope.dtype)  # [N, L, R + Dr]
+    if min(seq_lens) < latents.shape[1]:  # padding rows may hold anything, NaN included
+        padding = (~valid).flatten().nonzero().squeeze(1)
+        latents.view(-1, latents.shape[-1]).index_fill_(0, padding, 0.0)
     query = torch.cat([absorb_query(q_nope, w_uk), q_rope], dim=-1)  # [T, H, R + Dr]
     rows, mask = _query_layout(cu_seqlens, seq_lens, latents.shape[1], q_nope.device)
     Q = mask.shape[1]

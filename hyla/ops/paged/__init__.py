@@ -8,4 +8,10 @@ from hyla.ops.paged.reference import (
     write_paged,
 )
 
-__all__ = ["gather_paged", "gather_paged_padded", "gather_paged_tokens", "token_slots", "write_paged"]
+__all__ = [
+    "gather_paged",
+    "gather_paged_padded",
+    "gather_paged_tokens",
+    "token_slots",
+    "write_paged",
+]

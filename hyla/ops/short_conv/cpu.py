@@ -58,12 +58,13 @@ def _one_token_each(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode: sequence i's window is its state then x[i]. Returns (y [N, C] fp32 before bias
     and activation, new state [N, C, W-1]). Same arithmetic as `_sliding_taps`."""
-    window = torch.cat([conv_state.float(), x.float().unsqueeze(-1)], dim=-1)  # [N, C, W]
-    taps = window.transpose(1, 2).contiguous()  # [N, W, C]
-    y = taps[:, 0] * wf[:, 0]
-    for j in range(1, wf.shape[-1]):
-        y.addcmul_(taps[:, j], wf[:, j])
-    return y, window[..., 1:].contiguous()
+    state = conv_state.float()
+    W = wf.shape[-1]
+    taps = [state[..., j] for j in range(W - 1)] + [x.float()]  # oldest first, [N, C] each
+    y = taps[0] * wf[:, 0]
+    for j in range(1, W):
+        y.addcmul_(taps[j], wf[:, j])
+    return y, torch.cat([state[..., 1:], taps[-1].unsqueeze(-1)], dim=-1)
 
 
 def _packed(
