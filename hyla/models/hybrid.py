@@ -75,6 +75,8 @@ class HybridModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        else:  # input-major storage, as `hyla.layers.moe.Experts`: faster CPU GEMM at decode
+            self.lm_head.weight = nn.Parameter(self.lm_head.weight.detach().t().contiguous().t())
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
