@@ -37,8 +37,11 @@ from hyla.training.stdlib_data import split_of, stdlib_root
 COMPLETIONS = (("secrets", "token_hex"), ("tty", "setraw"), ("plistlib", "_count_to_size"))
 
 
-def function_prompt(module: str, name: str) -> tuple[str, str]:
-    """(source up to the first body statement of `name` after its docstring, the real body)."""
+def function_prompt(module: str, name: str, context: str = "module") -> tuple[str, str]:
+    """(source up to the first body statement of `name` after its docstring, the real body).
+
+    `context` "module" keeps the module's source before the function; "function" starts the
+    prompt at the `def` line."""
     if split_of(module) != "heldout":
         raise ValueError(f"{module} is not a held-out module")
     source = (stdlib_root() / (module.replace(".", "/") + ".py")).read_text()
@@ -48,7 +51,8 @@ def function_prompt(module: str, name: str) -> tuple[str, str]:
     )
     body = node.body[1:] if ast.get_docstring(node) and len(node.body) > 1 else node.body
     first, last = body[0].lineno - 1, node.end_lineno
-    return "".join(lines[:first]), "".join(lines[first:last])
+    begin = 0 if context == "module" else node.lineno - 1
+    return "".join(lines[begin:first]), "".join(lines[first:last])
 
 
 @torch.no_grad()
@@ -74,6 +78,7 @@ def main() -> None:
     parser.add_argument("--heldout-windows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--completions", type=int, default=64, help="new tokens (0: skip)")
+    parser.add_argument("--completion-context", choices=("module", "function"), default="module")
     parser.add_argument("--out", default="runs/eval.json")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
@@ -83,17 +88,19 @@ def main() -> None:
     model = load_model(args.model, dtype="float32", device=args.device, progress=False)
     report: dict = {"model": args.model, "backend": args.backend, "load_s": time.time() - t0}
     tokens, docs = load_split(Path(args.data), "heldout")
-    size = args.train_len + 1
-    n = len(tokens) // size
-    picks = np.linspace(0, n - 1, min(args.heldout_windows, n)).astype(int)
-    windows = torch.from_numpy(np.stack([tokens[i * size : (i + 1) * size] for i in picks]))
     t0 = time.time()
     byte_lengths = token_byte_lengths(Path(args.model) / "tokenizer.json")
-    report["heldout_bpb"] = heldout_bpb(model, windows.long(), byte_lengths, args.backend)
-    report["heldout_windows"] = len(picks)
-    report["heldout_s"] = time.time() - t0
+    if args.heldout_windows:
+        size = args.train_len + 1
+        n = len(tokens) // size
+        picks = np.linspace(0, n - 1, min(args.heldout_windows, n)).astype(int)
+        windows = torch.from_numpy(np.stack([tokens[i * size : (i + 1) * size] for i in picks]))
+        report["heldout_bpb"] = heldout_bpb(model, windows.long(), byte_lengths, args.backend)
+        report["heldout_windows"] = len(picks)
+        report["heldout_s"] = time.time() - t0
     digit_start = digit_start_mask(tok)
-    for mult, count in zip(args.multiples.split(","), args.prompts.split(","), strict=True):
+    multiples = [m for m in args.multiples.split(",") if m]
+    for mult, count in zip(multiples, args.prompts.split(","), strict=False):
         length = int(mult) * args.train_len
         cases = retrieval_cases(tok, tokens, docs, eos_id, length, int(count), args.seed)
         t0 = time.time()
@@ -108,7 +115,7 @@ def main() -> None:
     if args.completions:
         report["completions"] = []
         for module, name in COMPLETIONS:
-            prompt, body = function_prompt(module, name)
+            prompt, body = function_prompt(module, name, args.completion_context)
             new = greedy(model, tok.encode(prompt).ids, args.completions)
             report["completions"].append(
                 {

@@ -81,6 +81,39 @@ def _token_rows(bounds: list[int], seqs: list[int], device: torch.device) -> tor
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
+def _slot_range(
+    batch: ForwardBatch, states: torch.Tensor
+) -> tuple[slice, torch.Tensor | None] | None:
+    """When this step's state slots are exactly the rows lo .. lo + N - 1 (fp32 states), that
+    range and the batch positions in slot order (None if already in order); else None."""
+    slots = batch.state_indices.tolist()
+    lo = min(slots)
+    if states.dtype != torch.float32 or sorted(slots) != list(range(lo, lo + len(slots))):
+        return None
+    if slots == list(range(lo, lo + len(slots))):
+        return slice(lo, lo + len(slots)), None
+    order = sorted(range(len(slots)), key=slots.__getitem__)
+    return slice(lo, lo + len(slots)), torch.tensor(order, device=states.device)
+
+
+def _decode_in_place(
+    recurrent_fn: DeltaRuleFn,
+    inputs: tuple[torch.Tensor, ...],
+    cache: LayerCache,
+    batch: ForwardBatch,
+    rows: slice,
+    order: torch.Tensor | None,
+) -> torch.Tensor:
+    """A pure decode step whose slots are a contiguous range: the recurrent op updates that
+    slice of the state tensor in place (no gather, no scatter); inputs (q, k, v, g, beta) and
+    the output are permuted to slot order and back when the batch lists the slots unsorted."""
+    if order is not None:
+        inputs = tuple(x.index_select(0, order) for x in inputs)
+    state = cache["recurrent_state"][rows]  # a view: updated in place
+    o, _ = recurrent_fn(*inputs, batch.cu_seqlens, state, use_qk_l2norm=True, inplace_state=True)
+    return o if order is None else torch.empty_like(o).index_copy_(0, order, o)
+
+
 def delta_rule_step(
     chunk_fn: DeltaRuleFn,
     recurrent_fn: DeltaRuleFn,
@@ -93,12 +126,18 @@ def delta_rule_step(
     batch: ForwardBatch,
 ) -> torch.Tensor:
     """Run the delta rule over a packed step from each sequence's slot state and write the final
-    states back. Multi-token sequences go through `chunk_fn`, single tokens `recurrent_fn`.
+    states back. Multi-token sequences go through `chunk_fn`, single tokens `recurrent_fn`; a
+    step of only one or only the other is one call, and a decode step whose slots are a
+    contiguous range updates them in place.
 
     Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
     """
-    state = _read_slots(cache, "recurrent_state", batch)  # [N, HV, K, V]
     lens = batch.query_lens
+    if lens and all(n == 1 for n in lens) and all(batch.has_initial_state):
+        in_place = _slot_range(batch, cache["recurrent_state"])
+        if in_place is not None:
+            return _decode_in_place(recurrent_fn, (q, k, v, g, beta), cache, batch, *in_place)
+    state = _read_slots(cache, "recurrent_state", batch)  # [N, HV, K, V]
     if lens and (all(n == 1 for n in lens) or all(n > 1 for n in lens)):  # one op, no regrouping
         fn = recurrent_fn if lens[0] == 1 else chunk_fn
         o, final = fn(

@@ -4,7 +4,7 @@ The inference forward (`HybridModel.forward`) packs varlen sequences and reads a
 caches and state slots; training wants `[N, L]` batches of equal-length windows, gradients, and
 the DSA indexer's auxiliary loss. This module runs the *same modules and weights* over such a
 batch: embeddings, norms, FFNs and projections are the model's own submodules called directly;
-only the three cache-bound pieces are re-expressed for a batch:
+only these pieces are re-expressed for a batch (the cache-bound ones, and MoE for speed):
 
   - KDA core: the chunked WY form of `hyla.ops.kda.chunk_kda` (same math, `_chunk_step`'s
     formulas) with sequences batched and everything within a chunk done for all chunks at once;
@@ -15,7 +15,8 @@ only the three cache-bound pieces are re-expressed for a batch:
   - DSA: dense MLA scores in the expanded form, masked to the lightning indexer's causal top-k
     (`DSAttention`'s sparse path; dense while `sparse=False`, the warm-up).
 
-`tests` compare `train_forward` with the inference forward over `SequenceRunner`.
+`tests/training/test_train_forward.py` checks `train_forward` against the inference forward
+(`SequenceRunner`) on the same weights.
 
 DSA indexer training (DeepSeek-V3.2-Exp report, section 2.1): the indexer gets no gradient
 through the top-k, so it learns from an auxiliary loss: KL(p_t || softmax(I_t)) where p_t is the
