@@ -55,7 +55,11 @@ def _scalar_type(hint: Any) -> type | None:
 
 
 def _field_help(cls: type, name: str) -> str:
-    """The clause of the class docstring that names `name` in backticks, else the name."""
+    """The field's `metadata["help"]`, else the clause of the class docstring that names
+    `name` in backticks, else the name."""
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}.get(name, {})
+    if "help" in meta:
+        return meta["help"]
     doc = inspect.cleandoc(cls.__doc__ or "")
     clauses = re.split(r"(?<=[.;])\s+", " ".join(doc.split()))
     for clause in clauses:
@@ -90,10 +94,12 @@ def config_options(*classes: type, exclude: tuple[str, ...] = ()) -> list[Option
 
 def _parameter(spec: OptionSpec) -> inspect.Parameter:
     decls = [f"{spec.flag}/--no-{spec.flag[2:]}"] if spec.type is bool else [spec.flag]
-    option = typer.Option(None, *decls, help=spec.help, show_default=False,
-                          rich_help_panel=spec.panel)
-    return inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=option,
-                             annotation=spec.type | None)
+    option = typer.Option(
+        None, *decls, help=spec.help, show_default=False, rich_help_panel=spec.panel
+    )
+    return inspect.Parameter(
+        spec.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=spec.type | None
+    )
 
 
 def add_options(command: Callable[..., Any], specs: list[OptionSpec]) -> Callable[..., Any]:

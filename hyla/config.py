@@ -463,15 +463,43 @@ class CacheConfig:
     pool takes `num_state_checkpoints` state slots of the budget (None: one per stride of
     cached tokens, at most a quarter of the budget)."""
 
-    block_size: int = 16
-    kv_cache_memory: int | None = None
-    memory_fraction: float = 0.5
-    num_state_slots: int | None = None
-    enable_prefix_caching: bool = True
-    state_checkpoint_stride: int = 256
-    num_blocks: int | None = None
-    cpu_cache_memory_default: int = 4 * 1024**3
-    num_state_checkpoints: int | None = None
+    block_size: int = field(default=16, metadata={"help": "Tokens per paged-cache block."})
+    kv_cache_memory: int | None = field(
+        default=None,
+        metadata={
+            "help": "Bytes for cache blocks, state slots and checkpoints (default: by fraction)."
+        },
+    )
+    memory_fraction: float = field(
+        default=0.5,
+        metadata={
+            "help": "Fraction of free device memory for the caches when --kv-cache-memory is unset."
+        },
+    )
+    num_state_slots: int | None = field(
+        default=None, metadata={"help": "Linear-attention state slots (default: max_num_seqs)."}
+    )
+    enable_prefix_caching: bool = field(
+        default=True,
+        metadata={
+            "help": "Reuse cached prompt prefixes: attention blocks plus linear-state checkpoints."
+        },
+    )
+    state_checkpoint_stride: int = field(
+        default=256,
+        metadata={"help": "Token stride of linear-state checkpoints (a multiple of block_size)."},
+    )
+    num_blocks: int | None = field(
+        default=None, metadata={"help": "Override the number of usable cache blocks."}
+    )
+    cpu_cache_memory_default: int = field(
+        default=4 * 1024**3,
+        metadata={"help": "Upper bound in bytes of the cache budget on the CPU."},
+    )
+    num_state_checkpoints: int | None = field(
+        default=None,
+        metadata={"help": "State checkpoints for prefix caching (default: one per stride)."},
+    )
 
     def __post_init__(self) -> None:
         _positive(self, "", "block_size", "state_checkpoint_stride", "cpu_cache_memory_default")
@@ -494,11 +522,18 @@ class CacheConfig:
 class SchedulerConfig:
     """Token budgets of one engine step."""
 
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
+    max_num_batched_tokens: int = field(
+        default=2048, metadata={"help": "Token budget of one step (prefill chunks plus decodes)."}
+    )
+    max_num_seqs: int = field(default=64, metadata={"help": "Most sequences running at once."})
     max_model_len: int | None = None
-    long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
+    long_prefill_token_threshold: int = field(
+        default=0, metadata={"help": "Cap on one request's prefill chunk per step (0: no cap)."}
+    )
+    policy: str = field(
+        default="fcfs",
+        metadata={"help": "Scheduling policy: fcfs or priority (lower value first)."},
+    )
 
     def __post_init__(self) -> None:
         _positive(self, "", "max_num_batched_tokens", "max_num_seqs")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hyla.cache.manager import CacheManager
-from hyla.config import EngineConfig, ModelConfig
+from hyla.config import ConfigError, EngineConfig, ModelConfig
 from hyla.engine.group import RequestGroup, new_group, sequence_id
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
@@ -126,7 +126,8 @@ class LLMEngine:
 
         `path` None loads the embedded default model (hyla/assets/default_model/). `overrides`
         are EngineConfig/CacheConfig/SchedulerConfig fields by name.
-        Raises: ConfigError for an unknown option; FileNotFoundError for a missing checkpoint.
+        Raises: ConfigError for an unknown option or a `tokenizer` directory without tokenizer
+            files; FileNotFoundError for a missing checkpoint.
         """
         from hyla.engine.llm import load_tokenizer
         from hyla.models.loader import load_model
@@ -135,8 +136,12 @@ class LLMEngine:
         directory = Path(path) if path is not None else DEFAULT_MODEL_DIR
         if not directory.exists():
             raise FileNotFoundError(f"model: {directory} does not exist")
-        model = load_model(str(directory), dtype=config.dtype, device=config.device)
         tokenizer = load_tokenizer(config.tokenizer or str(directory))
+        if config.tokenizer and tokenizer is None:
+            raise ConfigError(
+                f"tokenizer: no tokenizer.json or tokenizer_config.json in {config.tokenizer}"
+            )
+        model = load_model(str(directory), dtype=config.dtype, device=config.device)
         engine = cls(model, tokenizer, config)
         engine.model_name = "default" if path is None else directory.name
         return engine

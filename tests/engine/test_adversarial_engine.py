@@ -111,3 +111,11 @@ def test_stalled_stream_consumer_holds_one_pending_output(tokenizer):
     assert pending <= 1, pending
     assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 24
     _assert_free(engine)
+
+
+def test_tokenizer_dir_without_tokenizer_files_is_a_config_error(tmp_path):
+    from hyla.config import ConfigError
+    from hyla.engine.llm_engine import LLMEngine
+
+    with pytest.raises(ConfigError, match="tokenizer"):
+        LLMEngine.from_path(None, tokenizer=str(tmp_path))
