@@ -493,7 +493,7 @@ class CacheConfig:
         default=None, metadata={"help": "Override the number of usable cache blocks."}
     )
     cpu_cache_memory_default: int = field(
-        default=4 * 1024**3,
+        default=512 * 1024**2,
         metadata={"help": "Upper bound in bytes of the cache budget on the CPU."},
     )
     num_state_checkpoints: int | None = field(
