@@ -158,6 +158,17 @@ def _answer_hits(logits, ids, spans) -> float:
     return sum(hits) / max(1, len(hits))
 
 
+@torch.no_grad()
+def _answer_token_hits(logits, ids, spans) -> float:
+    """Teacher-forced per-token accuracy on answer tokens (shows partial copying long before
+    exact whole-value matches, which stay at 0 until every digit token is copied)."""
+    hit = total = 0
+    for r, s, e in spans:
+        hit += int((logits[r, s - 1 : e - 1].argmax(-1) == ids[r, s:e]).sum())
+        total += e - s
+    return hit / max(1, total)
+
+
 def _param_groups(model: HybridModel, weight_decay: float) -> list[dict]:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
@@ -210,6 +221,7 @@ def train(cfg: TrainConfig, log=print) -> HybridModel:
         if step % 10 == 0 or last:
             rec = _record(cfg, step, total_steps, lm, index_kl, balance, grad_norm, sparse)
             rec["retrieval_acc"] = _answer_hits(logits, ids, spans)
+            rec["retrieval_tok_acc"] = _answer_token_hits(logits, ids, spans)
             rec["tokens"], rec["elapsed_s"] = tokens_seen, round(time.time() - start, 1)
             if step % cfg.eval_every == 0 or last:
                 rec["heldout_bpb"] = evaluate_heldout(model, cfg, windows, byte_lengths)
