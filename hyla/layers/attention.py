@@ -17,6 +17,7 @@ from torch import nn
 
 from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
+from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rotary import RotaryEmbedding
 from hyla.ops.gqa import paged_gqa
@@ -98,17 +99,17 @@ class MLAttention(nn.Module):
         hidden, heads = config.hidden_size, mla.num_heads
         eps, offset = mla.norm_eps, config.norm_offset
         if mla.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, heads * mla.qk_head_dim, bias=False)
+            self.q_proj = Linear(hidden, heads * mla.qk_head_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(hidden, mla.q_lora_rank, bias=mla.bias)
+            self.q_a_proj = Linear(hidden, mla.q_lora_rank, bias=mla.bias)
             self.q_a_layernorm = RMSNorm(mla.q_lora_rank, eps, offset)
-            self.q_b_proj = nn.Linear(mla.q_lora_rank, heads * mla.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hidden, mla.latent_dim, bias=mla.bias)
+            self.q_b_proj = Linear(mla.q_lora_rank, heads * mla.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(hidden, mla.latent_dim, bias=mla.bias)
         self.kv_a_layernorm = RMSNorm(mla.kv_lora_rank, eps, offset)
-        self.kv_b_proj = nn.Linear(
+        self.kv_b_proj = Linear(
             mla.kv_lora_rank, heads * (mla.qk_nope_head_dim + mla.v_head_dim), bias=False
         )
-        self.o_proj = nn.Linear(heads * mla.v_head_dim, hidden, bias=mla.bias)
+        self.o_proj = Linear(heads * mla.v_head_dim, hidden, bias=mla.bias)
         self.rotary: RotaryEmbedding | None = None
         self.scale = mla.qk_head_dim**-0.5
         if mla.use_rope:
@@ -211,10 +212,10 @@ class GQAttention(nn.Module):
         self.output_gate = gqa.output_gate
         hidden, dim = config.hidden_size, gqa.head_dim
         q_out = gqa.num_heads * dim * (2 if gqa.output_gate else 1)
-        self.q_proj = nn.Linear(hidden, q_out, bias=gqa.bias)
-        self.k_proj = nn.Linear(hidden, gqa.num_kv_heads * dim, bias=gqa.bias)
-        self.v_proj = nn.Linear(hidden, gqa.num_kv_heads * dim, bias=gqa.bias)
-        self.o_proj = nn.Linear(gqa.num_heads * dim, hidden, bias=gqa.bias)
+        self.q_proj = Linear(hidden, q_out, bias=gqa.bias)
+        self.k_proj = Linear(hidden, gqa.num_kv_heads * dim, bias=gqa.bias)
+        self.v_proj = Linear(hidden, gqa.num_kv_heads * dim, bias=gqa.bias)
+        self.o_proj = Linear(gqa.num_heads * dim, hidden, bias=gqa.bias)
         if gqa.qk_norm:
             self.q_norm = RMSNorm(dim, config.rms_norm_eps, config.norm_offset)
             self.k_norm = RMSNorm(dim, config.rms_norm_eps, config.norm_offset)

@@ -28,8 +28,10 @@ from torch import nn
 
 from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch, LayerCache
+from hyla.layers.linear import Linear, stacked_linear
 from hyla.ops.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from hyla.ops.kda import chunk_kda, recurrent_kda
+from hyla.ops.linear import Prepacked
 from hyla.ops.norm import gated_rms_norm
 from hyla.ops.short_conv import causal_conv1d
 
@@ -192,29 +194,33 @@ class KimiDeltaAttention(nn.Module):
         self.head_k_dim, self.head_v_dim = lin.head_k_dim, lin.head_v_dim
         D, W = config.hidden_size, lin.conv_kernel_size
         key_dim, value_dim = lin.num_k_heads * lin.head_k_dim, lin.num_v_heads * lin.head_v_dim
-        self.q_proj = nn.Linear(D, key_dim, bias=False)
-        self.k_proj = nn.Linear(D, key_dim, bias=False)
-        self.v_proj = nn.Linear(D, value_dim, bias=False)
+        self.q_proj = Linear(D, key_dim, bias=False)
+        self.k_proj = Linear(D, key_dim, bias=False)
+        self.v_proj = Linear(D, value_dim, bias=False)
         self.q_conv1d = _depthwise_conv(key_dim, W)
         self.k_conv1d = _depthwise_conv(key_dim, W)
         self.v_conv1d = _depthwise_conv(value_dim, W)
-        self.f_a_proj = nn.Linear(D, lin.head_k_dim, bias=False)
-        self.f_b_proj = nn.Linear(lin.head_k_dim, lin.num_v_heads * lin.head_k_dim, bias=False)
+        self.f_a_proj = Linear(D, lin.head_k_dim, bias=False)
+        self.f_b_proj = Linear(lin.head_k_dim, lin.num_v_heads * lin.head_k_dim, bias=False)
         # fla's init: A in [1, 16]; dt in [1e-3, 1e-1] stored as its inverse softplus
         self.A_log = nn.Parameter(torch.empty(1, 1, lin.num_v_heads, 1).uniform_(1, 16).log())
         dt = torch.empty(lin.num_v_heads * lin.head_k_dim).uniform_(math.log(1e-3), math.log(0.1))
         self.dt_bias = nn.Parameter(dt.exp() + torch.log(-torch.expm1(-dt.exp())))
-        self.b_proj = nn.Linear(D, lin.num_v_heads, bias=False)
-        self.g_a_proj = nn.Linear(D, lin.head_v_dim, bias=False)
-        self.g_b_proj = nn.Linear(lin.head_v_dim, value_dim, bias=False)
+        self.b_proj = Linear(D, lin.num_v_heads, bias=False)
+        self.g_a_proj = Linear(D, lin.head_v_dim, bias=False)
+        self.g_b_proj = Linear(lin.head_v_dim, value_dim, bias=False)
         self.o_norm = GatedRMSNorm(lin.head_v_dim, config.rms_norm_eps, "sigmoid", True)
-        self.o_proj = nn.Linear(value_dim, D, bias=False)
+        self.o_proj = Linear(value_dim, D, bias=False)
+        self.input_packed = Prepacked()  # the stacked input projections, for inference
 
     def forget_gate(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Log-space decay g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias): [T, HV, K] fp32."""
-        T = hidden_states.shape[0]
-        raw = self.f_b_proj(self.f_a_proj(hidden_states)).float() + self.dt_bias.float()
-        raw = raw.view(T, self.num_v_heads, self.head_k_dim)
+        return self._log_decay(self.f_a_proj(hidden_states))
+
+    def _log_decay(self, f_a: torch.Tensor) -> torch.Tensor:
+        """`forget_gate` from f_a(x) [T, K]."""
+        raw = self.f_b_proj(f_a).float() + self.dt_bias.float()
+        raw = raw.view(f_a.shape[0], self.num_v_heads, self.head_k_dim)
         # log(1 + exp(x)) rather than log1p, rounding exactly as KimiLinearForgetGate does
         softplus = torch.where(raw > 20.0, raw, torch.log(1.0 + torch.exp(raw)))
         return -self.A_log.float().view(self.num_v_heads, 1).exp() * softplus
@@ -225,21 +231,24 @@ class KimiDeltaAttention(nn.Module):
         """hidden_states [T, D] -> [T, D]; positions are unused (no positional encoding)."""
         x, T = hidden_states, hidden_states.shape[0]
         cache = batch.caches[self.layer_idx]
-        mixed = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        key_dim, value_dim = self.num_k_heads * self.head_k_dim, self.num_v_heads * self.head_v_dim
+        # every projection of x as one matmul: [q | k | v | f_a | g_a | b]
+        inputs = (self.q_proj, self.k_proj, self.v_proj, self.f_a_proj, self.g_a_proj, self.b_proj)
+        mixed, f_a, g_a, b = stacked_linear(x, inputs, self.input_packed).split(
+            [2 * key_dim + value_dim, self.head_k_dim, self.head_v_dim, self.num_v_heads], dim=-1
+        )
         conv_weight = torch.cat(
             [self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]
         ).squeeze(1)  # [conv_dim, W]
         mixed = short_conv_step(mixed, conv_weight, cache, batch)
-        key_dim = self.num_k_heads * self.head_k_dim
-        q, k, v = mixed.split([key_dim, key_dim, self.num_v_heads * self.head_v_dim], dim=-1)
+        q, k, v = mixed.split([key_dim, key_dim, value_dim], dim=-1)
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
-        beta = torch.sigmoid(self.b_proj(x))
         o = delta_rule_step(
-            chunk_kda, recurrent_kda, q, k, v, self.forget_gate(x), beta, cache, batch
+            chunk_kda, recurrent_kda, q, k, v, self._log_decay(f_a), b.sigmoid(), cache, batch
         )
-        gate = self.g_b_proj(self.g_a_proj(x)).view(T, self.num_v_heads, self.head_v_dim)
+        gate = self.g_b_proj(g_a).view(T, self.num_v_heads, self.head_v_dim)
         return self.o_proj(self.o_norm(o, gate).reshape(T, -1))
 
 
@@ -260,13 +269,13 @@ class GatedDeltaNet(nn.Module):
         self.head_k_dim, self.head_v_dim = lin.head_k_dim, lin.head_v_dim
         D = config.hidden_size
         key_dim, value_dim = lin.num_k_heads * lin.head_k_dim, lin.num_v_heads * lin.head_v_dim
-        self.in_proj_qkvz = nn.Linear(D, 2 * key_dim + 2 * value_dim, bias=False)
-        self.in_proj_ba = nn.Linear(D, 2 * lin.num_v_heads, bias=False)
+        self.in_proj_qkvz = Linear(D, 2 * key_dim + 2 * value_dim, bias=False)
+        self.in_proj_ba = Linear(D, 2 * lin.num_v_heads, bias=False)
         self.conv1d = _depthwise_conv(2 * key_dim + value_dim, lin.conv_kernel_size)
         self.dt_bias = nn.Parameter(torch.ones(lin.num_v_heads))
         self.A_log = nn.Parameter(torch.empty(lin.num_v_heads).uniform_(0.01, 16).log())
         self.norm = GatedRMSNorm(lin.head_v_dim, config.rms_norm_eps, "silu", False)
-        self.out_proj = nn.Linear(value_dim, D, bias=False)
+        self.out_proj = Linear(value_dim, D, bias=False)
 
     def _split_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k [T, H*K]; v, z [T, HV*V]; b, a [T, HV] from the per-key-head grouped rows."""

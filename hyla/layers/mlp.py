@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyla.config import ModelConfig
+from hyla.layers.linear import Linear, stacked_linear
+from hyla.ops.linear import Prepacked
 
 
 class GatedMLP(nn.Module):
@@ -28,10 +30,13 @@ class GatedMLP(nn.Module):
         super().__init__()
         width = config.intermediate_size if intermediate_size is None else intermediate_size
         self.layer_idx = layer_idx
-        self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, width, bias=False)
-        self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
+        self.gate_proj = Linear(config.hidden_size, width, bias=False)
+        self.up_proj = Linear(config.hidden_size, width, bias=False)
+        self.down_proj = Linear(width, config.hidden_size, bias=False)
+        self.gate_up_packed = Prepacked()  # gate and up stacked, for inference
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: [T, D] -> [T, D]."""
-        return self.down_proj(F.silu(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+        gate_up = stacked_linear(hidden_states, (self.gate_proj, self.up_proj), self.gate_up_packed)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

@@ -13,6 +13,7 @@ from torch import nn
 from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
 from hyla.layers.attention import MLAProjection, MLAttention, select_sequences
+from hyla.layers.linear import Linear
 from hyla.ops.dsa_indexer import lightning_indexer_topk
 from hyla.ops.paged import write_paged
 from hyla.ops.rotary import apply_rope
@@ -35,10 +36,10 @@ class LightningIndexer(nn.Module):
         super().__init__()
         dsa, mla = config.dsa, config.mla
         self.n_heads, self.head_dim = dsa.index_n_heads, dsa.index_head_dim
-        self.wq_b = nn.Linear(mla.q_lora_rank, dsa.index_n_heads * dsa.index_head_dim, bias=False)
-        self.wk = nn.Linear(config.hidden_size, dsa.index_head_dim, bias=False)
+        self.wq_b = Linear(mla.q_lora_rank, dsa.index_n_heads * dsa.index_head_dim, bias=False)
+        self.wk = Linear(config.hidden_size, dsa.index_head_dim, bias=False)
         self.k_norm = nn.LayerNorm(dsa.index_head_dim, eps=INDEX_KEY_NORM_EPS)
-        self.weights_proj = nn.Linear(config.hidden_size, dsa.index_n_heads, bias=False)
+        self.weights_proj = Linear(config.hidden_size, dsa.index_n_heads, bias=False)
         self.softmax_scale = dsa.index_head_dim**-0.5
 
     def forward(

@@ -18,8 +18,8 @@ from torch import nn
 
 from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
+from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
-from hyla.ops.linear import PrepackedWeight, prepacked_linear
 
 # kind -> "module:Class"; imported lazily so a pattern only loads what it uses.
 MIXERS = {
@@ -73,10 +73,9 @@ class HybridModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.lm_head_packed = PrepackedWeight()  # oneDNN copy for inference (hyla.ops.linear)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
@@ -90,6 +89,5 @@ class HybridModel(nn.Module):
         return self.norm(h)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [n, D] -> logits [n, V] float32 (fp32 inference on the CPU runs the
-        prepacked oneDNN path of `hyla.ops.linear`)."""
-        return prepacked_linear(hidden_states, self.lm_head.weight, self.lm_head_packed).float()
+        """hidden_states [n, D] -> logits [n, V] float32."""
+        return self.lm_head(hidden_states).float()

@@ -1,20 +1,24 @@
-"""Linear projection with the weight prepacked once for oneDNN: the CPU fast path beside
+"""Linear projections with weights prepacked once for oneDNN: the CPU fast path beside
 `reference.linear` (held to it within fp32 rounding by tests/ops/test_linear.py).
 
 torch's fp32 `F.linear` on the CPU runs MKL, which packs the weight on every call and, on some
 processors, keeps to narrower vector instructions. oneDNN (the `mkldnn` ops that torch.compile's
 CPU backend uses) takes a weight reordered once into its blocked layout and picks the widest
 instructions the processor has: for a decode step's few rows against a large weight (the LM
-head: 16 x 512 x 32000) it is about twice as fast.
+head: 16 x 512 x 32000) it is about twice as fast. Inputs of more than 64 rows (prefill) keep
+`F.linear`, where the gain is small and every new row count would cost oneDNN another kernel.
 
-The packed copy lives in a `PrepackedWeight` owned by the caller (a module attribute): it is
-rebuilt when the weight changes (another tensor, or an in-place update bumping its version),
-and never copied or pickled. The fast path applies to fp32 CPU tensors without autograd; every
-other call is `reference.linear`. Rows computed by oneDNN differ from MKL's in the last bits
-(another summation order), and a row's rounding may depend on the number of rows, as MKL's does.
+A `Prepacked` cache, owned by the caller (a module attribute), holds the packed copies of one
+or more weights: it rebuilds them when a weight changes (another tensor, or an in-place update
+bumping its version) and is never copied or pickled. The fast path applies to fp32 CPU tensors
+without autograd; every other call is `reference.linear`. Rows computed by oneDNN differ from
+MKL's in the last bits (another summation order), and a row's rounding may depend on the number
+of rows, as MKL's does.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -22,54 +26,114 @@ from hyla.ops.linear.reference import linear
 
 # Row count oneDNN's weight layout is chosen for; any row count works with it.
 _ROWS_HINT = 64
+# oneDNN builds (and caches, ~0.6 MB each) one kernel per input shape, so inputs are padded to
+# a few row counts; larger inputs (prefill) gain little from it and run `reference.linear`.
+_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+ONEDNN = (
+    torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+)
 
 
-def _ops_available() -> bool:
-    ops = torch.ops.mkldnn
+def usable(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
+    """Whether x @ w^T for w in `weights` may run on packed copies: fp32 CPU, no autograd, at
+    most 64 rows."""
     return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(ops, "_linear_pointwise")
-        and hasattr(ops, "_reorder_linear_weight")
+        ONEDNN
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and 0 < x.numel() <= _ROW_BUCKETS[-1] * x.shape[-1]
+        and not torch.is_grad_enabled()
+        and all(w.dtype == torch.float32 and w.device.type == "cpu" for w in weights)
     )
 
 
-class PrepackedWeight:
-    """A lazily built oneDNN copy of one weight [D_out, D_in]; empty after copy or pickle."""
+def packed_matmul(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [..., D_in] @ W^T (+ bias) with W packed by `Prepacked` -> [..., D_out]; `usable(x)`
+    must hold. The rows are padded with zeros up to the next of `_ROW_BUCKETS`."""
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    bucket = next(b for b in _ROW_BUCKETS if b >= rows)
+    if bucket != rows:
+        flat = torch.cat([flat, flat.new_zeros(bucket - rows, flat.shape[1])])
+    out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+    return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _key(weights: Sequence[torch.Tensor]) -> tuple:
+    return tuple((w.data_ptr(), w._version, tuple(w.shape), w.stride()) for w in weights)
+
+
+class Prepacked:
+    """Lazily built oneDNN copies of weights; empty after copy or pickle.
+
+    `get(w1, w2, ...)` packs the weights stacked along D_out (one matmul for several
+    projections of one input); `get_each(fused)` packs each `fused[e]` of a stacked
+    [E, D_out, D_in] tensor on its own (the experts of a MoE layer)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
-        self._packed: torch.Tensor | None = None
+        self._packed: list[torch.Tensor] = []
 
-    def get(self, weight: torch.Tensor) -> torch.Tensor:
-        """The packed copy of `weight`, rebuilt when its storage, shape or version changed."""
-        key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.stride())
-        if self._key != key or self._packed is None:
+    def _refresh(self, key: tuple, matrices) -> list[torch.Tensor]:
+        if self._key != key:
             with torch.no_grad():
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _ROWS_HINT)
+                self._packed = [
+                    torch.ops.mkldnn._reorder_linear_weight(m.detach(), _ROWS_HINT)
+                    for m in matrices()
+                ]
             self._key = key
         return self._packed
 
-    def __deepcopy__(self, memo: dict) -> PrepackedWeight:
-        return PrepackedWeight()
+    def get(self, *weights: torch.Tensor) -> torch.Tensor:
+        """The packed copy of `weights` ([D_i, D_in] each) concatenated along dim 0."""
+        stacked = lambda: [weights[0] if len(weights) == 1 else torch.cat(weights)]  # noqa: E731
+        return self._refresh(_key(weights), stacked)[0]
+
+    def get_each(self, fused: torch.Tensor) -> list[torch.Tensor]:
+        """The packed copies of fused[0], fused[1], ... (fused: [E, D_out, D_in])."""
+        return self._refresh(_key([fused]), lambda: list(fused.unbind(0)))
+
+    def __deepcopy__(self, memo: dict) -> Prepacked:
+        return Prepacked()
 
     def __getstate__(self) -> dict:
-        return {"_key": None, "_packed": None}
+        return {"_key": None, "_packed": []}
 
 
-def prepacked_linear(x: torch.Tensor, weight: torch.Tensor, cache: PrepackedWeight) -> torch.Tensor:
-    """`reference.linear(x, weight)` through oneDNN with `cache`'s packed copy of `weight`.
+def prepacked_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cache: Prepacked,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`reference.linear(x, weight, bias)` through oneDNN with `cache`'s packed copy of `weight`.
 
     Args:
-        x: [..., D_in]; weight: [D_out, D_in]; cache: the PrepackedWeight kept for `weight`.
-    Returns: [..., D_out] in x's dtype. Falls back to `reference.linear` unless x and weight are
-        float32 CPU tensors, autograd is off and torch has the oneDNN ops.
+        x: [..., D_in]; weight: [D_out, D_in]; cache: the Prepacked kept for `weight`;
+        bias: [D_out] or None.
+    Returns: [..., D_out] in x's dtype. Falls back to `reference.linear` unless x, weight and
+        bias are float32 CPU tensors, x has 1 to 64 rows, autograd is off and torch has the
+        oneDNN ops.
     """
-    fast = (
-        x.dtype == weight.dtype == torch.float32
-        and x.device.type == weight.device.type == "cpu"
-        and not torch.is_grad_enabled()
-        and _ops_available()
-    )
-    if not fast:
-        return linear(x, weight)
-    return torch.ops.mkldnn._linear_pointwise(x, cache.get(weight), None, "none", [], "")
+    if not usable(x, (weight,) if bias is None else (weight, bias)):
+        return linear(x, weight, bias)
+    return packed_matmul(x, cache.get(weight), bias)
+
+
+def prepacked_stacked_linear(
+    x: torch.Tensor, weights: Sequence[torch.Tensor], cache: Prepacked
+) -> torch.Tensor:
+    """`torch.cat([reference.linear(x, w) for w in weights], -1)` as one matmul with the
+    weights stacked (several projections of the same input, no biases).
+
+    Args:
+        x: [..., D_in]; weights: [D_i, D_in] each; cache: the Prepacked kept for them.
+    Returns: [..., sum D_i] in x's dtype (the same fallback as `prepacked_linear`).
+    """
+    if not usable(x, weights):
+        return torch.cat([linear(x, w) for w in weights], dim=-1)
+    return packed_matmul(x, cache.get(*weights))

@@ -16,8 +16,12 @@ fp32 rounding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
+
+from hyla.ops.linear import Prepacked, packed_matmul, usable
 
 _BATCHED_MAX_ROWS = 32  # most tokens of one expert for the padded batched form
 
@@ -28,12 +32,16 @@ def moe_experts(
     down_proj: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    *,
+    packed: tuple[Prepacked, Prepacked] | None = None,
 ) -> torch.Tensor:
     """`reference.moe_experts` with the tokens sorted by expert once.
 
     Args:
         hidden_states: [T, D]; gate_up_proj: [E, 2 * I, D]; down_proj: [E, D, I];
         topk_weights: [T, k]; topk_ids: [T, k] int64 in [0, E).
+        packed: the `Prepacked` caches of gate_up_proj and down_proj; where usable (fp32 CPU
+            inference) the experts multiply by their oneDNN copies (`hyla.ops.linear`).
     Returns: [T, D] in hidden_states' dtype.
     """
     num_experts, k = gate_up_proj.shape[0], topk_ids.shape[1]
@@ -44,7 +52,10 @@ def moe_experts(
     counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     token_idx = torch.div(order, k, rounding_mode="floor")
     x = hidden_states.index_select(0, token_idx)  # [T*k, D] grouped by expert
-    if _few_per_expert(counts):
+    if packed is not None and usable(x[: max(counts)], (gate_up_proj, down_proj)):
+        packs = (packed[0].get_each(gate_up_proj), packed[1].get_each(down_proj))
+        y = _experts_one_by_one(x, counts, gate_up_proj, down_proj, packs)
+    elif _few_per_expert(counts):
         y = _experts_batched(x, flat_ids.index_select(0, order), counts, gate_up_proj, down_proj)
     else:
         y = _experts_one_by_one(x, counts, gate_up_proj, down_proj)
@@ -64,16 +75,27 @@ def _few_per_expert(counts: list[int]) -> bool:
 
 
 def _experts_one_by_one(
-    x: torch.Tensor, counts: list[int], gate_up_proj: torch.Tensor, down_proj: torch.Tensor
+    x: torch.Tensor,
+    counts: list[int],
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    packs: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    """x [P, D] rows grouped by expert (`counts[e]` rows of expert e, in order) -> [P, D]."""
+    """x [P, D] rows grouped by expert (`counts[e]` rows of expert e, in order) -> [P, D];
+    with `packs` (oneDNN copies of each expert's matrices, `hyla.ops.linear`) the experts
+    multiply by those."""
     ys = []
     start = 0
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        gate, up = F.linear(x[start : start + n], gate_up_proj[e]).chunk(2, dim=-1)
-        ys.append(F.linear(F.silu(gate) * up, down_proj[e]))
+        rows = x[start : start + n]
+        if packs is None:
+            gate, up = F.linear(rows, gate_up_proj[e]).chunk(2, dim=-1)
+            ys.append(F.linear(F.silu(gate) * up, down_proj[e]))
+        else:
+            gate, up = packed_matmul(rows, packs[0][e]).chunk(2, dim=-1)
+            ys.append(packed_matmul(F.silu(gate) * up, packs[1][e]))
         start += n
     return torch.cat(ys)
 

@@ -1,13 +1,16 @@
 """Short causal conv with every sequence at once: the fast path of `reference.causal_conv1d`
 (same signature and results; tests/ops/test_short_conv.py holds them together).
 
-All sequences' extended windows (carried state, then the new tokens) are laid end to end in one
-table, so each tap is one shifted slice of it and there is no loop over sequences:
+Tap j of token t reads x[t - (W-1) + j]. Over the packed rows that is one shifted slice of x
+per tap, right for every token at least W-1 positions into its sequence; the first W-1 tokens
+of each sequence read (part of) the carried state instead, and are recomputed from a small
+table of their windows:
 
-    ext rows:  | s0 state (W-1) | s0 tokens (q0) | s1 state (W-1) | s1 tokens (q1) | ...
-    y[t] = sum_j weight[:, j] * ext[r_t + j],   r_t = t + seq(t) * (W - 1)
+    packed x:   | s0: x0 x1 x2 x3 x4 | s1: x0 x1 ... |       W = 3: rows s0.x0, s0.x1, s1.x0,
+    windows:    state_i (W-1 rows, oldest first) ++ x_i   s1.x1 are fixed up from state ++ x
 
-Rows r whose window straddles two sequences are computed too and never read.
+Every token's sum runs in the same order (the current token's tap, then the older ones oldest
+first) on every path, decode included.
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ from __future__ import annotations
 import torch
 
 from hyla.ops.short_conv.reference import ACTIVATIONS, check_conv_inputs
-
-_ROW_BLOCK = 128  # rows of [R, C] per tap pass (128 x 1536 fp32 = 768 KB)
 
 
 def causal_conv1d(
@@ -57,47 +58,55 @@ def _one_token_each(
     x: torch.Tensor, wf: torch.Tensor, conv_state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode: sequence i's window is its state then x[i]. Returns (y [N, C] fp32 before bias
-    and activation, new state [N, C, W-1]). Same arithmetic as `_sliding_taps`."""
+    and activation, new state [N, C, W-1])."""
     state = conv_state.float()
-    W = wf.shape[-1]
-    taps = [state[..., j] for j in range(W - 1)] + [x.float()]  # oldest first, [N, C] each
-    y = taps[0] * wf[:, 0]
-    for j in range(1, W):
+    taps = [state[..., j] for j in range(wf.shape[-1] - 1)] + [x.float()]  # oldest first
+    return _tap_sum(taps, wf), torch.cat([state[..., 1:], taps[-1].unsqueeze(-1)], dim=-1)
+
+
+def _tap_sum(taps: list[torch.Tensor], wf: torch.Tensor) -> torch.Tensor:
+    """sum_j wf[:, j] * taps[j] (taps oldest first, [R, C] each), newest tap first."""
+    y = taps[-1] * wf[:, -1]
+    for j in range(len(taps) - 1):
         y.addcmul_(taps[j], wf[:, j])
-    return y, torch.cat([state[..., 1:], taps[-1].unsqueeze(-1)], dim=-1)
+    return y
 
 
 def _packed(
     x: torch.Tensor, wf: torch.Tensor, cu_seqlens: torch.Tensor, conv_state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Any lengths, through the end-to-end window table of the module docstring. Returns
-    (y [T, C] fp32 before bias and activation, new state [N, C, W-1])."""
+    """Any lengths (see the module docstring). Returns (y [T, C] fp32 before bias and
+    activation, new state [N, C, W-1])."""
     T, C = x.shape
     N, W = conv_state.shape[0], wf.shape[-1]
-    starts = cu_seqlens[:-1].long()
-    lens = cu_seqlens[1:].long() - starts
-    seq = torch.repeat_interleave(torch.arange(N, device=x.device), lens, output_size=T)
-    token_rows = torch.arange(T, device=x.device) + (seq + 1) * (W - 1)  # x[t] in ext
-    state_rows = (starts + torch.arange(N, device=x.device) * (W - 1))[:, None] + torch.arange(
-        W - 1, device=x.device
-    )  # [N, W-1]
-    ext = torch.empty(N * (W - 1) + T, C, dtype=torch.float32, device=x.device)
-    ext.index_copy_(0, state_rows.reshape(-1), conv_state.float().transpose(1, 2).reshape(-1, C))
-    ext.index_copy_(0, token_rows, x.float())
-    y = _sliding_taps(ext, wf).index_select(0, token_rows - (W - 1))
-    new_state = ext.index_select(0, (state_rows + lens[:, None]).reshape(-1))
+    xf = x.float()
+    y = xf * wf[:, -1]
+    for j in range(W - 1):
+        shift = W - 1 - j
+        if shift < T:
+            y[shift:].addcmul_(xf[: T - shift], wf[:, j])
+    # windows of the first W-1 tokens of each sequence, and each new state, from one table:
+    # rows [0, N*(W-1)) the states (oldest first), then the packed tokens
+    source = torch.cat([conv_state.float().transpose(1, 2).reshape(-1, C), xf])
+    bounds = cu_seqlens.tolist()
+    lens = [bounds[i + 1] - bounds[i] for i in range(N)]
+    head = [(i, p) for i in range(N) for p in range(min(W - 1, lens[i]))]
+    if head:
+        rows = torch.tensor([bounds[i] + p for i, p in head], device=x.device)
+        taps = [_window_rows(head, j, bounds, N, W, x.device) for j in range(W)]
+        y[rows] = _tap_sum([source.index_select(0, t) for t in taps], wf)
+    tail = [(i, lens[i] + e) for i in range(N) for e in range(W - 1)]  # last W-1 of each window
+    new_state = source.index_select(0, _window_rows(tail, 0, bounds, N, W, x.device))
     return y, new_state.view(N, W - 1, C).transpose(1, 2).contiguous()
 
 
-def _sliding_taps(ext: torch.Tensor, wf: torch.Tensor) -> torch.Tensor:
-    """out[r] = sum_j wf[:, j] * ext[r + j] for every r with a full window ([R - W + 1, C]),
-    in blocks of rows that stay in cache across the W taps."""
-    W = wf.shape[-1]
-    span = ext.shape[0] - W + 1
-    out = torch.empty(span, ext.shape[1], dtype=ext.dtype, device=ext.device)
-    for r in range(0, span, _ROW_BLOCK):
-        rows = slice(r, min(r + _ROW_BLOCK, span))
-        block = torch.mul(ext[rows], wf[:, 0], out=out[rows])
-        for j in range(1, W):
-            block.addcmul_(ext[rows.start + j : rows.stop + j], wf[:, j])
-    return out
+def _window_rows(
+    positions: list[tuple[int, int]], tap: int, bounds: list[int], N: int, W: int, device
+) -> torch.Tensor:
+    """Source-table row of element `e + tap` of sequence i's window (state_i ++ x_i), for each
+    (i, e) of `positions`."""
+    rows = []
+    for i, e in positions:
+        e += tap
+        rows.append(i * (W - 1) + e if e < W - 1 else N * (W - 1) + bounds[i] + e - (W - 1))
+    return torch.tensor(rows, dtype=torch.long, device=device)
