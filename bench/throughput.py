@@ -4,7 +4,10 @@ A kimi_linear-shaped model with random weights (8 layers = [KDA, KDA, KDA, MLA] 
 512, MoE FFNs) is saved as an HF checkpoint; transformers runs it from memory and hyla loads the
 saved files. Both decode greedily, EOS disabled, `batch` prompts of `prompt_len` random tokens
 for `output_len` new tokens each. Throughput = output tokens / wall seconds of the whole
-generate call (prefill included), after one small warm-up call each.
+generate call (prefill included), after one small warm-up call each; hyla's wall time is also
+split into prefill and decode steps (`hyla.phases`). Both sides run with the same torch intra-op
+thread count (`--threads`, else torch's default); hyla's CPU matmuls use oneDNN through
+`hyla.ops.linear`, on the same threads.
 
     python3 bench/throughput.py                      # full run, JSON to bench/results/
     python3 bench/throughput.py --batch 2 --output-len 8 --no-save   # smoke test
@@ -94,12 +97,31 @@ def time_hyla(path: Path, args, prompts: list[list[int]]) -> tuple[float, list[l
     )
     llm.generate([p[:8] for p in prompts[:2]], SamplingParams(temperature=0, max_tokens=2))
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    phases = time_phases(llm.engine.runner)
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     plan = llm.engine.cache_plan
     cache = {"num_blocks": plan.num_usable_blocks, "block_size": plan.block_size}
-    return elapsed, [o.outputs[0].token_ids for o in outs], cache
+    return elapsed, [o.outputs[0].token_ids for o in outs], {**cache, "phases": phases}
+
+
+def time_phases(runner) -> dict:
+    """Wrap `runner.execute` to add each step's wall time to the returned dict: steps with a
+    prompt chunk count as prefill, steps of one token per request as decode."""
+    phases = {"prefill_steps": 0, "prefill_s": 0.0, "decode_steps": 0, "decode_s": 0.0}
+    execute = runner.execute
+
+    def timed(out, *rest, **kwargs):
+        start = time.perf_counter()
+        result = execute(out, *rest, **kwargs)
+        kind = "decode" if all(n == 1 for n in out.num_scheduled_tokens.values()) else "prefill"
+        phases[f"{kind}_steps"] += 1
+        phases[f"{kind}_s"] += time.perf_counter() - start
+        return result
+
+    runner.execute = timed
+    return phases
 
 
 def git_commit() -> str | None:
@@ -182,6 +204,7 @@ def main() -> None:
         hyla_s, hyla_ids, cache = time_hyla(Path(tmp), args, prompts)
         result["hyla"] = {"seconds": hyla_s, "output_tokens_per_s": num_out / hyla_s, **cache}
         print(f"hyla:         {num_out / hyla_s:8.1f} output tok/s ({hyla_s:.1f} s)", flush=True)
+        print(f"  phases:     {cache['phases']}", flush=True)
         if not args.skip_hf:
             hf_s, hf_ids = time_hf(hf, prompts, args.output_len)
             result["transformers"] = {"seconds": hf_s, "output_tokens_per_s": num_out / hf_s}
@@ -189,6 +212,7 @@ def main() -> None:
             result["greedy_match"] = match_stats(hyla_ids, hf_ids)
             print(f"transformers: {num_out / hf_s:8.1f} output tok/s ({hf_s:.1f} s)")
             print(f"speedup:      {hf_s / hyla_s:8.2f}x   match: {result['greedy_match']}")
+    result["load_average_1m_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if not args.no_save:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

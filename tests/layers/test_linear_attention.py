@@ -275,3 +275,35 @@ def test_c04_mixed_step_matches_solo_runs(kind: str) -> None:
         torch.testing.assert_close(out[i], solo.step({i: x})[i], atol=ATOL, rtol=0)
         torch.testing.assert_close(mixed.state(i), solo.state(i), atol=ATOL, rtol=0)
         assert torch.isfinite(out[i]).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "slots", [[1, 2, 3], [3, 1, 2], [1, 3, 5]], ids=["in-order", "permuted", "scattered"]
+)
+def test_decode_step_is_the_same_whatever_the_slot_layout(
+    kind: str, slots: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pure decode step updates contiguous slots in place (permuting the batch into slot order
+    when needed) and gathers/scatters scattered ones: the outputs and states are bit for bit
+    those of the slots in batch order."""
+    import hyla.layers.state_slots as la
+
+    in_place = []
+    original = la._decode_in_place
+    monkeypatch.setattr(la, "_decode_in_place", lambda *a: in_place.append(a[-1]) or original(*a))
+    config, _, _, ours = make_pair(kind)
+    prompts = {i: inputs(5 + 7 * i, seed=20 + i) for i in range(3)}
+    step = {i: inputs(1, seed=30 + i) for i in range(3)}
+    results = []
+    for layout in ([1, 2, 3], slots):
+        runner = LayerRunner(config, ours, 5)
+        runner.slots = layout + [s for s in range(1, 6) if s not in layout]
+        runner.step(prompts)
+        out = runner.step(step)
+        results.append((out, [runner.state(i).clone() for i in range(3)]))
+    (out_a, states_a), (out_b, states_b) = results
+    assert len(in_place) == (1 if slots == [1, 3, 5] else 2)  # scattered slots: gathered
+    assert in_place[0] is None and (slots != [3, 1, 2] or in_place[1].tolist() == [1, 2, 0])
+    for i in range(3):
+        assert torch.equal(out_a[i], out_b[i]) and torch.equal(states_a[i], states_b[i])

@@ -1,5 +1,6 @@
-"""Gated DeltaNet reference ops: chunked == recurrence, varlen packing, carried state, GVA, and
-parity with transformers' qwen3_next torch functions (an independent oracle)."""
+"""Gated DeltaNet ops: chunked == recurrence, varlen packing, carried state, GVA, and parity with
+transformers' qwen3_next torch functions (an independent oracle), for both implementations (the
+`reference` definition and the public vectorized `cpu` path; every test runs on each)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ import pytest
 import torch
 from transformers.models.qwen3_next import modeling_qwen3_next as hf_qwen
 
-from hyla.ops.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from hyla.ops.gdn import cpu, reference
 
 ATOL = 1e-5
+
+
+@pytest.fixture(params=["reference", "cpu"])
+def impl(request):
+    """The implementation under test: `impl.chunk_gated_delta_rule` etc."""
+    return {"reference": reference, "cpu": cpu}[request.param]
 
 
 def make_inputs(T: int, H: int = 2, HV: int = 4, K: int = 16, V: int = 8, seed: int = 0):
@@ -32,20 +39,19 @@ def random_state(N: int, HV: int = 4, K: int = 16, V: int = 8, seed: int = 1) ->
 
 
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 200])
-def test_chunk_matches_recurrent(T: int) -> None:
+def test_chunk_matches_recurrent(impl, T: int) -> None:
     q, k, v, g, beta = make_inputs(T)
     s0 = random_state(1)
-    o_ref, s_ref = recurrent_gated_delta_rule(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
-    o, s = chunk_gated_delta_rule(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
+    o_ref, s_ref = impl.recurrent_gated_delta_rule(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
+    o, s = impl.chunk_gated_delta_rule(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
     torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=0)
     torch.testing.assert_close(s, s_ref, atol=ATOL, rtol=0)
     assert o.abs().max() > 1e-2
 
 
-@pytest.mark.parametrize(
-    "op", [recurrent_gated_delta_rule, chunk_gated_delta_rule], ids=["recurrent", "chunk"]
-)
-def test_varlen_packed_equals_each_alone(op) -> None:
+@pytest.mark.parametrize("op", ["recurrent_gated_delta_rule", "chunk_gated_delta_rule"])
+def test_varlen_packed_equals_each_alone(impl, op) -> None:
+    op = getattr(impl, op)
     lens = [7, 1, 65, 0, 128]
     q, k, v, g, beta = make_inputs(sum(lens))
     s0 = random_state(len(lens))
@@ -62,37 +68,37 @@ def test_varlen_packed_equals_each_alone(op) -> None:
 
 
 @pytest.mark.parametrize("split", [1, 64, 100])
-def test_initial_state_carries_across_calls(split: int) -> None:
+def test_initial_state_carries_across_calls(impl, split: int) -> None:
     T = 160
     q, k, v, g, beta = make_inputs(T)
-    o_full, s_full = recurrent_gated_delta_rule(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
+    o_full, s_full = impl.recurrent_gated_delta_rule(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
     a, b = slice(0, split), slice(split, T)
-    o_a, s_a = chunk_gated_delta_rule(
+    o_a, s_a = impl.chunk_gated_delta_rule(
         q[a], k[a], v[a], g[a], beta[a], cu(split), use_qk_l2norm=True
     )
-    o_b, s_b = chunk_gated_delta_rule(
+    o_b, s_b = impl.chunk_gated_delta_rule(
         q[b], k[b], v[b], g[b], beta[b], cu(T - split), s_a, use_qk_l2norm=True
     )
     torch.testing.assert_close(torch.cat([o_a, o_b]), o_full, atol=ATOL, rtol=0)
     torch.testing.assert_close(s_b, s_full, atol=ATOL, rtol=0)
 
 
-def test_gva_equals_repeated_key_heads() -> None:
+def test_gva_equals_repeated_key_heads(impl) -> None:
     T = 40
     q, k, v, g, beta = make_inputs(T, H=2, HV=4)
-    o, s = chunk_gated_delta_rule(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
+    o, s = impl.chunk_gated_delta_rule(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
     q4, k4 = q.repeat_interleave(2, dim=1), k.repeat_interleave(2, dim=1)
-    o4, s4 = recurrent_gated_delta_rule(q4, k4, v, g, beta, cu(T), use_qk_l2norm=True)
+    o4, s4 = impl.recurrent_gated_delta_rule(q4, k4, v, g, beta, cu(T), use_qk_l2norm=True)
     torch.testing.assert_close(o, o4, atol=ATOL, rtol=0)
     torch.testing.assert_close(s, s4, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("T", [1, 64, 150])
-def test_matches_transformers_qwen3_next_functions(T: int) -> None:
+def test_matches_transformers_qwen3_next_functions(impl, T: int) -> None:
     q, k, v, g, beta = make_inputs(T)  # GVA: 2 key heads, 4 value heads
     s0 = random_state(1)
-    o, s = recurrent_gated_delta_rule(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
-    o_c, s_c = chunk_gated_delta_rule(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
+    o, s = impl.recurrent_gated_delta_rule(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
+    o_c, s_c = impl.chunk_gated_delta_rule(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
     args = (q[None], k[None], v[None], g[None], beta[None])
     kw = dict(initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True)
     hf_o, hf_s = hf_qwen.torch_recurrent_gated_delta_rule(*args, **kw)
@@ -101,7 +107,7 @@ def test_matches_transformers_qwen3_next_functions(T: int) -> None:
         torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
 
 
-def test_bad_gate_shape_raises() -> None:
+def test_bad_gate_shape_raises(impl) -> None:
     q, k, v, g, beta = make_inputs(10)
     with pytest.raises(ValueError, match="g:"):
-        chunk_gated_delta_rule(q, k, v, g[..., None].expand(10, 4, 16), beta, cu(10))
+        impl.chunk_gated_delta_rule(q, k, v, g[..., None].expand(10, 4, 16), beta, cu(10))

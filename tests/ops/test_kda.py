@@ -1,5 +1,9 @@
-"""KDA reference ops: chunked == token-by-token recurrence, varlen packing, carried state, and
-parity with transformers' kimi_linear torch functions (an independent oracle)."""
+"""KDA ops: chunked == token-by-token recurrence, varlen packing, carried state, and parity with
+transformers' kimi_linear torch functions (an independent oracle), for both implementations:
+`reference` (the definition: a Python loop per sequence and token, chunk algebra in float64) and
+`cpu` (the public fast path, vectorized over sequences, fp32). The fast path is always checked
+against the reference's token-by-token recurrence; tests/ops/test_kda_cpu.py covers what only
+the fast path has."""
 
 from __future__ import annotations
 
@@ -7,9 +11,10 @@ import pytest
 import torch
 from transformers.models.kimi_linear import modeling_kimi_linear as hf_kimi
 
-from hyla.ops.kda import chunk_kda, recurrent_kda
+from hyla.ops.kda import cpu, reference
 
 ATOL = 1e-5
+IMPLS = {"reference": reference, "cpu": cpu}
 
 
 def make_inputs(T: int, H: int = 2, HV: int = 4, K: int = 16, V: int = 8, seed: int = 0):
@@ -32,19 +37,38 @@ def random_state(N: int, HV: int = 4, K: int = 16, V: int = 8, seed: int = 1) ->
     return torch.randn(N, HV, K, V, generator=torch.Generator().manual_seed(seed)) * 0.3
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 200])
 @pytest.mark.parametrize("chunk_size", [16, 64])
-def test_chunk_matches_recurrent(T: int, chunk_size: int) -> None:
+def test_chunk_matches_recurrent(impl: str, T: int, chunk_size: int) -> None:
     q, k, v, g, beta = make_inputs(T)
     s0 = random_state(1)
-    o_ref, s_ref = recurrent_kda(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
+    o_ref, s_ref = reference.recurrent_kda(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
+    chunk_kda = IMPLS[impl].chunk_kda
     o, s = chunk_kda(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True, chunk_size=chunk_size)
     torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=0)
     torch.testing.assert_close(s, s_ref, atol=ATOL, rtol=0)
     assert s.dtype == torch.float32 and o.abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("op", [recurrent_kda, chunk_kda], ids=["recurrent", "chunk"])
+@pytest.mark.parametrize("T", [1, 2, 65, 200])
+def test_fast_recurrent_matches_definition(T: int) -> None:
+    q, k, v, g, beta = make_inputs(T)
+    s0 = random_state(1)
+    o_ref, s_ref = reference.recurrent_kda(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
+    o, s = cpu.recurrent_kda(q, k, v, g, beta, cu(T), s0, use_qk_l2norm=True)
+    torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=0)
+    torch.testing.assert_close(s, s_ref, atol=ATOL, rtol=0)
+
+
+OPS = {
+    f"{i}-{m}": getattr(impl, f"{m}_kda")
+    for i, impl in IMPLS.items()
+    for m in ("recurrent", "chunk")
+}
+
+
+@pytest.mark.parametrize("op", OPS.values(), ids=OPS.keys())
 def test_varlen_packed_equals_each_alone(op) -> None:
     lens = [5, 64, 1, 0, 130, 3]
     q, k, v, g, beta = make_inputs(sum(lens))
@@ -62,8 +86,10 @@ def test_varlen_packed_equals_each_alone(op) -> None:
     torch.testing.assert_close(s[3], s0[3])  # empty sequence keeps its state
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("split", [1, 3, 64, 65, 199])
-def test_initial_state_carries_across_calls(split: int) -> None:
+def test_initial_state_carries_across_calls(impl: str, split: int) -> None:
+    chunk_kda, recurrent_kda = IMPLS[impl].chunk_kda, IMPLS[impl].recurrent_kda
     T = 200
     q, k, v, g, beta = make_inputs(T)
     o_full, s_full = chunk_kda(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
@@ -76,17 +102,20 @@ def test_initial_state_carries_across_calls(split: int) -> None:
     torch.testing.assert_close(s_b, s_full, atol=ATOL, rtol=0)
 
 
-def test_strong_decay_stays_finite() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_strong_decay_stays_finite(impl: str) -> None:
     T = 150
     q, k, v, g, beta = make_inputs(T)
     g = g * 200  # cumulative log-decays reach -1e4 inside a chunk
-    o_ref, s_ref = recurrent_kda(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
-    o, s = chunk_kda(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
+    o_ref, s_ref = reference.recurrent_kda(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
+    o, s = IMPLS[impl].chunk_kda(q, k, v, g, beta, cu(T), use_qk_l2norm=True)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
     torch.testing.assert_close(o, o_ref, atol=ATOL, rtol=0)
 
 
-def test_scale_and_no_l2norm() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scale_and_no_l2norm(impl: str) -> None:
+    chunk_kda, recurrent_kda = IMPLS[impl].chunk_kda, IMPLS[impl].recurrent_kda
     T = 70
     q, k, v, g, beta = make_inputs(T)
     k = torch.nn.functional.normalize(k, dim=-1)  # delta rule is stable for |k| <= 1
@@ -97,14 +126,19 @@ def test_scale_and_no_l2norm() -> None:
     torch.testing.assert_close(o_half, o_ref, atol=ATOL, rtol=0)
 
 
-def test_output_dtype_follows_v() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_output_dtype_follows_v(impl: str) -> None:
     q, k, v, g, beta = make_inputs(20)
-    o, s = chunk_kda(q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, cu(20), use_qk_l2norm=True)
+    o, s = IMPLS[impl].chunk_kda(
+        q.bfloat16(), k.bfloat16(), v.bfloat16(), g, beta, cu(20), use_qk_l2norm=True
+    )
     assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("T", [1, 65, 130])
-def test_matches_transformers_kimi_functions(T: int) -> None:
+def test_matches_transformers_kimi_functions(impl: str, T: int) -> None:
+    chunk_kda, recurrent_kda = IMPLS[impl].chunk_kda, IMPLS[impl].recurrent_kda
     H = HV = 2
     q, k, v, g, beta = make_inputs(T, H=H, HV=HV, K=16, V=16)
     s0 = random_state(1, HV=HV, K=16, V=16)
@@ -121,7 +155,9 @@ def test_matches_transformers_kimi_functions(T: int) -> None:
         torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=0)
 
 
-def test_bad_shapes_raise() -> None:
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_shapes_raise(impl: str) -> None:
+    chunk_kda, recurrent_kda = IMPLS[impl].chunk_kda, IMPLS[impl].recurrent_kda
     q, k, v, g, beta = make_inputs(10)
     with pytest.raises(ValueError, match="g:"):
         recurrent_kda(q, k, v, g[:, :, :4], beta, cu(10))

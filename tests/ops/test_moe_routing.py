@@ -180,3 +180,50 @@ def test_moe_experts_matches_per_token_sum() -> None:
             g, u = (gate_up[e].double() @ x[t].double()).split(I)
             ref += w[t, j].double() * (down[e].double() @ (torch.nn.functional.silu(g) * u))
         torch.testing.assert_close(out[t].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def _expert_inputs(T: int, I: int = 6, seed: int = 4):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=gen)
+    gate_up = torch.randn(E, 2 * I, D, generator=gen)
+    down = torch.randn(E, D, I, generator=gen)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    return x, gate_up, down, torch.rand(T, K, generator=gen), ids
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("T", [1, 5, 23, 200])
+def test_fast_moe_experts_matches_definition(T: int, threads: int) -> None:
+    """The grouped fast path (one sort, per-expert matmuls; on >1 thread and decode-sized groups
+    the padded batched form) == the per-expert reference; the per-expert form bit for bit."""
+    from hyla.ops.moe import cpu, reference
+
+    args = _expert_inputs(T)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    counts = torch.bincount(args[4].reshape(-1), minlength=E).tolist()
+    try:
+        want = reference.moe_experts(*args)
+        got = cpu.moe_experts(*args)
+        batched = cpu._few_per_expert(counts)
+    finally:
+        torch.set_num_threads(before)
+    assert batched == (threads > 1 and T <= 23)
+    if not batched:
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fast_moe_experts_prepacked_matches_definition() -> None:
+    """With oneDNN copies of the experts (`Prepacked`), under inference: equal to fp32 rounding;
+    groups above 64 rows take F.linear."""
+    from hyla.ops.linear import Prepacked
+    from hyla.ops.moe import cpu, reference
+
+    for T in (3, 40):  # 40 tokens x 4 of 16 experts: some groups > 8 rows, all <= 64
+        args = _expert_inputs(T, seed=T)
+        packed = (Prepacked(), Prepacked())
+        with torch.inference_mode():
+            got = cpu.moe_experts(*args, packed=packed)
+        torch.testing.assert_close(got, reference.moe_experts(*args), rtol=1e-5, atol=1e-5)
+        assert len(packed[0]._packed) == E  # every expert packed once

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hyla.ops.paged import gather_paged, gather_paged_tokens, token_slots, write_paged
+from hyla.ops.paged import (
+    gather_paged,
+    gather_paged_padded,
+    gather_paged_tokens,
+    token_slots,
+    write_paged,
+)
 
 
 def _oracle_slot(table: list[int], j: int, block_size: int) -> int:
@@ -64,3 +70,16 @@ def test_errors() -> None:
         write_paged(cache, torch.tensor([0, 1]), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="cannot hold"):
         gather_paged(cache, torch.tensor([1], dtype=torch.int32), 5)
+
+
+def test_gather_padded_equals_gather_per_sequence() -> None:
+    torch.manual_seed(1)
+    cache = torch.randn(12, 4, 3)
+    tables = torch.tensor([[5, 2, 9], [7, 0, 0], [1, 11, 3]], dtype=torch.int32)
+    lens = [10, 3, 12]
+    rows, valid = gather_paged_padded(cache, tables, lens)
+    assert rows.shape == (3, 12, 3) and valid.tolist() == [[j < n for j in range(12)] for n in lens]
+    for i, n in enumerate(lens):
+        assert torch.equal(rows[i, :n], gather_paged(cache, tables[i], n))
+    with pytest.raises(ValueError, match="blocks"):
+        gather_paged_padded(cache, tables, [13, 1, 1])

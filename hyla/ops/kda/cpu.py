@@ -26,7 +26,9 @@ from hyla.ops.kda.chunk_algebra import ChunkLayout, inter_chunk, intra_chunk
 from hyla.ops.kda.reference import _initial, check_delta_inputs, prepare_qk
 
 
-def _state(initial_state: torch.Tensor | None, N: int, shape: tuple, device, inplace: bool):
+def _state(
+    initial_state: torch.Tensor | None, N: int, shape: tuple, device: torch.device, inplace: bool
+) -> torch.Tensor:
     if inplace and initial_state is not None and initial_state.dtype == torch.float32:
         return initial_state
     return _initial(initial_state, N, *shape, device).clone()

@@ -8,10 +8,11 @@ one contiguous slice of the gathered inputs, and the outputs come back to their 
     pairs sorted by expert:  | e0: t3 t9 | e2: t0 t3 t4 | e5: t9 | ...      (stable: token order)
     out[t] = (y[e_a, t] + y[e_b, t]) + ...   a < b < ...: ascending expert order, as the reference
 
-For large groups (prefill) each expert then runs its own two matmuls, seeing the same rows in the
-same order as in the reference. For decode-sized groups the experts run as two padded batched
-matmuls instead (fewer ops, and threads split the experts); results agree with the reference to
-fp32 rounding.
+Each expert then runs its own two matmuls on its rows, as in the reference (bit for bit the
+same), except in two cases that agree with it to fp32 rounding: with `packed` caches and groups
+of at most 64 rows (fp32 CPU inference, the decode case) the matmuls run on oneDNN copies of the
+experts (`hyla.ops.linear`); without them, on more than one thread, decode-sized groups run as
+two padded batched matmuls (threads split the experts, too small to split one by one).
 """
 
 from __future__ import annotations

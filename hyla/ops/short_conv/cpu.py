@@ -10,7 +10,8 @@ table of their windows:
     windows:    state_i (W-1 rows, oldest first) ++ x_i   s1.x1 are fixed up from state ++ x
 
 Every token's sum runs in the same order (the current token's tap, then the older ones oldest
-first) on every path, decode included.
+first) on every path, decode included; only the vector width of the elementwise kernels, which
+follows the tensor's size, can round a last bit differently.
 """
 
 from __future__ import annotations

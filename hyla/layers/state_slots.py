@@ -1,0 +1,137 @@
+"""A packed step's trip through the linear layers' state slots: read each sequence's slot,
+run the short conv / delta rule over the step, write the new states back.
+
+    batch.caches[layer_idx]["recurrent_state"]  [num_slots, HV, K, V] float32
+    batch.caches[layer_idx]["conv_state"]       [num_slots, C, W - 1]
+
+Sequence i owns slot `batch.state_indices[i]`; the slot of a sequence without context
+(`context_lens[i] == 0`) is never read (it may hold garbage, NaN included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hyla.forward_batch import ForwardBatch, LayerCache
+from hyla.ops.short_conv import causal_conv1d
+
+DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def read_slots(cache: LayerCache, name: str, batch: ForwardBatch) -> torch.Tensor:
+    """This step's sequences' rows of cache[name]; zeros for sequences without context."""
+    rows = cache[name].index_select(0, batch.state_indices)
+    fresh = [i for i, has_state in enumerate(batch.has_initial_state) if not has_state]
+    if fresh:
+        rows.index_fill_(0, torch.tensor(fresh, dtype=torch.long, device=rows.device), 0)
+    return rows
+
+
+def short_conv_step(
+    mixed: torch.Tensor, weight: torch.Tensor, cache: LayerCache, batch: ForwardBatch
+) -> torch.Tensor:
+    """SiLU short conv of `mixed` [T, C] (weight [C, W]) continuing each sequence's conv state;
+    writes the new states back to their slots. Returns [T, C]."""
+    state = read_slots(cache, "conv_state", batch)
+    out, new_state = causal_conv1d(mixed, weight, None, batch.cu_seqlens, state, "silu")
+    cache["conv_state"].index_copy_(0, batch.state_indices, new_state)
+    return out
+
+
+def _token_rows(bounds: list[int], seqs: list[int], device: torch.device) -> torch.Tensor:
+    rows = [r for i in seqs for r in range(bounds[i], bounds[i + 1])]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def _slot_range(
+    batch: ForwardBatch, states: torch.Tensor
+) -> tuple[slice, torch.Tensor | None] | None:
+    """When this step's state slots are exactly the rows lo .. lo + N - 1 (fp32 states), that
+    range and the batch positions in slot order (None if already in order); else None."""
+    slots = batch.state_indices.tolist()
+    lo = min(slots)
+    if states.dtype != torch.float32 or sorted(slots) != list(range(lo, lo + len(slots))):
+        return None
+    if slots == list(range(lo, lo + len(slots))):
+        return slice(lo, lo + len(slots)), None
+    order = sorted(range(len(slots)), key=slots.__getitem__)
+    return slice(lo, lo + len(slots)), torch.tensor(order, device=states.device)
+
+
+def _decode_in_place(
+    recurrent_fn: DeltaRuleFn,
+    inputs: tuple[torch.Tensor, ...],
+    cache: LayerCache,
+    batch: ForwardBatch,
+    rows: slice,
+    order: torch.Tensor | None,
+) -> torch.Tensor:
+    """A pure decode step whose slots are a contiguous range: the recurrent op updates that
+    slice of the state tensor in place (no gather, no scatter); inputs (q, k, v, g, beta) and
+    the output are permuted to slot order and back when the batch lists the slots unsorted."""
+    if order is not None:
+        inputs = tuple(x.index_select(0, order) for x in inputs)
+    state = cache["recurrent_state"][rows]  # a view: updated in place
+    o, _ = recurrent_fn(*inputs, batch.cu_seqlens, state, use_qk_l2norm=True, inplace_state=True)
+    return o if order is None else torch.empty_like(o).index_copy_(0, order, o)
+
+
+def delta_rule_step(
+    chunk_fn: DeltaRuleFn,
+    recurrent_fn: DeltaRuleFn,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cache: LayerCache,
+    batch: ForwardBatch,
+) -> torch.Tensor:
+    """Run the delta rule over a packed step from each sequence's slot state and write the final
+    states back. Multi-token sequences go through `chunk_fn`, single tokens `recurrent_fn`; a
+    step of only one or only the other is one call, and a decode step whose slots are a
+    contiguous range updates them in place.
+
+    Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
+    """
+    lens = batch.query_lens
+    if lens and all(n == 1 for n in lens) and all(batch.has_initial_state):
+        in_place = _slot_range(batch, cache["recurrent_state"])
+        if in_place is not None:
+            return _decode_in_place(recurrent_fn, (q, k, v, g, beta), cache, batch, *in_place)
+    state = read_slots(cache, "recurrent_state", batch)  # [N, HV, K, V]
+    if lens and (all(n == 1 for n in lens) or all(n > 1 for n in lens)):  # one op, no regrouping
+        fn = recurrent_fn if lens[0] == 1 else chunk_fn
+        o, final = fn(
+            q, k, v, g, beta, batch.cu_seqlens, state, use_qk_l2norm=True, inplace_state=True
+        )
+        cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
+        return o
+    final = state.clone()
+    o = torch.zeros_like(v)
+    bounds = batch.cu_seqlens.tolist()
+    for fn, seqs in (
+        (recurrent_fn, [i for i, n in enumerate(lens) if n == 1]),
+        (chunk_fn, [i for i, n in enumerate(lens) if n > 1]),
+    ):
+        if not seqs:
+            continue
+        rows = _token_rows(bounds, seqs, v.device)
+        sub_cu = torch.tensor([0] + [lens[i] for i in seqs], device=v.device).cumsum(0)
+        idx = torch.tensor(seqs, dtype=torch.long, device=v.device)
+        o_sub, final_sub = fn(
+            q[rows],
+            k[rows],
+            v[rows],
+            g[rows],
+            beta[rows],
+            sub_cu.to(torch.int32),
+            state[idx],
+            use_qk_l2norm=True,
+        )
+        o[rows] = o_sub
+        final[idx] = final_sub
+    cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
+    return o
