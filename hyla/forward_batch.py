@@ -11,8 +11,8 @@ Attention-like layers write each new token's entry at `slot_mapping[t]` of their
 (viewed as `[num_blocks * block_size, ...]`; slot = block_id * block_size + offset) and read a
 sequence's whole context through `block_tables[i]`:
 
-    block_tables[i] = [b7, b2, b9, ...]   token j of seq i lives in block b = block_tables[i][j // B]
-                                          at offset j % B
+    block_tables[i] = [b7, b2, b9, ...]   token j of seq i lives in block
+                                          b = block_tables[i][j // B] at offset j % B
 
 Linear layers read and write one state slot per sequence, `state_indices[i]`; when
 `context_lens[i] == 0` the slot's previous contents are ignored (zero initial state).

@@ -84,7 +84,9 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
             (lin.num_v_heads, lin.head_k_dim, lin.head_v_dim),
             "float32",
         ),
-        CacheTensorSpec("conv_state", "slot", (conv_dim(config), lin.conv_kernel_size - 1), config.dtype),
+        CacheTensorSpec(
+            "conv_state", "slot", (conv_dim(config), lin.conv_kernel_size - 1), config.dtype
+        ),
     )
 
 
