@@ -5,7 +5,6 @@ GQA (Qwen3NextAttention). Caches are NaN-poisoned, blocks shuffled."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import pytest
@@ -18,8 +17,8 @@ from transformers.models.kimi_linear import modeling_kimi_linear as hf_kimi
 from transformers.models.qwen3_next import modeling_qwen3_next as hf_qn
 
 from hyla.config import GQAConfig, MLAConfig, ModelConfig, RopeConfig
-from hyla.forward_batch import allocate_caches, build_forward_batch
 from hyla.layers.attention import GQAttention, MLAttention
+from tests.paged_steps import PagedSteps
 
 D = 64
 BLOCK = 4
@@ -159,39 +158,8 @@ def _hf_forward(case: Case, x: torch.Tensor) -> torch.Tensor:
     return case.hf(hidden_states=x[None], attention_mask=mask, **kwargs)[0][0]
 
 
-class PagedSteps:
-    """Feeds chunks of hidden states of N sequences to one layer over a NaN-poisoned cache."""
-
-    def __init__(self, config: ModelConfig, num_seqs: int, max_len: int, seed: int = 0) -> None:
-        per_seq = (max_len + BLOCK - 1) // BLOCK
-        blocks = list(range(1, num_seqs * per_seq + 1))
-        random.Random(seed).shuffle(blocks)
-        self.tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(num_seqs)]
-        self.caches = allocate_caches(config, len(blocks) + 1, BLOCK, num_seqs + 1)
-        for t in self.caches[0].values():
-            t.fill_(float("nan"))
-        self.lens = [0] * num_seqs
-
-    @torch.no_grad()
-    def step(self, layer: nn.Module, chunks: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        ids = list(chunks)
-        batch = build_forward_batch(
-            [len(chunks[i]) for i in ids],
-            [self.lens[i] for i in ids],
-            [self.tables[i] for i in ids],
-            list(range(1, len(ids) + 1)),
-            BLOCK,
-            self.caches,
-        )
-        out = layer(torch.cat([chunks[i] for i in ids]), batch.positions, batch)
-        cu = batch.cu_seqlens.tolist()
-        for i in ids:
-            self.lens[i] += len(chunks[i])
-        return {i: out[cu[n] : cu[n + 1]] for n, i in enumerate(ids)}
-
-
 def _run_chunks(layer, config, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    steps = PagedSteps(config, 1, x.shape[0])
+    steps = PagedSteps(config, 1, x.shape[0], BLOCK)
     outs, start = [], 0
     for size in sizes:
         outs.append(steps.step(layer, {0: x[start : start + size]})[0])
@@ -227,7 +195,7 @@ def test_packed_batch_equals_each_alone(case_id: str) -> None:
     # seq 0 prefills at once; seq 1 is decoding; seq 2 is mid chunked prefill; seq 3 long prefill
     history = {1: [20, 1], 2: [9, 5], 0: [17], 3: [40]}
     solo = {i: _run_chunks(layer, case.config, xs[i], sizes) for i, sizes in history.items()}
-    steps = PagedSteps(case.config, 4, 40, seed=5)
+    steps = PagedSteps(case.config, 4, 40, BLOCK, seed=5)
     steps.step(layer, {1: xs[1][:20], 2: xs[2][:9]})
     packed = steps.step(layer, {1: xs[1][20:], 0: xs[0], 2: xs[2][9:], 3: xs[3]})
     torch.testing.assert_close(packed[1], solo[1][20:], rtol=0, atol=1e-6)

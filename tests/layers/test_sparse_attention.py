@@ -4,8 +4,6 @@ at and around the top-k boundary). Caches are NaN-poisoned, blocks shuffled."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 from torch import nn
@@ -16,9 +14,10 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32 as hf_v32
 
 import hyla.layers.sparse_attention as sparse_mod
 from hyla.config import DSAConfig, MLAConfig, ModelConfig, RopeConfig
-from hyla.forward_batch import allocate_caches, build_forward_batch
+from hyla.forward_batch import build_forward_batch
 from hyla.layers.attention import MLAttention
 from hyla.layers.sparse_attention import DSAttention
+from tests.paged_steps import PagedSteps
 
 D, BLOCK, TOPK = 64, 4, 8
 HI, DI = 8, 16
@@ -122,39 +121,8 @@ def _check_topk_set(selected: set[int], row: list[float], tol: float = 1e-4) -> 
     return sorted(row, reverse=True)[TOPK] >= kth - tol
 
 
-class PagedSteps:
-    """Feeds chunks of hidden states of N sequences to one layer over a NaN-poisoned cache."""
-
-    def __init__(self, num_seqs: int, max_len: int, seed: int = 0) -> None:
-        per_seq = (max_len + BLOCK - 1) // BLOCK
-        blocks = list(range(1, num_seqs * per_seq + 1))
-        random.Random(seed).shuffle(blocks)
-        self.tables = [blocks[i * per_seq : (i + 1) * per_seq] for i in range(num_seqs)]
-        self.caches = allocate_caches(CONFIG, len(blocks) + 1, BLOCK, num_seqs + 1)
-        for t in self.caches[0].values():
-            t.fill_(float("nan"))
-        self.lens = [0] * num_seqs
-
-    @torch.no_grad()
-    def step(self, layer: nn.Module, chunks: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        ids = list(chunks)
-        batch = build_forward_batch(
-            [len(chunks[i]) for i in ids],
-            [self.lens[i] for i in ids],
-            [self.tables[i] for i in ids],
-            list(range(1, len(ids) + 1)),
-            BLOCK,
-            self.caches,
-        )
-        out = layer(torch.cat([chunks[i] for i in ids]), batch.positions, batch)
-        cu = batch.cu_seqlens.tolist()
-        for i in ids:
-            self.lens[i] += len(chunks[i])
-        return {i: out[cu[n] : cu[n + 1]] for n, i in enumerate(ids)}
-
-
 def _run_chunks(layer: nn.Module, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    steps, outs, start = PagedSteps(1, x.shape[0]), [], 0
+    steps, outs, start = PagedSteps(CONFIG, 1, x.shape[0], BLOCK), [], 0
     for size in sizes:
         outs.append(steps.step(layer, {0: x[start : start + size]})[0])
         start += size
@@ -189,7 +157,7 @@ def test_c03_dense_when_length_le_topk(length: int, recorded_topk: list) -> None
     assert torch.equal(got, _run_chunks(mla, x, [length]))
     torch.testing.assert_close(got, _hf_forward(x), **TOL)
     # the sparse path over the same tokens would give the same result
-    steps = PagedSteps(1, length)
+    steps = PagedSteps(CONFIG, 1, length, BLOCK)
     batch = build_forward_batch([length], [0], steps.tables, [1], BLOCK, steps.caches)
     with torch.no_grad():
         proj = layer.project(x, batch.positions)
@@ -248,7 +216,7 @@ def test_packed_batch_equals_each_alone() -> None:
     # 3: long prefill (sparse); 4: decode reaching exactly k (dense)
     history = {0: [6], 1: [20, 1], 2: [5, 9], 3: [40], 4: [7, 1]}
     solo = {i: _run_chunks(layer, xs[i], sizes) for i, sizes in history.items()}
-    steps = PagedSteps(5, 40, seed=5)
+    steps = PagedSteps(CONFIG, 5, 40, BLOCK, seed=5)
     steps.step(layer, {1: xs[1][:20], 2: xs[2][:5], 4: xs[4][:7]})
     packed = steps.step(layer, {4: xs[4][7:], 1: xs[1][20:], 0: xs[0], 3: xs[3], 2: xs[2][5:]})
     for i, sizes in history.items():
