@@ -8,6 +8,7 @@ same architecture with random weights.
 from __future__ import annotations
 
 import math
+import random
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from tokenizers import Tokenizer
 from hyla.assets import default_model_path
 from hyla.models.loader import load_model
 from hyla.models.runner import SequenceRunner
+from hyla.training.corpus import RetrievalDocs
 from hyla.training.metrics import bits_per_byte, token_byte_lengths
 from hyla.training.recipe import MAX_CHECKPOINT_BYTES, build_model
 from hyla.training.stdlib_data import split_of, stdlib_root
@@ -105,12 +107,37 @@ def test_heldout_bits_per_byte_under_bound(model, tokenizer):
     assert _heldout_bpb(random_model, tokenizer) > BPB_BOUND + 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the shipped model has not learned key-value retrieval yet (docs/model_card.md)",
-)
-def test_short_retrieval_prompt(model, tokenizer):
-    prompt = "SECRET_KEY_17 = 48213\n\ndef check():\n    return True\n\nassert SECRET_KEY_17 =="
-    answer = tokenizer.encode(" 48213", add_special_tokens=False).ids
-    out = _greedy(model, tokenizer.encode(prompt).ids, len(answer))
-    assert out == answer
+# Short retrieval prompts in the evaluation's format (`RetrievalDocs.eval_prompt`): a constant
+# on the first line, ~RETRIEVAL_BODY_TOKENS tokens of held-out stdlib code, then `assert NAME ==`.
+# Names and values are drawn from a seeded generator, not picked. The shipped model answers
+# 10/10 of these exactly on the CPU (fp32); the previous checkpoint, which never learned to copy,
+# answered 0/10 (a 5-digit value is 1 in 10^5 to guess). The bound asks for a majority.
+RETRIEVAL_MODULES = ("secrets", "tty", "plistlib", "unittest.suite", "multiprocessing.process")
+RETRIEVAL_CASES, RETRIEVAL_BODY_TOKENS, RETRIEVAL_MIN_CORRECT = 10, 200, 6
+
+
+def _retrieval_cases(tokenizer) -> list[tuple[list[int], list[int]]]:
+    rng = random.Random(0)
+    cases = []
+    for i in range(RETRIEVAL_CASES):
+        module = RETRIEVAL_MODULES[i % len(RETRIEVAL_MODULES)]
+        assert split_of(module) == "heldout"
+        path = stdlib_root() / (module.replace(".", "/") + ".py")
+        if not path.is_file():
+            pytest.skip(f"no {path} in this Python")
+        code = tokenizer.encode(path.read_text(), add_special_tokens=False).ids
+        offset = rng.randrange(0, max(1, len(code) - RETRIEVAL_BODY_TOKENS))
+        name, value = RetrievalDocs.random_pair(rng)
+        head = tokenizer.encode(f"{name} = {value}\n\n").ids  # starts with <|endoftext|>
+        tail = tokenizer.encode(f"\nassert {name} ==", add_special_tokens=False).ids
+        prompt = head + code[offset : offset + RETRIEVAL_BODY_TOKENS] + tail
+        cases.append((prompt, tokenizer.encode(f" {value}", add_special_tokens=False).ids))
+    return cases
+
+
+def test_short_retrieval_prompts(model, tokenizer):
+    correct = 0
+    for prompt, answer in _retrieval_cases(tokenizer):
+        out = _greedy(model, prompt, len(answer) + 1)
+        correct += out[: len(answer)] == answer and not tokenizer.decode(out[-1:])[:1].isdigit()
+    assert correct >= RETRIEVAL_MIN_CORRECT, f"{correct}/{RETRIEVAL_CASES} answered"
