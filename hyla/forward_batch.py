@@ -20,6 +20,7 @@ Linear layers read and write one state slot per sequence, `state_indices[i]`; wh
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +52,8 @@ class ForwardBatch:
         state_indices: [N] int64 state slot of each sequence (linear layers).
         block_size: tokens per block B.
         caches: per layer index, that layer's cache tensors by name (see `hyla.cache.spec`).
+        state_indices_host: host list of `state_indices` (empty when not given: read the
+            tensor, which costs a device sync on a GPU).
     """
 
     positions: torch.Tensor
@@ -62,6 +65,7 @@ class ForwardBatch:
     state_indices: torch.Tensor
     block_size: int
     caches: list[LayerCache] = field(default_factory=list)
+    state_indices_host: list[int] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -70,6 +74,11 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(sum(self.query_lens))
+
+    @property
+    def cu_seqlens_host(self) -> list[int]:
+        """`cu_seqlens` as host ints, from `query_lens` (no device sync)."""
+        return list(itertools.accumulate(self.query_lens, initial=0))
 
     @property
     def seq_lens(self) -> list[int]:
@@ -150,4 +159,5 @@ def build_forward_batch(
         state_indices=torch.tensor(state_indices, dtype=torch.long, device=device),
         block_size=block_size,
         caches=caches,
+        state_indices_host=list(state_indices),
     )

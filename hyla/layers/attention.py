@@ -43,7 +43,7 @@ class SeqGroup:
 
 def select_sequences(batch: ForwardBatch, seq_ids: Sequence[int]) -> SeqGroup:
     """The rows, block tables and offsets of sequences `seq_ids` of `batch`."""
-    cu = batch.cu_seqlens.tolist()
+    cu = batch.cu_seqlens_host  # host ints: no device sync
     device = batch.cu_seqlens.device
     rows = [r for i in seq_ids for r in range(cu[i], cu[i + 1])]
     sub_cu = [0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hyla.ops.norm import rms_norm
+from hyla.ops.norm import fused_add_rms_norm, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -21,3 +21,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., D] any float dtype -> [..., D] in x's dtype (normalised in fp32)."""
         return rms_norm(x, self.weight, self.eps, self.offset)
+
+    def add_and_norm(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normed, h) with `h = x + residual`: the residual add and this norm in one op (one
+        Triton kernel on CUDA). x, residual: [..., D] -> two [..., D] tensors in x's dtype."""
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.offset)

@@ -66,7 +66,8 @@ class DSAttention(MLAttention):
     Caches: "latent" [P, B, R+Dr] (as MLA) and "index_keys" [P, B, Di] (roped, normed indexer
     keys). A sequence whose whole length is <= `index_topk` takes MLA's dense causal path (the
     indexer would select every visible token, so the result is the same); longer sequences run
-    the indexer's causal top-k and `sparse_mla` over only the selected tokens.
+    the indexer's causal top-k and `sparse_mla` over only the selected tokens. On CUDA every row
+    goes through the Triton `sparse_mla` (short sequences with all visible tokens selected).
 
     Raises: ValueError at construction when `mla.q_lora_rank` is None (the indexer reads the
     q low-rank activation).
@@ -92,10 +93,47 @@ class DSAttention(MLAttention):
         dense = [i for i in range(batch.num_seqs) if seq_lens[i] <= self.index_topk]
         sparse = [i for i in range(batch.num_seqs) if seq_lens[i] > self.index_topk]
         out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
+        if hidden_states.is_cuda:
+            self.attend_selected(out, proj, index_q, index_w, batch, sparse)
+            return self.o_proj(out.flatten(1))
         self.attend_dense(out, proj, batch, dense)
         if sparse:
             self.attend_sparse(out, proj, index_q, index_w, batch, sparse)
         return self.o_proj(out.flatten(1))
+
+    def attend_selected(
+        self,
+        out: torch.Tensor,
+        proj: MLAProjection,
+        index_q: torch.Tensor,
+        index_w: torch.Tensor,
+        batch: ForwardBatch,
+        sparse_ids: list[int],
+    ) -> None:
+        """CUDA path: fill all of `out` [T, H, Dv] with one `sparse_mla` call. Sequences of at
+        most k tokens select every visible token (`dense_topk_indices`: exact dense causal MLA,
+        no indexer run); the rows of `sparse_ids` take the indexer's top-k."""
+        from hyla.ops.sparse_attention.kernels import dense_topk_indices
+
+        cache = batch.caches[self.layer_idx]
+        k, num_rows = self.index_topk, out.shape[0]
+        if len(sparse_ids) == batch.num_seqs:
+            topk_indices = lightning_indexer_topk(
+                index_q, index_w, cache["index_keys"], batch.block_tables, batch.cu_seqlens,
+                batch.seq_lens, k, self.indexer.softmax_scale,
+            )  # fmt: skip
+        else:
+            topk_indices = dense_topk_indices(batch.cu_seqlens, batch.seq_lens, k, num_rows)
+        if sparse_ids and len(sparse_ids) < batch.num_seqs:
+            g = select_sequences(batch, sparse_ids)
+            topk_indices[g.rows] = lightning_indexer_topk(
+                index_q[g.rows], index_w[g.rows], cache["index_keys"], g.block_tables,
+                g.cu_seqlens, g.seq_lens, k, self.indexer.softmax_scale,
+            )  # fmt: skip
+        out[:] = sparse_mla(
+            proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,
+            topk_indices, self.kv_b_proj.weight, self.scale,
+        )  # fmt: skip
 
     def attend_sparse(
         self,

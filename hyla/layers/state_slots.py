@@ -50,7 +50,7 @@ def _slot_range(
 ) -> tuple[slice, torch.Tensor | None] | None:
     """When this step's state slots are exactly the rows lo .. lo + N - 1 (fp32 states), that
     range and the batch positions in slot order (None if already in order); else None."""
-    slots = batch.state_indices.tolist()
+    slots = batch.state_indices_host or batch.state_indices.tolist()
     lo = min(slots)
     if states.dtype != torch.float32 or sorted(slots) != list(range(lo, lo + len(slots))):
         return None
@@ -91,14 +91,21 @@ def delta_rule_step(
 ) -> torch.Tensor:
     """Run the delta rule over a packed step from each sequence's slot state and write the final
     states back. Multi-token sequences go through `chunk_fn`, single tokens `recurrent_fn`; a
-    step of only one or only the other is one call, and a decode step whose slots are a
-    contiguous range updates them in place.
+    step of only one or only the other is one call, and a decode step updates its slots in place
+    (on CUDA any slots, through the op's `state_indices`; elsewhere a contiguous range).
 
     Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
     """
     lens = batch.query_lens
     if lens and all(n == 1 for n in lens) and all(batch.has_initial_state):
-        in_place = _slot_range(batch, cache["recurrent_state"])
+        pool = cache["recurrent_state"]
+        if pool.is_cuda:  # the op reads and writes the slots in place (fla), no host sync
+            o, _ = recurrent_fn(
+                q, k, v, g, beta, batch.cu_seqlens, pool, use_qk_l2norm=True,
+                inplace_state=True, state_indices=batch.state_indices,
+            )  # fmt: skip
+            return o
+        in_place = _slot_range(batch, pool)
         if in_place is not None:
             return _decode_in_place(recurrent_fn, (q, k, v, g, beta), cache, batch, *in_place)
     state = read_slots(cache, "recurrent_state", batch)  # [N, HV, K, V]
@@ -111,7 +118,7 @@ def delta_rule_step(
         return o
     final = state.clone()
     o = torch.zeros_like(v)
-    bounds = batch.cu_seqlens.tolist()
+    bounds = batch.cu_seqlens_host
     for fn, seqs in (
         (recurrent_fn, [i for i, n in enumerate(lens) if n == 1]),
         (chunk_fn, [i for i, n in enumerate(lens) if n > 1]),

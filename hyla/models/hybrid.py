@@ -5,6 +5,9 @@ Each layer is pre-norm residual (as in all supported families):
     h = h + mixer(input_layernorm(h))
     h = h + mlp(post_attention_layernorm(h))
 
+`HybridModel.forward` runs each add together with the norm that follows it
+(`DecoderLayer.forward_fused`, `hyla.ops.norm.fused_add_rms_norm`: one kernel on CUDA).
+
 Mixer classes come from `MIXERS` by layer kind, FFN classes from `FFNS`; both registries are the
 only places that name concrete layer classes.
 """
@@ -59,6 +62,26 @@ class DecoderLayer(nn.Module):
         h = hidden_states + self.mixer(self.input_layernorm(hidden_states), positions, batch)
         return h + self.mlp(self.post_attention_layernorm(h))
 
+    def forward_fused(
+        self,
+        delta: torch.Tensor | None,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with each residual add fused into the norm after it (vLLM's convention):
+        the layer's input is `residual + delta` (delta None: just `residual`); returns
+        (mlp output, residual before that output is added), all [T, D]. Same numbers as
+        `forward`: the adds and norms are the same ops, only grouped."""
+        if delta is None:
+            x = self.input_layernorm(residual)
+        else:
+            x, residual = self.input_layernorm.add_and_norm(delta, residual)
+        x, residual = self.post_attention_layernorm.add_and_norm(
+            self.mixer(x, positions, batch), residual
+        )
+        return self.mlp(x), residual
+
 
 class HybridModel(nn.Module):
     """A causal LM over a hybrid layer pattern.
@@ -83,10 +106,12 @@ class HybridModel(nn.Module):
         """input_ids [T] int64, positions [T] int64 -> final-normed hidden states [T, D] in the
         model dtype. Linear layers update their state slots and attention-like layers write
         their paged cache in place (`batch.caches`, see `hyla.forward_batch`)."""
-        h = self.embed_tokens(input_ids)
+        delta, residual = None, self.embed_tokens(input_ids)
         for layer in self.layers:
-            h = layer(h, positions, batch)
-        return self.norm(h)
+            delta, residual = layer.forward_fused(delta, residual, positions, batch)
+        if delta is None:
+            return self.norm(residual)
+        return self.norm.add_and_norm(delta, residual)[0]
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [n, D] -> logits [n, V] float32."""

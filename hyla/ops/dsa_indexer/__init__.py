@@ -1,6 +1,46 @@
 """DSA lightning indexer scores and deterministic causal top-k over the paged index-key cache.
-See `reference.py`."""
+See `reference.py`; CUDA tensors take the Triton path in `kernels.py` (same signature and result;
+triton is imported only then)."""
 
-from hyla.ops.dsa_indexer.reference import indexer_scores, lightning_indexer_topk, select_topk
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hyla.ops.dsa_indexer import reference
+from hyla.ops.dsa_indexer.reference import indexer_scores, select_topk
+
+
+def lightning_indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_key_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    seq_lens: Sequence[int],
+    topk: int,
+    softmax_scale: float,
+    index_key_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal lightning-indexer top-k: `reference.lightning_indexer_topk` (args, [T, k] int32
+    result), dispatched to `kernels.lightning_indexer_topk` for CUDA tensors.
+
+    `index_key_scale` [P, B] float32: per-token scales of an fp8 (float8_e4m3fn) key cache
+    (key = fp8 value * scale); None for bf16/fp32 keys.
+    """
+    if q.is_cuda:
+        from hyla.ops.dsa_indexer import kernels
+
+        return kernels.lightning_indexer_topk(
+            q, weights, index_key_cache, block_tables, cu_seqlens, seq_lens, topk,
+            softmax_scale, index_key_scale,
+        )  # fmt: skip
+    if index_key_scale is not None:
+        index_key_cache = index_key_cache.float() * index_key_scale[..., None]
+    return reference.lightning_indexer_topk(
+        q, weights, index_key_cache, block_tables, cu_seqlens, seq_lens, topk, softmax_scale
+    )
+
 
 __all__ = ["indexer_scores", "lightning_indexer_topk", "select_topk"]

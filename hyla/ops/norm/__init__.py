@@ -1,5 +1,41 @@
-"""RMSNorm variants. See `reference.py`."""
+"""RMSNorm variants. See `reference.py`; CUDA tensors go to the Triton kernels of `kernels.py`
+(imported on first use, so CPU installs never import triton)."""
 
-from hyla.ops.norm.reference import gated_rms_norm, rms_norm
+from __future__ import annotations
 
-__all__ = ["gated_rms_norm", "rms_norm"]
+import torch
+
+from hyla.ops.norm import reference
+from hyla.ops.norm.reference import gated_rms_norm
+
+__all__ = ["fused_add_rms_norm", "gated_rms_norm", "rms_norm"]
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
+) -> torch.Tensor:
+    """`x / sqrt(mean(x^2) + eps) * (offset + weight)` over the last dim; see
+    `reference.rms_norm` (shapes, dtypes). CUDA tensors use the Triton kernel."""
+    if x.is_cuda:
+        from hyla.ops.norm import kernels
+
+        if kernels.supports(x, weight):
+            return kernels.rms_norm(x, weight, eps, offset)
+    return reference.rms_norm(x, weight, eps, offset)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`h = x + residual; return rms_norm(h), h`; see `reference.fused_add_rms_norm`. CUDA
+    tensors use one Triton kernel."""
+    if x.is_cuda:
+        from hyla.ops.norm import kernels
+
+        if kernels.supports(x, weight, residual):
+            return kernels.fused_add_rms_norm(x, residual, weight, eps, offset)
+    return reference.fused_add_rms_norm(x, residual, weight, eps, offset)

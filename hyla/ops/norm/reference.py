@@ -25,6 +25,30 @@ def rms_norm(
     return weight * xf.to(dtype)
 
 
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm: `h = x + residual`, returns `(rms_norm(h), h)`.
+
+    The pre-norm decoder's `h = h + sublayer(...)` followed by the next norm, as one op (vLLM's
+    `fused_add_rms_norm` convention, out of place). The add rounds to the inputs' dtype first,
+    exactly as the unfused `x + residual` does.
+
+    Args:
+        x: [..., D] the sublayer output.
+        residual: [..., D] the residual stream.
+        weight: [D].
+        eps, offset: as `rms_norm`.
+    Returns: (normed [..., D], new_residual [..., D]).
+    """
+    h = residual + x
+    return rms_norm(h, weight, eps, offset), h
+
+
 _GATE_ACTIVATIONS = {"silu": torch.nn.functional.silu, "sigmoid": torch.sigmoid}
 
 

@@ -1,11 +1,16 @@
-"""Paged per-token cache reads and writes. See `reference.py`."""
+"""Paged per-token cache reads and writes. See `reference.py`; `write_paged` on CUDA tensors
+goes to the Triton kernel of `kernels.py` (imported on first use)."""
 
+from __future__ import annotations
+
+import torch
+
+from hyla.ops.paged import reference
 from hyla.ops.paged.reference import (
     gather_paged,
     gather_paged_padded,
     gather_paged_tokens,
     token_slots,
-    write_paged,
 )
 
 __all__ = [
@@ -15,3 +20,15 @@ __all__ = [
     "token_slots",
     "write_paged",
 ]
+
+
+def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
+    """Store `values[t]` at flat slot `slot_mapping[t]` of `cache` ([P, B, ...]), in place; see
+    `reference.write_paged`. CUDA tensors use one Triton launch, which also skips slots < 0."""
+    if cache.is_cuda:
+        from hyla.ops.paged import kernels
+
+        if kernels.supports(cache, slot_mapping, values):
+            kernels.write_paged(cache, slot_mapping, values)
+            return
+    reference.write_paged(cache, slot_mapping, values)

@@ -1,5 +1,36 @@
-"""Sparse MLA over the tokens the DSA indexer selected. See `reference.py`."""
+"""Sparse MLA over the tokens the DSA indexer selected. See `reference.py`; CUDA tensors take
+the Triton path in `kernels.py` (same signature; triton is imported only then)."""
 
-from hyla.ops.sparse_attention.reference import sparse_mla
+from __future__ import annotations
+
+import torch
+
+from hyla.ops.sparse_attention import reference
+
+
+def sparse_mla(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    topk_indices: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """MLA of each new token over its selected tokens: `reference.sparse_mla` (args, [T, H, Dv]
+    result), dispatched to `kernels.sparse_mla` for CUDA tensors (which returns NaN rows instead
+    of raising when a row selects no token)."""
+    if q_nope.is_cuda:
+        from hyla.ops.sparse_attention import kernels
+
+        return kernels.sparse_mla(
+            q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight,
+            scale,
+        )  # fmt: skip
+    return reference.sparse_mla(
+        q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale
+    )
+
 
 __all__ = ["sparse_mla"]

@@ -1,0 +1,295 @@
+"""Lightning indexer + deterministic top-k on the GPU (Triton): the fast path of
+`reference.lightning_indexer_topk`, same signature and result.
+
+One Triton kernel scores every query row against its sequence's keys, read through the block
+table, and writes each score as an int64 *sort key* whose order is (score, -column):
+
+    s       = sum_h (w[t, h] * Hi^-0.5) * relu(softmax_scale * q[t, h] . k[s])    (fp32)
+    key32   = bits(s + 0.0)   if >= 0   else bits(s + 0.0) ^ 0x7FFFFFFF           (+0.0 == -0.0)
+    key     = (key32 << 31) | (2^31 - 1 - column)         invisible columns: INT64_MIN
+
+`torch.topk(key, k)` (sorted) then yields the best scores first and, among exactly equal scores,
+the lower column first: the reference's stable descending sort. The column is recovered from the
+low 31 bits; ranks >= the row's visible count become -1 (the reference's padding rule).
+
+Row t of sequence i sits at position p = seq_lens[i] - q_i + j and sees columns 0 .. p; the row
+-> (sequence, position) map is built on the device from `cu_seqlens` (no host sync). Rows are
+processed in chunks so the key buffer stays under `MAX_KEY_ELEMENTS` int64 entries.
+
+Optional fp8 keys: `index_key_cache` may be torch.float8_e4m3fn with `index_key_scale` [P, B]
+fp32 (one scale per token, key = fp8 * scale, as DeepSeek-V3.2's fp8 indexer cache); the kernel
+applies the scale after the dot product. Without it, keys are bf16/fp16/fp32 as stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+# The int64 key buffer holds at most this many entries (1 GiB); rows are chunked to fit.
+MAX_KEY_ELEMENTS = 1 << 27
+# Tunables (sweep on the H200: bench/gpu_dsa_decode.py reads overrides from the environment).
+BLOCK_N = 128  # key columns per program
+BLOCK_T_PREFILL = 16  # query rows per program when some sequence has several new tokens
+NUM_WARPS = 4
+NUM_STAGES = 2
+_LOW31 = (1 << 31) - 1
+# Below every visible key (a visible key is >= -2^62): marks columns a row does not see.
+_INVISIBLE = -(1 << 62) - 1
+
+
+def row_sequences(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[T] int32 sequence index of each packed row (cu_seqlens [N + 1] int32; on the device)."""
+    rows = torch.arange(num_rows, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].long(), rows, right=True).to(torch.int32)
+
+
+def row_positions(
+    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], num_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence and position of each packed row, computed on the device (no host sync).
+
+    Args:
+        cu_seqlens: [N + 1] int32 offsets; seq_lens: N host ints; num_rows: T.
+    Returns: (row_seq [T] int32, row_pos [T] int64): row t of sequence i sits at position
+        seq_lens[i] - (cu_seqlens[i + 1] - t).
+    """
+    device = cu_seqlens.device
+    row_seq = row_sequences(cu_seqlens, num_rows).long()
+    rows = torch.arange(num_rows, device=device)
+    lens = torch.tensor(list(seq_lens), dtype=torch.long).to(device, non_blocking=True)
+    row_pos = lens[row_seq] - (cu_seqlens.long()[row_seq + 1] - rows)
+    return row_seq.to(torch.int32), row_pos
+
+
+@triton.jit
+def _indexer_key_kernel(
+    q_ptr,
+    w_ptr,
+    k_ptr,
+    ks_ptr,
+    bt_ptr,
+    row_seq_ptr,
+    row_pos_ptr,
+    out_ptr,
+    num_rows,
+    num_cols,
+    row_offset,
+    stride_qt,
+    stride_qh,
+    stride_wt,
+    stride_kp,
+    stride_kb,
+    stride_ksp,
+    stride_bt,
+    stride_out,
+    scale,
+    w_scale,
+    HI: tl.constexpr,
+    DI: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    IEEE: tl.constexpr,
+    WRITE_KEYS: tl.constexpr,
+    INVISIBLE: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_h = offs_h < HI
+    mask_d = offs_d < DI
+    in_range = cols < num_cols
+    for r in range(BLOCK_T):
+        t = pid_t * BLOCK_T + r  # row within this chunk
+        if t < num_rows:
+            row = row_offset + t
+            seq = tl.load(row_seq_ptr + row).to(tl.int64)
+            pos = tl.load(row_pos_ptr + row)
+            visible = cols <= pos
+            out_row = out_ptr + t.to(tl.int64) * stride_out + cols
+            if pid_n * BLOCK_N <= pos:
+                blocks = tl.load(bt_ptr + seq * stride_bt + cols // PAGE, mask=visible, other=0)
+                slot = blocks.to(tl.int64) * stride_kp + (cols % PAGE).to(tl.int64) * stride_kb
+                kmask = visible[:, None] & mask_d[None, :]
+                k = tl.load(k_ptr + slot[:, None] + offs_d[None, :], mask=kmask, other=0.0)
+                q_rows = q_ptr + row.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
+                qmask = mask_h[:, None] & mask_d[None, :]
+                q = tl.load(q_rows + offs_d[None, :], mask=qmask, other=0.0)
+                if IEEE:
+                    q = q.to(tl.float32)
+                    k = k.to(tl.float32)
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
+                else:
+                    s = tl.dot(q, tl.trans(k.to(q.dtype)))
+                if HAS_SCALE:
+                    ks_slot = blocks.to(tl.int64) * stride_ksp + cols % PAGE
+                    s = s * tl.load(ks_ptr + ks_slot, mask=visible, other=0.0)[None, :]
+                s = tl.maximum(s * scale, 0.0)
+                w = tl.load(w_ptr + row.to(tl.int64) * stride_wt + offs_h, mask=mask_h, other=0.0)
+                score = tl.sum(s * (w.to(tl.float32) * w_scale)[:, None], axis=0)  # [BLOCK_N]
+                if WRITE_KEYS:
+                    bits = (score + 0.0).to(tl.int32, bitcast=True)
+                    key32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+                    key = (key32.to(tl.int64) << 31) | (0x7FFFFFFF - cols).to(tl.int64)
+                    key = tl.where(visible, key, INVISIBLE)
+                    tl.store(out_row, key, mask=in_range)
+                else:
+                    tl.store(out_row, tl.where(visible, score, float("-inf")), mask=in_range)
+            else:
+                if WRITE_KEYS:
+                    tl.store(out_row, tl.full([BLOCK_N], INVISIBLE, tl.int64), mask=in_range)
+                else:
+                    tl.store(out_row, tl.full([BLOCK_N], float("-inf"), tl.float32), mask=in_range)
+
+
+def _launch(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_key_cache: torch.Tensor,
+    index_key_scale: torch.Tensor | None,
+    block_tables: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_pos: torch.Tensor,
+    out: torch.Tensor,
+    row_offset: int,
+    softmax_scale: float,
+    block_t: int,
+    write_keys: bool,
+) -> None:
+    num_rows, num_cols = out.shape
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    if q.stride(2) != 1 or index_key_cache.stride(2) != 1:
+        raise ValueError("lightning_indexer_topk: q and the key cache need a contiguous last dim")
+    scale_arg = index_key_scale if index_key_scale is not None else weights
+    grid = (triton.cdiv(num_cols, BLOCK_N), triton.cdiv(num_rows, block_t))
+    _indexer_key_kernel[grid](
+        q,
+        weights,
+        index_key_cache,
+        scale_arg,
+        block_tables,
+        row_seq,
+        row_pos,
+        out,
+        num_rows,
+        num_cols,
+        row_offset,
+        q.stride(0),
+        q.stride(1),
+        weights.stride(0),
+        index_key_cache.stride(0),
+        index_key_cache.stride(1),
+        scale_arg.stride(0),
+        block_tables.stride(0),
+        out.stride(0),
+        softmax_scale,
+        num_heads**-0.5,
+        HI=num_heads,
+        DI=head_dim,
+        PAGE=index_key_cache.shape[1],
+        BLOCK_H=max(16, triton.next_power_of_2(num_heads)),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_N=BLOCK_N,
+        BLOCK_T=block_t,
+        HAS_SCALE=index_key_scale is not None,
+        IEEE=_ieee(q),
+        WRITE_KEYS=write_keys,
+        INVISIBLE=_INVISIBLE,
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
+
+
+def _ieee(q: torch.Tensor) -> bool:
+    """fp32 dots for fp32 queries, and under TRITON_INTERPRET (CPU tensors), whose bf16 tl.dot
+    is wrong in triton 3.9."""
+    return q.dtype == torch.float32 or q.device.type != "cuda"
+
+
+def _rows_per_chunk(num_rows: int, num_cols: int, block_t: int) -> int:
+    rows = max(1, MAX_KEY_ELEMENTS // max(num_cols, 1))
+    return min(num_rows, rows, 65535 * block_t)
+
+
+def keys_to_topk(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
+    """[Tc, L] int64 sort keys, [Tc] positions -> [Tc, topk] int32 columns, -1 padded."""
+    k = min(topk, keys.shape[1])
+    best = torch.topk(keys, k, dim=1, largest=True, sorted=True).values
+    cols = _LOW31 - (best & _LOW31)
+    rank = torch.arange(k, device=keys.device)
+    cols = torch.where(rank[None, :] <= row_pos[:, None], cols, -1).to(torch.int32)
+    if k < topk:
+        cols = torch.nn.functional.pad(cols, (0, topk - k), value=-1)
+    return cols
+
+
+def lightning_indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_key_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    seq_lens: Sequence[int],
+    topk: int,
+    softmax_scale: float,
+    index_key_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal lightning-indexer top-k, Triton scores + int64-key `torch.topk` (CUDA tensors).
+
+    Args: as `reference.lightning_indexer_topk`, plus
+        index_key_scale: [P, B] float32 per-token scale when `index_key_cache` is fp8
+            (torch.float8_e4m3fn), else None.
+    Returns: [T, k] int32 token positions, best first, equal scores lower index first, -1
+        padded where fewer than k tokens are visible (same as the reference up to fp32 rounding
+        of the scores: the head sum runs in a different order).
+    Raises: ValueError when q or the cache has a strided last dim.
+    """
+    num_rows = q.shape[0]
+    out = torch.full((num_rows, topk), -1, dtype=torch.int32, device=q.device)
+    num_cols = max(seq_lens, default=0)
+    if num_rows == 0 or num_cols == 0:
+        return out
+    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    block_t = 1 if num_rows <= len(seq_lens) else BLOCK_T_PREFILL
+    chunk = _rows_per_chunk(num_rows, num_cols, block_t)
+    keys = torch.empty(chunk, num_cols, dtype=torch.int64, device=q.device)
+    for start in range(0, num_rows, chunk):
+        n = min(chunk, num_rows - start)
+        _launch(
+            q, weights, index_key_cache, index_key_scale, block_tables, row_seq, row_pos,
+            keys[:n], start, softmax_scale, block_t, write_keys=True,
+        )  # fmt: skip
+        out[start : start + n] = keys_to_topk(keys[:n], row_pos[start : start + n], topk)
+    return out
+
+
+def indexer_scores_paged(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_key_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    seq_lens: Sequence[int],
+    softmax_scale: float,
+    index_key_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel's fp32 scores (for tests and tuning): [T, max(seq_lens)], -inf where a column
+    is not visible to the row. Arguments as `lightning_indexer_topk`."""
+    num_rows, num_cols = q.shape[0], max(seq_lens, default=0)
+    out = torch.empty(num_rows, num_cols, dtype=torch.float32, device=q.device)
+    if num_rows and num_cols:
+        row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+        _launch(
+            q, weights, index_key_cache, index_key_scale, block_tables, row_seq, row_pos, out,
+            0, softmax_scale, 1, write_keys=False,
+        )  # fmt: skip
+    return out

@@ -1,0 +1,103 @@
+"""Gated DeltaNet on CUDA through fla-core's Triton kernels; conventions, precision and the
+hyla -> fla mapping are those of `hyla.ops.kda.kernels`, with g [T, HV] one log-decay per head.
+
+`chunk_gated_delta_rule` calls `fla.ops.gated_delta_rule.chunk_gated_delta_rule` (scalar decay
+per head, g in log space: fla's default, use_gate_in_kernel=False).
+
+`recurrent_gated_delta_rule` runs fla's fused recurrent *KDA* kernel with g broadcast over K,
+as `reference.py` defines GDN: fla's own `fused_recurrent_gated_delta_rule` can neither update
+a state in place nor address a state pool, so a decode step through it would read and write
+every state twice more (copy-back or gather/scatter). The broadcast g costs one small copy
+([T, HV, K], the size of k's rows per value head).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hyla.ops.kda.kernels import (
+    check_step_shapes,
+    final_state,
+    fla_rows,
+    fused_recurrent,
+    host_offsets,
+    on_device,
+)
+
+FLA_GDN_CHUNK_SIZES = (16, 32, 64)
+
+
+def recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    *,
+    inplace_state: bool = False,
+    state_indices: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated delta rule token by token (`reference.recurrent_gated_delta_rule`: same math,
+    arguments and results). g: [T, HV] log-space decay per head (<= 0); every other argument,
+    `state_indices` included, as in `hyla.ops.kda.kernels.recurrent_kda`.
+
+    Returns:
+        o: [T, HV, V] in v's dtype; final_state: [N, HV, K, V] float32 (the pool with
+        `state_indices` and `inplace_state`).
+    Raises:
+        ValueError: inconsistent shapes.
+    """
+    check_step_shapes(q, k, v, g, beta, cu_seqlens, initial_state, state_indices, g_dims=2)
+    g = g.unsqueeze(-1).expand(*g.shape, q.shape[-1])  # [T, HV] -> [T, HV, K]
+    return fused_recurrent(
+        q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, inplace_state,
+        state_indices,
+    )  # fmt: skip
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    *,
+    chunk_size: int = 64,
+    inplace_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated delta rule in chunks (`reference.chunk_gated_delta_rule`); g: [T, HV], the rest as
+    in `hyla.ops.kda.kernels.chunk_kda`.
+
+    Args:
+        chunk_size: tiling only; fla supports 16, 32 and 64, any other value runs with 64.
+    Raises:
+        ValueError: inconsistent shapes or cu_seqlens, or chunk_size < 1.
+    """
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gdr
+
+    cu_host = host_offsets(q, k, v, g, beta, cu_seqlens, initial_state, 2, chunk_size)
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    with on_device(v):
+        o, final = fla_chunk_gdr(
+            fla_rows(q),
+            fla_rows(k),
+            fla_rows(v),
+            fla_rows(g),
+            fla_rows(beta),
+            scale=scale,
+            initial_state=h0,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=use_qk_l2norm,
+            cu_seqlens=cu_seqlens.long(),
+            cu_seqlens_cpu=cu_host,
+            chunk_size=chunk_size if chunk_size in FLA_GDN_CHUNK_SIZES else 64,
+        )
+    return o[0].to(v.dtype), final_state(initial_state, final, inplace_state)

@@ -1,0 +1,307 @@
+"""Sparse MLA on the GPU (Triton): the fast path of `reference.sparse_mla`, same signature.
+
+    q_lat = q_nope W_UK                         PyTorch bmm        [T, H, R]
+    o_lat = softmax(scale * (q_lat . c + q_rope . k_rope)) . c      Triton, selected tokens only
+    out   = o_lat W_UV^T                        PyTorch bmm        [T, H, Dv]
+
+The kernel runs one program per (head block, query row, split of the top-k list). A program walks
+its slice of `topk_indices[t]` BLOCK_N entries at a time, maps positions to cache slots through
+the row's block table, loads only those latent rows `[c | k_rope]` (entries < 0 are masked: never
+read), and keeps an online softmax in fp32:
+
+    topk_indices[t] = [ 17, 3, 950, -1, ... ]      split 0        split 1  ...
+                        |  block_table[seq(t)][pos // B] * B + pos % B -> latent row
+
+With one split the program normalises and writes o_lat; with several (decode: few rows, so the
+top-k list is split to fill the GPU, flash-decoding style) each writes an unnormalised partial
+(acc, max, sum) and a second kernel merges them. The same kernel serves decode and prefill.
+
+`dense_topk_indices` builds the "every visible token" selection for sequences no longer than k:
+sparse MLA over it is exact dense causal MLA, so the layer can skip the indexer there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from hyla.ops.dsa_indexer.kernels import _ieee, row_positions, row_sequences
+from hyla.ops.mla.reference import split_kv_b
+
+# Tunables (sweep on the H200: bench/gpu_dsa_decode.py reads overrides from the environment).
+BLOCK_H = 32  # heads per program (>= 16 for tl.dot)
+BLOCK_N = 32  # selected tokens per inner step
+NUM_WARPS = 8
+NUM_STAGES = 2
+PROGRAMS_PER_SM = 2  # decode: split the top-k list until about this many programs per SM
+MIN_IDX_PER_SPLIT = 256  # ... but not below this many indices per split (partials cost traffic)
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _sparse_mla_kernel(
+    ql_ptr,
+    qr_ptr,
+    c_ptr,
+    bt_ptr,
+    row_seq_ptr,
+    idx_ptr,
+    o_ptr,
+    ml_ptr,
+    num_heads,
+    num_idx,
+    idx_per_split,
+    stride_qlt,
+    stride_qlh,
+    stride_qrt,
+    stride_qrh,
+    stride_cp,
+    stride_cb,
+    stride_bt,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    stride_os,
+    stride_mt,
+    stride_mh,
+    qk_scale,
+    R: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_DR: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pid_h = tl.program_id(0)
+    t = tl.program_id(1).to(tl.int64)
+    pid_s = tl.program_id(2)
+    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_dr = tl.arange(0, BLOCK_DR)
+    mask_h = heads < num_heads
+    mask_r = offs_r < R
+    mask_dr = offs_dr < DR
+    ql_rows = ql_ptr + t * stride_qlt + heads[:, None] * stride_qlh
+    q_lat = tl.load(ql_rows + offs_r[None, :], mask=mask_h[:, None] & mask_r[None, :], other=0.0)
+    qr_rows = qr_ptr + t * stride_qrt + heads[:, None] * stride_qrh
+    q_rope = tl.load(qr_rows + offs_dr[None, :], mask=mask_h[:, None] & mask_dr[None, :], other=0.0)
+    if IEEE:
+        q_lat = q_lat.to(tl.float32)
+        q_rope = q_rope.to(tl.float32)
+    seq = tl.load(row_seq_ptr + t).to(tl.int64)
+
+    m = tl.full([BLOCK_H], -1.0e30, tl.float32)  # running max (log2 units); finite: no inf-inf
+    lsum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
+    start = pid_s * idx_per_split
+    end = tl.minimum(start + idx_per_split, num_idx)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        idx = tl.load(idx_ptr + t * stride_it + offs_n, mask=offs_n < end, other=-1)
+        valid = idx >= 0
+        if tl.max(idx, axis=0) >= 0:
+            blocks = tl.load(bt_ptr + seq * stride_bt + idx // PAGE, mask=valid, other=0)
+            rows = blocks.to(tl.int64) * stride_cp + (idx % PAGE).to(tl.int64) * stride_cb
+            c_mask = valid[:, None] & mask_r[None, :]
+            c = tl.load(c_ptr + rows[:, None] + offs_r[None, :], mask=c_mask, other=0.0)
+            kr_mask = valid[:, None] & mask_dr[None, :]
+            kr = tl.load(c_ptr + rows[:, None] + R + offs_dr[None, :], mask=kr_mask, other=0.0)
+            if IEEE:
+                c = c.to(tl.float32)
+                kr = kr.to(tl.float32)
+                s = tl.dot(q_lat, tl.trans(c), input_precision="ieee")
+                s = tl.dot(q_rope, tl.trans(kr), s, input_precision="ieee")
+            else:
+                c = c.to(q_lat.dtype)
+                kr = kr.to(q_lat.dtype)
+                s = tl.dot(q_lat, tl.trans(c))
+                s = tl.dot(q_rope, tl.trans(kr), s)
+            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp2(m - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            lsum = lsum * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                acc = tl.dot(p, c, acc * alpha[:, None], input_precision="ieee")
+            else:
+                acc = tl.dot(p.to(c.dtype), c, acc * alpha[:, None])
+            m = m_new
+    if SPLIT:
+        o_rows = o_ptr + t * stride_ot + heads[:, None] * stride_oh + pid_s * stride_os
+        tl.store(o_rows + offs_r[None, :], acc, mask=mask_h[:, None] & mask_r[None, :])
+        ml_rows = ml_ptr + t * stride_mt + heads * stride_mh + pid_s * 2
+        tl.store(ml_rows, m, mask=mask_h)
+        tl.store(ml_rows + 1, lsum, mask=mask_h)
+    else:
+        o_rows = o_ptr + t * stride_ot + heads[:, None] * stride_oh
+        o = (acc / lsum[:, None]).to(o_ptr.dtype.element_ty)
+        tl.store(o_rows + offs_r[None, :], o, mask=mask_h[:, None] & mask_r[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_ptr,
+    ml_ptr,
+    o_ptr,
+    num_splits,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_mt,
+    stride_mh,
+    stride_ot,
+    stride_oh,
+    R: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    h = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_s = offs_s < num_splits
+    ml_rows = ml_ptr + t * stride_mt + h * stride_mh + offs_s * 2
+    m = tl.load(ml_rows, mask=mask_s, other=-1.0e30)
+    lsum = tl.load(ml_rows + 1, mask=mask_s, other=0.0)
+    w = tl.exp2(m - tl.max(m, axis=0))  # [BLOCK_S]; empty splits have lsum = 0, acc = 0
+    parts = part_ptr + t * stride_pt + h * stride_ph + offs_s[:, None] * stride_ps
+    acc = tl.load(parts + offs_r[None, :], mask=mask_s[:, None] & (offs_r < R)[None, :], other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
+    o_row = o_ptr + t * stride_ot + h * stride_oh + offs_r
+    tl.store(o_row, o.to(o_ptr.dtype.element_ty), mask=offs_r < R)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # TRITON_INTERPRET on CPU tensors: exercise the split path on tiny shapes
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _num_splits(num_rows: int, num_head_blocks: int, num_idx: int, device: torch.device) -> int:
+    programs = num_rows * num_head_blocks
+    wanted = triton.cdiv(PROGRAMS_PER_SM * _num_sms(device), programs)
+    return max(1, min(wanted, triton.cdiv(num_idx, max(BLOCK_N, MIN_IDX_PER_SPLIT))))
+
+
+def sparse_latent_attention(
+    q_lat: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    row_seq: torch.Tensor,
+    topk_indices: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Latent-space attention of each row over its selected tokens (the Triton part).
+
+    Args:
+        q_lat: [T, H, R]; q_rope: [T, H, Dr] (last dims contiguous; same dtype).
+        latent_cache: [P, B, R + Dr]; block_tables: [N, max_blocks] int32.
+        row_seq: [T] int32 sequence of each row; topk_indices: [T, k] int32 (-1 = none).
+        scale: softmax scale.
+    Returns: o_lat [T, H, R] in q_lat's dtype (softmax in fp32). A row selecting no token
+        gives NaN (the reference raises; checking here would cost a host sync).
+    """
+    num_rows, num_heads, rank = q_lat.shape
+    dr, num_idx = q_rope.shape[-1], topk_indices.shape[1]
+    o_lat = q_lat.new_empty(num_rows, num_heads, rank)
+    if num_rows == 0:
+        return o_lat
+    if q_lat.stride(-1) != 1 or q_rope.stride(-1) != 1 or latent_cache.stride(-1) != 1:
+        raise ValueError("sparse_mla: q_lat, q_rope and the cache need a contiguous last dim")
+    topk_indices = topk_indices.to(torch.int32)
+    block_h = min(BLOCK_H, max(16, triton.next_power_of_2(num_heads)))
+    num_head_blocks = triton.cdiv(num_heads, block_h)
+    splits = _num_splits(num_rows, num_head_blocks, num_idx, q_lat.device)
+    per_split = triton.cdiv(triton.cdiv(num_idx, BLOCK_N), splits) * BLOCK_N
+    splits = triton.cdiv(num_idx, per_split)
+    block_r = max(16, triton.next_power_of_2(rank))
+    if splits > 1:
+        part = torch.empty(num_rows, num_heads, splits, rank, device=q_lat.device)
+        ml = torch.empty(num_rows, num_heads, splits, 2, device=q_lat.device)
+        out, strides = part, (part.stride(0), part.stride(1), part.stride(2))
+    else:
+        ml = o_lat
+        out, strides = o_lat, (o_lat.stride(0), o_lat.stride(1), 0)
+    _sparse_mla_kernel[(num_head_blocks, num_rows, splits)](
+        q_lat, q_rope, latent_cache, block_tables, row_seq, topk_indices, out, ml,
+        num_heads, num_idx, per_split,
+        q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
+        latent_cache.stride(0), latent_cache.stride(1), block_tables.stride(0),
+        topk_indices.stride(0), *strides, ml.stride(0), ml.stride(1),
+        scale * _LOG2E,
+        R=rank,
+        DR=dr,
+        PAGE=latent_cache.shape[1],
+        BLOCK_H=block_h,
+        BLOCK_R=block_r,
+        BLOCK_DR=max(16, triton.next_power_of_2(dr)),
+        BLOCK_N=BLOCK_N,
+        SPLIT=splits > 1,
+        IEEE=_ieee(q_lat),
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )  # fmt: skip
+    if splits > 1:
+        _merge_splits_kernel[(num_heads, num_rows)](
+            part, ml, o_lat, splits,
+            part.stride(0), part.stride(1), part.stride(2), ml.stride(0), ml.stride(1),
+            o_lat.stride(0), o_lat.stride(1),
+            R=rank,
+            BLOCK_R=block_r,
+            BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            num_warps=4,
+        )  # fmt: skip
+    return o_lat
+
+
+def sparse_mla(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    topk_indices: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """MLA of each new token over its selected tokens only (CUDA tensors).
+
+    Args and result as `reference.sparse_mla` ([T, H, Dv] in q's dtype), except that a row
+    selecting no token gives NaN instead of raising ValueError (no host sync). Differences from
+    the reference are fp32 rounding: scores and the softmax run in fp32, probabilities enter the
+    value sum in the latent dtype.
+    """
+    num_rows, num_heads, dn = q_nope.shape
+    w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
+    q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R] (strided)
+    row_seq = row_sequences(cu_seqlens, num_rows)
+    o_lat = sparse_latent_attention(
+        q_lat, q_rope, latent_cache, block_tables, row_seq, topk_indices, scale
+    )
+    return torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, Dv]
+
+
+def dense_topk_indices(
+    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], topk: int, num_rows: int
+) -> torch.Tensor:
+    """The causal "every visible token" selection: row t at position p gets 0 .. min(p, k - 1).
+
+    For rows with p < k this is exactly the set the indexer selects (all visible tokens), so
+    `sparse_mla` over it is dense causal MLA and the indexer can be skipped; rows with p >= k
+    get the first k positions, a placeholder the caller overwrites with the indexer's choice.
+
+    Args:
+        cu_seqlens: [N + 1] int32; seq_lens: N host ints (including this step's tokens);
+        topk: k; num_rows: T (= cu_seqlens[-1], passed to avoid a host sync).
+    Returns: [T, k] int32 positions ascending, -1 padded. Any device (pure PyTorch).
+    """
+    _, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    cols = torch.arange(topk, device=cu_seqlens.device)
+    return torch.where(cols[None, :] <= row_pos[:, None], cols, -1).to(torch.int32)
