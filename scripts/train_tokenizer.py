@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from hyla.training.stdlib_data import iter_modules, read_source
 
@@ -25,7 +25,6 @@ SPECIAL_TOKENS = [EOS, PAD]
 # Chat turns become Python comments; the assistant's turn is plain code. The model was trained on
 # code only, so a request reads to it like a commented file it continues.
 CHAT_TEMPLATE = (
-    "{{ bos_token }}"
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}{{ message['content'] }}\n"
     "{% else %}# {{ message['content'] | replace('\\n', '\\n# ') }}\n{% endif %}"
@@ -43,7 +42,10 @@ def train_texts() -> Iterator[str]:
 def build_tokenizer(vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE (GPT-2 style pre-tokenization, no prefix space) on the train split.
 
-    The post-processor prepends `<|endoftext|>` (the BOS of every training document).
+    No post-processor: encodings carry no `<|endoftext|>`. Training windows are mostly slices
+    from inside the document stream, so a prompt without it reads as code to continue; with it,
+    the model expects a new document, and every synthetic retrieval document starts that way
+    (docs/model_card.md, "Prompt format").
     """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -56,10 +58,6 @@ def build_tokenizer(vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(train_texts(), trainer=trainer)
-    eos_id = tok.token_to_id(EOS)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{EOS} $A", pair=f"{EOS} $A {EOS} $B", special_tokens=[(EOS, eos_id)]
-    )
     return tok
 
 

@@ -23,7 +23,7 @@ from hyla.training.metrics import bits_per_byte, token_byte_lengths
 from hyla.training.recipe import MAX_CHECKPOINT_BYTES, build_model
 from hyla.training.stdlib_data import split_of, stdlib_root
 
-# The first 512 tokens of `unittest/suite.py` (held out): measured 0.84 bits/byte for the shipped
+# The first 512 tokens of `unittest/suite.py` (held out): measured 0.83 bits/byte for the shipped
 # model (CPython 3.11 source, fp32, SequenceRunner) and 2.94 for random weights of the same
 # architecture. The bound leaves room for other Python versions' copies of the file.
 HELDOUT_MODULE = "unittest.suite"
@@ -61,12 +61,13 @@ def test_hf_tokenizer_and_chat_template():
 
     tok = AutoTokenizer.from_pretrained(default_model_path(), local_files_only=True)
     ids = tok("def fibonacci(n):")["input_ids"]
-    assert ids[0] == tok.bos_token_id == tok.eos_token_id
-    assert tok.decode(ids, skip_special_tokens=True) == "def fibonacci(n):"
+    # no <|endoftext|> in front: a prompt continues the code stream (docs/model_card.md)
+    assert tok.bos_token_id == tok.eos_token_id not in ids
+    assert tok.decode(ids) == "def fibonacci(n):"
     text = tok.apply_chat_template(
         [{"role": "user", "content": "add two numbers"}], tokenize=False, add_generation_prompt=True
     )
-    assert text == "<|endoftext|># add two numbers\n"
+    assert text == "# add two numbers\n"
 
 
 def _greedy(model, ids: list[int], num_new: int) -> list[int]:
@@ -128,7 +129,7 @@ def _retrieval_cases(tokenizer) -> list[tuple[list[int], list[int]]]:
         code = tokenizer.encode(path.read_text(), add_special_tokens=False).ids
         offset = rng.randrange(0, max(1, len(code) - RETRIEVAL_BODY_TOKENS))
         name, value = RetrievalDocs.random_pair(rng)
-        head = tokenizer.encode(f"{name} = {value}\n\n").ids  # starts with <|endoftext|>
+        head = tokenizer.encode(f"{name} = {value}\n\n").ids
         tail = tokenizer.encode(f"\nassert {name} ==", add_special_tokens=False).ids
         prompt = head + code[offset : offset + RETRIEVAL_BODY_TOKENS] + tail
         cases.append((prompt, tokenizer.encode(f" {value}", add_special_tokens=False).ids))

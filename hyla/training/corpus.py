@@ -66,6 +66,18 @@ def sample_windows(tokens: np.ndarray, n: int, length: int, rng: np.random.Gener
     return np.stack([tokens[s : s + length] for s in starts]).astype(np.int64)
 
 
+def doc_start_windows(
+    tokens: np.ndarray, docs: list, n: int, length: int, rng: np.random.Generator
+) -> np.ndarray:
+    """`n` windows of `length` tokens that each start at a random document's leading <eos>
+    (docs: the split's [name, start, size, ...] rows). Returns [n, length] int64."""
+    if n == 0:
+        return np.zeros((0, length), dtype=np.int64)
+    picks = rng.integers(0, len(docs), size=n)
+    starts = [min(int(docs[i][1]), len(tokens) - length) for i in picks]
+    return np.stack([tokens[s : s + length] for s in starts]).astype(np.int64)
+
+
 @dataclass
 class RetrievalDoc:
     """A synthetic document: `ids` plus where each asked value starts and ends (token indices)."""

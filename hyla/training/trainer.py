@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from hyla.models.hybrid import HybridModel
 from hyla.models.loader import load_model
-from hyla.training.corpus import RetrievalDocs, load_split, sample_windows
+from hyla.training.corpus import RetrievalDocs, doc_start_windows, load_split, sample_windows
 from hyla.training.forward import train_forward
 from hyla.training.metrics import answer_correct, bits_per_byte, token_byte_lengths
 from hyla.training.recipe import build_model, default_model_config, save_checkpoint
@@ -46,6 +46,7 @@ class TrainConfig:
     warmup_steps: int = 100
     weight_decay: float = 0.1
     retrieval_fraction: float = 0.25
+    doc_start_fraction: float = 0.0  # of the code windows: start at a document's <eos>
     min_keys: int = 1
     max_keys: int = 4
     spread_queries: bool = False
@@ -76,7 +77,10 @@ def make_batch(
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]:
     """Returns (ids [N, L + 1] int64, loss weights [N, L], answer spans (row, start, end))."""
     n_ret = round(cfg.batch_size * cfg.retrieval_fraction)
-    rows = list(sample_windows(tokens, cfg.batch_size - n_ret, cfg.seq_len + 1, rng_np))
+    n_code = cfg.batch_size - n_ret
+    n_start = round(n_code * cfg.doc_start_fraction)
+    rows = list(sample_windows(tokens, n_code - n_start, cfg.seq_len + 1, rng_np))
+    rows += list(doc_start_windows(tokens, docs.docs, n_start, cfg.seq_len + 1, rng_np))
     weights = torch.ones(cfg.batch_size, cfg.seq_len)
     spans = []
     for _ in range(n_ret):
@@ -92,7 +96,8 @@ def make_batch(
 
 def compute_loss(model, cfg, ids, weights, sparse):
     inputs, targets = ids[:, :-1], ids[:, 1:]
-    with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16):
+    on_gpu = ids.device.type == "cuda"  # bf16 matmuls are slow on CPUs: fp32 there
+    with torch.autocast(device_type=ids.device.type, dtype=torch.bfloat16, enabled=on_gpu):
         hidden, aux = train_forward(model, inputs, sparse=sparse, chunk_size=cfg.chunk_size)
         logits = model.compute_logits(hidden)
     ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
