@@ -103,7 +103,7 @@ def _indexer_key_kernel(
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_h = tl.arange(0, BLOCK_H)
+    offs_h = tl.arange(0, BLOCK_H).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     mask_h = offs_h < HI
     mask_d = offs_d < DI
@@ -169,6 +169,10 @@ def _launch(
     num_heads, head_dim = q.shape[1], q.shape[2]
     if q.stride(2) != 1 or index_key_cache.stride(2) != 1:
         raise ValueError("lightning_indexer_topk: q and the key cache need a contiguous last dim")
+    # the kernel reads these with unit strides along their last dim (no-ops when contiguous)
+    weights, block_tables = weights.contiguous(), block_tables.contiguous()
+    if index_key_scale is not None:
+        index_key_scale = index_key_scale.contiguous()
     scale_arg = index_key_scale if index_key_scale is not None else weights
     grid = (triton.cdiv(num_cols, BLOCK_N), triton.cdiv(num_rows, block_t))
     _indexer_key_kernel[grid](

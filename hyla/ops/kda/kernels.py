@@ -196,6 +196,8 @@ def fused_recurrent(
             use_qk_l2norm_in_kernel=use_qk_l2norm,
             out=torch.empty_like(v1),  # every row is written: no memset
         )
+    if h0 is not initial_state and not pooled:  # fla wrote our copy: honour inplace_state
+        final = final_state(initial_state, final, inplace_state)
     return o[0], final
 
 
@@ -234,6 +236,11 @@ def recurrent_kda(
             returned as final_state; a decode step (T == N) on a float32 pool does this inside
             fla's kernel (`ssm_state_indices`) without gathering or scattering. Without
             `inplace_state` the pool is untouched and final_state is [N, HV, K, V].
+            Precondition of that in-kernel path (not checked: it would sync the device): T == N
+            means one token per sequence. fla addresses the slot of token j of sequence i as
+            `state_indices[i + j]`, so cu_seqlens with an empty sequence and a 2-token one
+            (T == N, e.g. [0, 0, 2]) writes another sequence's slot or reads past
+            `state_indices`.
     Returns:
         o: [T, HV, V] in v's dtype; final_state: [N, HV, K, V] float32 (or the pool, above).
     Raises:

@@ -87,6 +87,7 @@ def _launch(
     offset: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     shape, D = x.shape, x.shape[-1]
+    weight = weight.contiguous()  # read with unit stride (a no-op for parameters)
     x2 = _rows(x)
     y = torch.empty_like(x2)
     r2 = _rows(residual) if residual is not None else x2

@@ -69,6 +69,7 @@ def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
     T = values.shape[0]
     if T == 0:
         return
+    slot_mapping = slot_mapping.contiguous()  # the kernel reads slot t at offset t
     E = cache[0, 0].numel()
     flat = _raw(cache).view(cache.shape[0] * cache.shape[1], E)  # [P * B, E]
     rows = _raw(values.to(cache.dtype)).reshape(T, E).contiguous()  # [T, E]

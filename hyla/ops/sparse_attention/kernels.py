@@ -81,7 +81,9 @@ def _sparse_mla_kernel(
     pid_h = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     pid_s = tl.program_id(2)
-    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    # int64: q_lat is a transposed bmm result, head stride T * R (past 2^31 elements at ~33k
+    # rows with H = 128, R = 512)
+    heads = (pid_h * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     offs_dr = tl.arange(0, BLOCK_DR)
     mask_h = heads < num_heads
@@ -215,7 +217,8 @@ def sparse_latent_attention(
         return o_lat
     if q_lat.stride(-1) != 1 or q_rope.stride(-1) != 1 or latent_cache.stride(-1) != 1:
         raise ValueError("sparse_mla: q_lat, q_rope and the cache need a contiguous last dim")
-    topk_indices = topk_indices.to(torch.int32)
+    topk_indices = topk_indices.to(torch.int32).contiguous()  # the kernel reads unit strides
+    block_tables = block_tables.contiguous()
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(num_heads)))
     num_head_blocks = triton.cdiv(num_heads, block_h)
     splits = _num_splits(num_rows, num_head_blocks, num_idx, q_lat.device)
