@@ -15,6 +15,7 @@ from hyla.forward_batch import ForwardBatch
 from hyla.layers.attention import MLAProjection, MLAttention, select_sequences
 from hyla.layers.linear import Linear
 from hyla.ops.dsa_indexer import lightning_indexer_topk
+from hyla.ops.gpu import use_triton
 from hyla.ops.paged import write_paged
 from hyla.ops.rotary import apply_rope
 from hyla.ops.sparse_attention import sparse_mla
@@ -93,7 +94,7 @@ class DSAttention(MLAttention):
         dense = [i for i in range(batch.num_seqs) if seq_lens[i] <= self.index_topk]
         sparse = [i for i in range(batch.num_seqs) if seq_lens[i] > self.index_topk]
         out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
-        if hidden_states.is_cuda:
+        if use_triton(hidden_states):  # Triton kernels: one sparse_mla call for all rows
             self.attend_selected(out, proj, index_q, index_w, batch, sparse)
             return self.o_proj(out.flatten(1))
         self.attend_dense(out, proj, batch, dense)

@@ -10,6 +10,7 @@ import torch
 
 from hyla.ops.dsa_indexer import reference
 from hyla.ops.dsa_indexer.reference import indexer_scores, select_topk
+from hyla.ops.gpu import use_triton
 
 
 def lightning_indexer_topk(
@@ -29,7 +30,7 @@ def lightning_indexer_topk(
     `index_key_scale` [P, B] float32: per-token scales of an fp8 (float8_e4m3fn) key cache
     (key = fp8 value * scale); None for bf16/fp32 keys.
     """
-    if q.is_cuda:
+    if use_triton(q):
         from hyla.ops.dsa_indexer import kernels
 
         return kernels.lightning_indexer_topk(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from hyla.ops.gpu import use_triton
 from hyla.ops.norm import reference
 from hyla.ops.norm.reference import gated_rms_norm
 
@@ -16,7 +17,7 @@ def rms_norm(
 ) -> torch.Tensor:
     """`x / sqrt(mean(x^2) + eps) * (offset + weight)` over the last dim; see
     `reference.rms_norm` (shapes, dtypes). CUDA tensors use the Triton kernel."""
-    if x.is_cuda:
+    if use_triton(x):
         from hyla.ops.norm import kernels
 
         if kernels.supports(x, weight):
@@ -33,7 +34,7 @@ def fused_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`h = x + residual; return rms_norm(h), h`; see `reference.fused_add_rms_norm`. CUDA
     tensors use one Triton kernel."""
-    if x.is_cuda:
+    if use_triton(x):
         from hyla.ops.norm import kernels
 
         if kernels.supports(x, weight, residual):

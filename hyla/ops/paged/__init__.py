@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from hyla.ops.gpu import use_triton
 from hyla.ops.paged import reference
 from hyla.ops.paged.reference import (
     gather_paged,
@@ -25,7 +26,7 @@ __all__ = [
 def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
     """Store `values[t]` at flat slot `slot_mapping[t]` of `cache` ([P, B, ...]), in place; see
     `reference.write_paged`. CUDA tensors use one Triton launch, which also skips slots < 0."""
-    if cache.is_cuda:
+    if use_triton(cache):
         from hyla.ops.paged import kernels
 
         if kernels.supports(cache, slot_mapping, values):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from hyla.ops.gpu import use_triton
 from hyla.ops.sparse_attention import reference
 
 
@@ -21,7 +22,7 @@ def sparse_mla(
     """MLA of each new token over its selected tokens: `reference.sparse_mla` (args, [T, H, Dv]
     result), dispatched to `kernels.sparse_mla` for CUDA tensors (which returns NaN rows instead
     of raising when a row selects no token)."""
-    if q_nope.is_cuda:
+    if use_triton(q_nope):
         from hyla.ops.sparse_attention import kernels
 
         return kernels.sparse_mla(
