@@ -93,13 +93,15 @@ def bench_prefill(kind: str, T: int, N: int, gen: torch.Generator) -> dict:
     hyla_op = kda.chunk_kda if kind == "kda" else gdn.chunk_gated_delta_rule
     fla_op = fla_kda if kind == "kda" else fla_gdr
 
+    # Both sides get a fresh cu_seqlens tensor per call, as a serving step does: fla caches its
+    # chunk plan per cu_seqlens tensor, and a reused tensor would hide that cost from one side.
     def fla() -> None:
         q, k, v, g, beta = rows
         fla_op(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True,
-               use_qk_l2norm_in_kernel=True, cu_seqlens=cu_long)  # fmt: skip
+               use_qk_l2norm_in_kernel=True, cu_seqlens=cu_long.clone())  # fmt: skip
 
     def hyla() -> None:
-        hyla_op(*args, x["cu"], h0, use_qk_l2norm=True, inplace_state=True)
+        hyla_op(*args, x["cu"].clone(), h0, use_qk_l2norm=True, inplace_state=True)
 
     rep = 30 if T > 50_000 else 60
     t_fla, t_hyla = _us(fla, rep), _us(hyla, rep)

@@ -83,7 +83,7 @@ def chunk_gated_delta_rule(
     """
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gdr
 
-    cu_host = host_offsets(q, k, v, g, beta, cu_seqlens, initial_state, 2, chunk_size)
+    cu_long, cu_host = host_offsets(q, k, v, g, beta, cu_seqlens, initial_state, 2, chunk_size)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     with on_device(v):
         o, final = fla_chunk_gdr(
@@ -96,7 +96,7 @@ def chunk_gated_delta_rule(
             initial_state=h0,
             output_final_state=True,
             use_qk_l2norm_in_kernel=use_qk_l2norm,
-            cu_seqlens=cu_seqlens.long(),
+            cu_seqlens=cu_long,
             cu_seqlens_cpu=cu_host,
             chunk_size=chunk_size if chunk_size in FLA_GDN_CHUNK_SIZES else 64,
         )

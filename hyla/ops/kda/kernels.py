@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -253,6 +254,28 @@ def recurrent_kda(
     )  # fmt: skip
 
 
+class _VarlenOffsets:
+    """One step's `cu_seqlens` as fla wants it: an int64 device tensor and an int64 host copy,
+    remembered for the last `cu_seqlens` object seen. Every linear layer of a step passes the
+    same `batch.cu_seqlens`, so they all hand fla the same two tensors, and fla's chunk plan
+    (memoized by tensor identity, `fla.utils.tensor_cache`) is computed once per step instead of
+    once per layer. The host copy costs one device sync per step."""
+
+    def __init__(self) -> None:
+        self._key: weakref.ref | None = None
+        self._value: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._key is not None and self._key() is cu_seqlens and self._value is not None:
+            return self._value
+        value = (cu_seqlens.long(), cu_seqlens.to("cpu", torch.int64))
+        self._key, self._value = weakref.ref(cu_seqlens), value
+        return value
+
+
+varlen_offsets = _VarlenOffsets()
+
+
 def host_offsets(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -263,14 +286,14 @@ def host_offsets(
     initial_state: torch.Tensor | None,
     g_dims: int,
     chunk_size: int,
-) -> torch.Tensor:
-    """Validate a chunked call (`reference.check_delta_inputs`) on a host copy of cu_seqlens;
-    returns that copy as int64 (fla plans its chunks from it without another sync)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a chunked call (`reference.check_delta_inputs`) on the host copy of cu_seqlens;
+    returns (cu_seqlens int64 on the device, the host copy), both from `varlen_offsets`."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
-    cu_host = cu_seqlens.to("cpu", torch.int64)
+    cu_long, cu_host = varlen_offsets(cu_seqlens)
     check_delta_inputs(q, k, v, g, beta, cu_host, initial_state, g_dims)
-    return cu_host
+    return cu_long, cu_host
 
 
 def final_state(
@@ -309,7 +332,7 @@ def chunk_kda(
     """
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
-    cu_host = host_offsets(q, k, v, g, beta, cu_seqlens, initial_state, 3, chunk_size)
+    cu_long, cu_host = host_offsets(q, k, v, g, beta, cu_seqlens, initial_state, 3, chunk_size)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     with on_device(v):
         o, final = fla_chunk_kda(
@@ -322,7 +345,7 @@ def chunk_kda(
             initial_state=h0,
             output_final_state=True,
             use_qk_l2norm_in_kernel=use_qk_l2norm,
-            cu_seqlens=cu_seqlens.long(),
+            cu_seqlens=cu_long,
             cu_seqlens_cpu=cu_host,
             chunk_size=chunk_size if chunk_size in FLA_KDA_CHUNK_SIZES else 64,
         )
