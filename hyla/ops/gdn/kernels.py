@@ -15,14 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from hyla.ops.kda.kernels import (
-    check_step_shapes,
-    final_state,
-    fla_rows,
-    fused_recurrent,
-    host_offsets,
-    on_device,
-)
+from hyla.ops.kda.kernels import check_step_shapes, fused_recurrent, run_fla_chunk
 
 FLA_GDN_CHUNK_SIZES = (16, 32, 64)
 
@@ -83,21 +76,7 @@ def chunk_gated_delta_rule(
     """
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gdr
 
-    cu_long, cu_host = host_offsets(q, k, v, g, beta, cu_seqlens, initial_state, 2, chunk_size)
-    h0 = None if initial_state is None else initial_state.float().contiguous()
-    with on_device(v):
-        o, final = fla_chunk_gdr(
-            fla_rows(q),
-            fla_rows(k),
-            fla_rows(v),
-            fla_rows(g),
-            fla_rows(beta),
-            scale=scale,
-            initial_state=h0,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=use_qk_l2norm,
-            cu_seqlens=cu_long,
-            cu_seqlens_cpu=cu_host,
-            chunk_size=chunk_size if chunk_size in FLA_GDN_CHUNK_SIZES else 64,
-        )
-    return o[0].to(v.dtype), final_state(initial_state, final, inplace_state)
+    inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
+    fla_chunk_size = chunk_size if chunk_size in FLA_GDN_CHUNK_SIZES else 64
+    return run_fla_chunk(fla_chunk_gdr, inputs, 2, scale, use_qk_l2norm, chunk_size,
+                         fla_chunk_size, inplace_state)  # fmt: skip

@@ -305,6 +305,38 @@ def final_state(
     return final
 
 
+def run_fla_chunk(
+    fla_fn: DeltaRuleOp,
+    inputs: tuple,
+    g_dims: int,
+    scale: float | None,
+    use_qk_l2norm: bool,
+    chunk_size: int,
+    fla_chunk_size: int,
+    inplace_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fla chunked delta-rule call (`chunk_kda` or `chunk_gated_delta_rule`) on hyla's packed
+    inputs (q, k, v, g, beta, cu_seqlens, initial_state): validates them, reshapes to fla's
+    [1, T, ...] varlen layout and returns (o in v's dtype, final state; see `final_state`)."""
+    q, k, v, g, beta, cu_seqlens, initial_state = inputs
+    cu_long, cu_host = host_offsets(
+        q, k, v, g, beta, cu_seqlens, initial_state, g_dims, chunk_size
+    )
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    with on_device(v):
+        o, final = fla_fn(
+            *(fla_rows(x) for x in (q, k, v, g, beta)),
+            scale=scale,
+            initial_state=h0,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=use_qk_l2norm,
+            cu_seqlens=cu_long,
+            cu_seqlens_cpu=cu_host,
+            chunk_size=fla_chunk_size,
+        )
+    return o[0].to(v.dtype), final_state(initial_state, final, inplace_state)
+
+
 def chunk_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -332,21 +364,7 @@ def chunk_kda(
     """
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
-    cu_long, cu_host = host_offsets(q, k, v, g, beta, cu_seqlens, initial_state, 3, chunk_size)
-    h0 = None if initial_state is None else initial_state.float().contiguous()
-    with on_device(v):
-        o, final = fla_chunk_kda(
-            fla_rows(q),
-            fla_rows(k),
-            fla_rows(v),
-            fla_rows(g),
-            fla_rows(beta),
-            scale=scale,
-            initial_state=h0,
-            output_final_state=True,
-            use_qk_l2norm_in_kernel=use_qk_l2norm,
-            cu_seqlens=cu_long,
-            cu_seqlens_cpu=cu_host,
-            chunk_size=chunk_size if chunk_size in FLA_KDA_CHUNK_SIZES else 64,
-        )
-    return o[0].to(v.dtype), final_state(initial_state, final, inplace_state)
+    inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
+    fla_chunk_size = chunk_size if chunk_size in FLA_KDA_CHUNK_SIZES else 64
+    return run_fla_chunk(fla_chunk_kda, inputs, 3, scale, use_qk_l2norm, chunk_size,
+                         fla_chunk_size, inplace_state)  # fmt: skip
