@@ -1,5 +1,6 @@
-"""fla wrapper host side: every layer of a step gets the same int64 cu_seqlens tensors (fla memoizes its
-chunk plan by tensor identity), and never a stale copy for a new step's tensor."""
+"""The fla wrappers' host side: every layer of a step gets the same int64 cu_seqlens tensors
+(fla memoizes its chunk plan by tensor identity), never a stale copy for a new step's tensor,
+and the chunk wrapper's plumbing reproduces the reference."""
 
 import gc
 
