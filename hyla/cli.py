@@ -44,7 +44,7 @@ def _check_options(engine_options: dict[str, Any]) -> None:
     tokenizer files, before loading any weights (torch and the loader would raise tracebacks
     or, for the tokenizer, silently serve without one)."""
     device = engine_options.get("device")
-    if device is not None:
+    if device is not None and device != "auto":
         import torch
 
         try:

@@ -563,7 +563,10 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     max_model_len: int | None = None
     dtype: str | None = None
-    device: str = "cpu"
+    device: str = field(
+        default="auto",
+        metadata={"help": "Torch device: cpu, cuda, cuda:N, or auto (cuda when available)."},
+    )
     seed: int = 0
     tokenizer: str | None = None
     request_timeout: float | None = None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hyla.config import ModelConfig
-from hyla.engine.llm_engine import LLMEngine
+from hyla.engine.llm_engine import LLMEngine, resolve_device
 from hyla.request import InvalidRequestError, RequestOutput, SamplingParams
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -67,7 +67,7 @@ def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> 
     if isinstance(model, ModelConfig):
         from hyla.config import EngineConfig
 
-        config = EngineConfig.from_kwargs(**overrides)
+        config = resolve_device(EngineConfig.from_kwargs(**overrides))
         net = random_model(model, config.seed, config.device)
         return LLMEngine(net, None, config)
     return LLMEngine.from_path(model, **overrides)

@@ -13,12 +13,15 @@ All public methods take one lock, so another thread (the async server loop) may 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from hyla.cache.manager import CacheManager
 from hyla.config import ConfigError, EngineConfig, ModelConfig
@@ -132,7 +135,7 @@ class LLMEngine:
         from hyla.engine.llm import load_tokenizer
         from hyla.models.loader import load_model
 
-        config = EngineConfig.from_kwargs(**overrides)
+        config = resolve_device(EngineConfig.from_kwargs(**overrides))
         directory = Path(path) if path is not None else DEFAULT_MODEL_DIR
         if not directory.exists():
             raise FileNotFoundError(f"model: {directory} does not exist")
@@ -385,6 +388,13 @@ class LLMEngine:
 
 def _index(seq_id: str) -> int:
     return int(seq_id.rsplit("#", 1)[1])
+
+
+def resolve_device(config: EngineConfig) -> EngineConfig:
+    """`config` with device "auto" replaced by "cuda" when torch sees a GPU, else "cpu"."""
+    if config.device != "auto":
+        return config
+    return dataclasses.replace(config, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _load_dtype(config: EngineConfig) -> str | None:
