@@ -44,21 +44,10 @@ LINEAR, FULL = "linear_attention", "full_attention"
 
 
 def git_commit() -> str:
-    """HEAD's commit from the .git files (no git command), or "unknown"."""
-    git = ROOT / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head
-        ref = head[5:]
-        if (git / ref).exists():
-            return (git / ref).read_text().strip()
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0]
-    except OSError:
-        pass
-    return "unknown"
+    """HEAD's commit (`bench/throughput.py` reads the .git files, no git command), or "unknown"."""
+    from throughput import git_commit as read_head
+
+    return read_head() or "unknown"
 
 
 def sync(device: str) -> None:
