@@ -26,7 +26,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -165,11 +164,9 @@ def bench_decode(kind: str, B: int, gen: torch.Generator, bandwidth: float) -> d
 
 
 def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
+    from throughput import git_commit  # bench/throughput.py: reads .git without git
+
+    return git_commit() or "unknown"
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from hyla.config import (  # noqa: E402
     MLAConfig,
     ModelConfig,
 )
+from hyla.engine.llm import randomize_weights  # noqa: E402
 from hyla.engine.llm_engine import LLMEngine  # noqa: E402
 from hyla.models.loader import build_empty_model  # noqa: E402
 from hyla.request import SamplingParams  # noqa: E402
@@ -64,21 +65,10 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     )  # fmt: skip
 
 
-@torch.no_grad()
 def random_model(config: ModelConfig, seed: int, device: str):
     """`hyla.engine.llm.random_model`'s initialisation, on parameters allocated the way the
     loader allocates them (config.dtype, on the device)."""
-    model = build_empty_model(config, device)
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if p.dim() >= 2:
-            values = torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5
-        elif "norm" in name:
-            values = torch.full(p.shape, 1.0 - config.norm_offset)
-        else:
-            values = 0.02 * torch.randn(p.shape, generator=gen)
-        p.copy_(values)
-    return model.eval()
+    return randomize_weights(build_empty_model(config, device), seed).eval()
 
 
 def make_engine(model, args: argparse.Namespace) -> LLMEngine:

@@ -50,10 +50,10 @@ class ForwardBatch:
         block_tables: [N, max_blocks] int32 block ids (rows padded with 0 past the sequence).
         slot_mapping: [T] int64 flat cache slot of each new token.
         state_indices: [N] int64 state slot of each sequence (linear layers).
+        state_indices_host: the same slots as a host list (reading the tensor would cost a
+            device sync on a GPU).
         block_size: tokens per block B.
         caches: per layer index, that layer's cache tensors by name (see `hyla.cache.spec`).
-        state_indices_host: host list of `state_indices` (empty when not given: read the
-            tensor, which costs a device sync on a GPU).
     """
 
     positions: torch.Tensor
@@ -63,9 +63,9 @@ class ForwardBatch:
     block_tables: torch.Tensor
     slot_mapping: torch.Tensor
     state_indices: torch.Tensor
+    state_indices_host: list[int]
     block_size: int
     caches: list[LayerCache] = field(default_factory=list)
-    state_indices_host: list[int] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -146,9 +146,7 @@ def build_forward_batch(
             slots.append(table[pos // block_size] * block_size + pos % block_size)
     width = max((len(t) for t in block_tables), default=0) or 1
     padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
-    cu = [0]
-    for q in query_lens:
-        cu.append(cu[-1] + q)
+    cu = list(itertools.accumulate(query_lens, initial=0))
     return ForwardBatch(
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
@@ -157,7 +155,7 @@ def build_forward_batch(
         block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(-1, width),
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         state_indices=torch.tensor(state_indices, dtype=torch.long, device=device),
+        state_indices_host=list(state_indices),
         block_size=block_size,
         caches=caches,
-        state_indices_host=list(state_indices),
     )

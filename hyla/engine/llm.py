@@ -43,24 +43,30 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def random_model(config: ModelConfig, seed: int = 0, device: str = "cpu"):
-    """A `HybridModel` of `config` with seeded random weights, for smoke tests and benchmarks:
-    matrices ~ N(0, 1/fan_in), norm weights at unit scale, other vectors ~ N(0, 0.02)."""
-    import torch
-
+    """A `HybridModel` of `config` with seeded random weights (`randomize_weights`), for smoke
+    tests and benchmarks."""
     from hyla.models.hybrid import HybridModel
 
-    model = HybridModel(config)
+    return randomize_weights(HybridModel(config), seed).to(device).eval()
+
+
+def randomize_weights(model, seed: int = 0):
+    """Overwrite a `HybridModel`'s parameters in place (any device and dtype) with seeded random
+    values drawn on the CPU: matrices ~ N(0, 1/fan_in), norm weights at unit scale, other
+    vectors ~ N(0, 0.02). Returns `model`."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 values = torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5
             elif "norm" in name:
-                values = torch.full(p.shape, 1.0 - config.norm_offset)
+                values = torch.full(p.shape, 1.0 - model.config.norm_offset)
             else:
                 values = 0.02 * torch.randn(p.shape, generator=gen)
             p.copy_(values)
-    return model.to(device).eval()
+    return model
 
 
 def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> LLMEngine:

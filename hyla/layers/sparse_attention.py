@@ -93,10 +93,10 @@ class DSAttention(MLAttention):
         seq_lens = batch.seq_lens
         dense = [i for i in range(batch.num_seqs) if seq_lens[i] <= self.index_topk]
         sparse = [i for i in range(batch.num_seqs) if seq_lens[i] > self.index_topk]
-        out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
         if use_triton(hidden_states):  # Triton kernels: one sparse_mla call for all rows
-            self.attend_selected(out, proj, index_q, index_w, batch, sparse)
+            out = self.attend_selected(proj, index_q, index_w, batch, sparse)
             return self.o_proj(out.flatten(1))
+        out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
         self.attend_dense(out, proj, batch, dense)
         if sparse:
             self.attend_sparse(out, proj, index_q, index_w, batch, sparse)
@@ -104,34 +104,34 @@ class DSAttention(MLAttention):
 
     def attend_selected(
         self,
-        out: torch.Tensor,
         proj: MLAProjection,
         index_q: torch.Tensor,
         index_w: torch.Tensor,
         batch: ForwardBatch,
         sparse_ids: list[int],
-    ) -> None:
-        """CUDA path: fill all of `out` [T, H, Dv] with one `sparse_mla` call. Sequences of at
+    ) -> torch.Tensor:
+        """CUDA path: every row's attention [T, H, Dv] in one `sparse_mla` call. Sequences of at
         most k tokens select every visible token (`dense_topk_indices`: exact dense causal MLA,
         no indexer run); the rows of `sparse_ids` take the indexer's top-k."""
         from hyla.ops.sparse_attention.kernels import dense_topk_indices
 
         cache = batch.caches[self.layer_idx]
-        k, num_rows = self.index_topk, out.shape[0]
+        k = self.index_topk
         if len(sparse_ids) == batch.num_seqs:
             topk_indices = lightning_indexer_topk(
                 index_q, index_w, cache["index_keys"], batch.block_tables, batch.cu_seqlens,
                 batch.seq_lens, k, self.indexer.softmax_scale,
             )  # fmt: skip
         else:
+            num_rows = proj.q_nope.shape[0]
             topk_indices = dense_topk_indices(batch.cu_seqlens, batch.seq_lens, k, num_rows)
-        if sparse_ids and len(sparse_ids) < batch.num_seqs:
-            g = select_sequences(batch, sparse_ids)
-            topk_indices[g.rows] = lightning_indexer_topk(
-                index_q[g.rows], index_w[g.rows], cache["index_keys"], g.block_tables,
-                g.cu_seqlens, g.seq_lens, k, self.indexer.softmax_scale,
-            )  # fmt: skip
-        out[:] = sparse_mla(
+            if sparse_ids:
+                g = select_sequences(batch, sparse_ids)
+                topk_indices[g.rows] = lightning_indexer_topk(
+                    index_q[g.rows], index_w[g.rows], cache["index_keys"], g.block_tables,
+                    g.cu_seqlens, g.seq_lens, k, self.indexer.softmax_scale,
+                )  # fmt: skip
+        return sparse_mla(
             proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,
             topk_indices, self.kv_b_proj.weight, self.scale,
         )  # fmt: skip

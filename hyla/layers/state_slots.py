@@ -50,7 +50,7 @@ def _slot_range(
 ) -> tuple[slice, torch.Tensor | None] | None:
     """When this step's state slots are exactly the rows lo .. lo + N - 1 (fp32 states), that
     range and the batch positions in slot order (None if already in order); else None."""
-    slots = batch.state_indices_host or batch.state_indices.tolist()
+    slots = batch.state_indices_host
     lo = min(slots)
     if states.dtype != torch.float32 or sorted(slots) != list(range(lo, lo + len(slots))):
         return None

@@ -6,7 +6,7 @@ Each layer is pre-norm residual (as in all supported families):
     h = h + mlp(post_attention_layernorm(h))
 
 `HybridModel.forward` runs each add together with the norm that follows it
-(`DecoderLayer.forward_fused`, `hyla.ops.norm.fused_add_rms_norm`: one kernel on CUDA).
+(`DecoderLayer.forward`, `hyla.ops.norm.fused_add_rms_norm`: one kernel on CUDA).
 
 Mixer classes come from `MIXERS` by layer kind, FFN classes from `FFNS`; both registries are the
 only places that name concrete layer classes.
@@ -56,23 +56,17 @@ class DecoderLayer(nn.Module):
         self.mlp = _resolve(FFNS[config.ffn_pattern[layer_idx]])(config, layer_idx)
 
     def forward(
-        self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
-    ) -> torch.Tensor:
-        """hidden_states [T, D], positions [T] int64 -> [T, D] (the mixer updates its cache)."""
-        h = hidden_states + self.mixer(self.input_layernorm(hidden_states), positions, batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
-
-    def forward_fused(
         self,
         delta: torch.Tensor | None,
         residual: torch.Tensor,
         positions: torch.Tensor,
         batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` with each residual add fused into the norm after it (vLLM's convention):
-        the layer's input is `residual + delta` (delta None: just `residual`); returns
-        (mlp output, residual before that output is added), all [T, D]. Same numbers as
-        `forward`: the adds and norms are the same ops, only grouped."""
+        """The block of the module docstring with each residual add fused into the norm after
+        it (vLLM's convention): the layer's input is `residual + delta` (delta None: just
+        `residual`); returns (mlp output, residual before that output is added), all [T, D].
+        Same numbers as the unfused block: the adds and norms are the same ops, only grouped.
+        The mixer updates its cache."""
         if delta is None:
             x = self.input_layernorm(residual)
         else:
@@ -108,7 +102,7 @@ class HybridModel(nn.Module):
         their paged cache in place (`batch.caches`, see `hyla.forward_batch`)."""
         delta, residual = None, self.embed_tokens(input_ids)
         for layer in self.layers:
-            delta, residual = layer.forward_fused(delta, residual, positions, batch)
+            delta, residual = layer(delta, residual, positions, batch)
         if delta is None:
             return self.norm(residual)
         return self.norm.add_and_norm(delta, residual)[0]

@@ -86,7 +86,7 @@ class SequenceRunner:
         )
         hidden = self.model(input_ids, batch.positions, batch)
         out: dict[int, torch.Tensor] = {}
-        cu = batch.cu_seqlens.tolist()
+        cu = batch.cu_seqlens_host
         for n, i in enumerate(ids):
             self.lens[i] += len(chunks[i])
             rows = hidden[cu[n] : cu[n + 1]] if all_logits else hidden[cu[n + 1] - 1]

@@ -60,10 +60,14 @@ def load_split(data_dir: Path, split: str) -> tuple[np.ndarray, list]:
     return tokens, docs
 
 
+def _windows(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    """`tokens[s : s + length]` for each of `starts` [n]. Returns [n, length] int64."""
+    return tokens[starts[:, None] + np.arange(length)].astype(np.int64)
+
+
 def sample_windows(tokens: np.ndarray, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
     """`n` random windows of `length` tokens from the stream. Returns [n, length] int64."""
-    starts = rng.integers(0, len(tokens) - length, size=n)
-    return np.stack([tokens[s : s + length] for s in starts]).astype(np.int64)
+    return _windows(tokens, rng.integers(0, len(tokens) - length, size=n), length)
 
 
 def doc_start_windows(
@@ -71,11 +75,9 @@ def doc_start_windows(
 ) -> np.ndarray:
     """`n` windows of `length` tokens that each start at a random document's leading <eos>
     (docs: the split's [name, start, size, ...] rows). Returns [n, length] int64."""
-    if n == 0:
-        return np.zeros((0, length), dtype=np.int64)
     picks = rng.integers(0, len(docs), size=n)
     starts = [min(int(docs[i][1]), len(tokens) - length) for i in picks]
-    return np.stack([tokens[s : s + length] for s in starts]).astype(np.int64)
+    return _windows(tokens, np.asarray(starts, dtype=np.int64), length)
 
 
 @dataclass

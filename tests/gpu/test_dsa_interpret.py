@@ -89,6 +89,6 @@ def test_layer_attend_selected_matches_cpu_path() -> None:
         proj = layer.project(x, batch.positions)
         iq, iw, ik = layer.indexer(x, proj.q_resid, proj.cos_sin)
         write_paged(caches[0]["index_keys"], batch.slot_mapping, ik)
-        out = torch.empty(sum(lens), 4, 12)
-        layer.attend_selected(out, proj, iq, iw, batch, [1])
+        out = layer.attend_selected(proj, iq, iw, batch, [1])
+        assert out.shape == (sum(lens), 4, 12)
         torch.testing.assert_close(layer.o_proj(out.flatten(1)), want, rtol=1e-5, atol=1e-5)

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hyla.ops.paged.reference import _raw, check_write_shapes
+
 BLOCK_E = 1024
 
 
@@ -37,10 +39,6 @@ def _write_paged_kernel(
         tl.store(cache_ptr + slot * stride_slot + cols, row, mask=mask)
 
 
-def _raw(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.dtype.itemsize == 1 and t.dtype.is_floating_point else t
-
-
 def supports(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> bool:
     """True for CUDA tensors on one device with a contiguous cache (the flat-slot layout)."""
     return (
@@ -61,11 +59,7 @@ def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
         values: [T, ...] matching cache's trailing dims.
     Raises: ValueError on a shape mismatch. Slots >= P * B are not checked (undefined).
     """
-    if values.shape[1:] != cache.shape[2:] or values.shape[0] != slot_mapping.shape[0]:
-        raise ValueError(
-            f"write_paged: values {tuple(values.shape)} / slot_mapping "
-            f"{tuple(slot_mapping.shape)} do not fit cache {tuple(cache.shape)}"
-        )
+    check_write_shapes(cache, slot_mapping, values)
     T = values.shape[0]
     if T == 0:
         return

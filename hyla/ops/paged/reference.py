@@ -23,6 +23,17 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype.itemsize == 1 and t.dtype.is_floating_point else t
 
 
+def check_write_shapes(
+    cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor
+) -> None:
+    """Raise ValueError unless `values` [T, ...] and `slot_mapping` [T] fit `cache` [P, B, ...]."""
+    if values.shape[1:] != cache.shape[2:] or values.shape[0] != slot_mapping.shape[0]:
+        raise ValueError(
+            f"write_paged: values {tuple(values.shape)} / slot_mapping "
+            f"{tuple(slot_mapping.shape)} do not fit cache {tuple(cache.shape)}"
+        )
+
+
 def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
     """Store `values[t]` at flat slot `slot_mapping[t]` of `cache`, in place.
 
@@ -32,11 +43,7 @@ def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
         values: [T, ...] matching cache's trailing dims.
     Raises: ValueError on a shape mismatch.
     """
-    if values.shape[1:] != cache.shape[2:] or values.shape[0] != slot_mapping.shape[0]:
-        raise ValueError(
-            f"write_paged: values {tuple(values.shape)} / slot_mapping "
-            f"{tuple(slot_mapping.shape)} do not fit cache {tuple(cache.shape)}"
-        )
+    check_write_shapes(cache, slot_mapping, values)
     _raw(_flat(cache)).index_copy_(0, slot_mapping.long(), _raw(values.to(cache.dtype)))
 
 
