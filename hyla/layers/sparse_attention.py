@@ -15,6 +15,7 @@ from hyla.forward_batch import ForwardBatch
 from hyla.layers.attention import MLAProjection, MLAttention, select_sequences
 from hyla.layers.linear import Linear
 from hyla.ops.dsa_indexer import lightning_indexer_topk
+from hyla.ops.dsa_indexer.rows import dense_topk_indices
 from hyla.ops.gpu import use_triton
 from hyla.ops.paged import write_paged
 from hyla.ops.rotary import apply_rope
@@ -113,8 +114,6 @@ class DSAttention(MLAttention):
         """CUDA path: every row's attention [T, H, Dv] in one `sparse_mla` call. Sequences of at
         most k tokens select every visible token (`dense_topk_indices`: exact dense causal MLA,
         no indexer run); the rows of `sparse_ids` take the indexer's top-k."""
-        from hyla.ops.sparse_attention.kernels import dense_topk_indices
-
         cache = batch.caches[self.layer_idx]
         k = self.index_topk
         if len(sparse_ids) == batch.num_seqs:

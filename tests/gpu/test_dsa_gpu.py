@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hyla.ops.dsa_indexer import reference as indexer_ref
+from hyla.ops.dsa_indexer.rows import dense_topk_indices
 from hyla.ops.paged import write_paged
 from hyla.ops.sparse_attention import reference as sparse_ref
 
@@ -250,11 +251,10 @@ def check_dense_selection(seq_lens: list[int], query_lens: list[int], topk: int,
     """L <= k: `dense_topk_indices` selects the indexer's set, and sparse MLA over either
     selection is the same dense attention."""
     from hyla.ops.dsa_indexer import kernels as indexer_kernels
-    from hyla.ops.sparse_attention import kernels
 
     gen = torch.Generator().manual_seed(5)
     cu, num_rows = cu_seqlens(query_lens, device), sum(query_lens)
-    dense = kernels.dense_topk_indices(cu, seq_lens, topk, num_rows).cpu()
+    dense = dense_topk_indices(cu, seq_lens, topk, num_rows).cpu()
     keys, tables, _ = paged_cache(seq_lens, 16, torch.float32, 16, device, gen)
     q = torch.randn(num_rows, 4, 16, generator=gen).to(device)
     w = torch.randn(num_rows, 4, generator=gen).to(device)

@@ -15,6 +15,7 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32 as hf_v32
 import hyla.layers.sparse_attention as sparse_mod
 from hyla.config import DSAConfig, MLAConfig, ModelConfig, RopeConfig
 from hyla.forward_batch import build_forward_batch
+from hyla.layers import sparse_attention
 from hyla.layers.attention import MLAttention
 from hyla.layers.sparse_attention import DSAttention
 from tests.paged_steps import PagedSteps
@@ -227,3 +228,22 @@ def test_requires_q_lora_rank() -> None:
     # ModelConfig itself rejects a DSA layer without q_lora_rank (ConfigError is a ValueError)
     with pytest.raises(ValueError, match="q_lora_rank"):
         DSAttention(CONFIG.replace(mla=MLAConfig(4, 16, 16, 8, 12, q_lora_rank=None)), 0)
+
+
+def test_gpu_path_selection_logic_on_cpu(monkeypatch) -> None:
+    """The CUDA branch of `DSAttention.forward` (`attend_selected`: short sequences take the
+    "every visible token" selection with no indexer, the rest the indexer's top-k, all rows in
+    one `sparse_mla` call), run here through the reference ops, equals the CPU branch on the
+    mixed packed batch above."""
+    layer, _ = _layers()
+    xs = [_x(n, 300 + n) for n in (6, 21, 14, 40, 8)]
+    first = {1: xs[1][:20], 2: xs[2][:5], 4: xs[4][:7]}
+    second = {4: xs[4][7:], 1: xs[1][20:], 0: xs[0], 3: xs[3], 2: xs[2][5:]}
+    outputs = []
+    for selected_path in (False, True):
+        monkeypatch.setattr(sparse_attention, "use_triton", lambda x, on=selected_path: on)
+        steps = PagedSteps(CONFIG, 5, 40, BLOCK, seed=5)
+        outputs.append([steps.step(layer, first), steps.step(layer, second)])
+    for cpu_step, gpu_step in zip(*outputs, strict=True):
+        for i in cpu_step:
+            torch.testing.assert_close(gpu_step[i], cpu_step[i], **TOL)

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hyla.ops.dsa_indexer.rows import row_positions
+
 # The int64 key buffer holds at most this many entries (1 GiB); rows are chunked to fit.
 MAX_KEY_ELEMENTS = 1 << 27
 # Tunables (sweep on the H200: bench/gpu_dsa_decode.py reads overrides from the environment).
@@ -39,30 +41,6 @@ NUM_STAGES = 2
 _LOW31 = (1 << 31) - 1
 # Below every visible key (a visible key is >= -2^62): marks columns a row does not see.
 _INVISIBLE = -(1 << 62) - 1
-
-
-def row_sequences(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """[T] int32 sequence index of each packed row (cu_seqlens [N + 1] int32; on the device)."""
-    rows = torch.arange(num_rows, device=cu_seqlens.device)
-    return torch.searchsorted(cu_seqlens[1:].long(), rows, right=True).to(torch.int32)
-
-
-def row_positions(
-    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], num_rows: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequence and position of each packed row, computed on the device (no host sync).
-
-    Args:
-        cu_seqlens: [N + 1] int32 offsets; seq_lens: N host ints; num_rows: T.
-    Returns: (row_seq [T] int32, row_pos [T] int64): row t of sequence i sits at position
-        seq_lens[i] - (cu_seqlens[i + 1] - t).
-    """
-    device = cu_seqlens.device
-    row_seq = row_sequences(cu_seqlens, num_rows).long()
-    rows = torch.arange(num_rows, device=device)
-    lens = torch.tensor(list(seq_lens), dtype=torch.long).to(device, non_blocking=True)
-    row_pos = lens[row_seq] - (cu_seqlens.long()[row_seq + 1] - rows)
-    return row_seq.to(torch.int32), row_pos
 
 
 @triton.jit

@@ -16,19 +16,19 @@ With one split the program normalises and writes o_lat; with several (decode: fe
 top-k list is split to fill the GPU, flash-decoding style) each writes an unnormalised partial
 (acc, max, sum) and a second kernel merges them. The same kernel serves decode and prefill.
 
-`dense_topk_indices` builds the "every visible token" selection for sequences no longer than k:
-sparse MLA over it is exact dense causal MLA, so the layer can skip the indexer there.
+`hyla.ops.dsa_indexer.rows.dense_topk_indices` builds the "every visible token" selection for
+sequences no longer than k: sparse MLA over it is exact dense causal MLA, so the layer can skip
+the indexer there.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 
-from hyla.ops.dsa_indexer.kernels import _ieee, row_positions, row_sequences
+from hyla.ops.dsa_indexer.kernels import _ieee
+from hyla.ops.dsa_indexer.rows import row_sequences
 from hyla.ops.mla.reference import split_kv_b
 
 # Tunables (sweep on the H200: bench/gpu_dsa_decode.py reads overrides from the environment).
@@ -289,22 +289,3 @@ def sparse_mla(
         q_lat, q_rope, latent_cache, block_tables, row_seq, topk_indices, scale
     )
     return torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, Dv]
-
-
-def dense_topk_indices(
-    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], topk: int, num_rows: int
-) -> torch.Tensor:
-    """The causal "every visible token" selection: row t at position p gets 0 .. min(p, k - 1).
-
-    For rows with p < k this is exactly the set the indexer selects (all visible tokens), so
-    `sparse_mla` over it is dense causal MLA and the indexer can be skipped; rows with p >= k
-    get the first k positions, a placeholder the caller overwrites with the indexer's choice.
-
-    Args:
-        cu_seqlens: [N + 1] int32; seq_lens: N host ints (including this step's tokens);
-        topk: k; num_rows: T (= cu_seqlens[-1], passed to avoid a host sync).
-    Returns: [T, k] int32 positions ascending, -1 padded. Any device (pure PyTorch).
-    """
-    _, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
-    cols = torch.arange(topk, device=cu_seqlens.device)
-    return torch.where(cols[None, :] <= row_pos[:, None], cols, -1).to(torch.int32)

@@ -1,0 +1,53 @@
+"""Packed-row bookkeeping for DSA on the device, in plain PyTorch (no host sync): which
+sequence and position each packed row is, and the causal "every visible token" selection that
+replaces the indexer for sequences no longer than top-k. Used by the Triton kernels and by
+`DSAttention`'s GPU path; runs on any device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def row_sequences(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[T] int32 sequence index of each packed row (cu_seqlens [N + 1] int32; on the device)."""
+    rows = torch.arange(num_rows, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].long(), rows, right=True).to(torch.int32)
+
+
+def row_positions(
+    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], num_rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence and position of each packed row, computed on the device (no host sync).
+
+    Args:
+        cu_seqlens: [N + 1] int32 offsets; seq_lens: N host ints; num_rows: T.
+    Returns: (row_seq [T] int32, row_pos [T] int64): row t of sequence i sits at position
+        seq_lens[i] - (cu_seqlens[i + 1] - t).
+    """
+    device = cu_seqlens.device
+    row_seq = row_sequences(cu_seqlens, num_rows).long()
+    rows = torch.arange(num_rows, device=device)
+    lens = torch.tensor(list(seq_lens), dtype=torch.long).to(device, non_blocking=True)
+    row_pos = lens[row_seq] - (cu_seqlens.long()[row_seq + 1] - rows)
+    return row_seq.to(torch.int32), row_pos
+
+
+def dense_topk_indices(
+    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], topk: int, num_rows: int
+) -> torch.Tensor:
+    """The causal "every visible token" selection: row t at position p gets 0 .. min(p, k - 1).
+
+    For rows with p < k this is exactly the set the indexer selects (all visible tokens), so
+    `sparse_mla` over it is dense causal MLA and the indexer can be skipped; rows with p >= k
+    get the first k positions, a placeholder the caller overwrites with the indexer's choice.
+
+    Args:
+        cu_seqlens: [N + 1] int32; seq_lens: N host ints (including this step's tokens);
+        topk: k; num_rows: T (= cu_seqlens[-1], passed to avoid a host sync).
+    Returns: [T, k] int32 positions ascending, -1 padded. Any device (pure PyTorch).
+    """
+    _, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    cols = torch.arange(topk, device=cu_seqlens.device)
+    return torch.where(cols[None, :] <= row_pos[:, None], cols, -1).to(torch.int32)
