@@ -16,7 +16,8 @@ run() {  # run SECONDS NAME COMMAND...
 }
 # fla compiles and autotunes each new shape on first use (~40 s each on an H200 in 2026-11)
 run 120 gpu_tests_dsa_norm_paged python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/gpu/test_dsa_gpu.py tests/gpu/test_norm_paged_gpu.py tests/gpu/test_kernel_strides.py
+    tests/gpu/test_dsa_gpu.py tests/gpu/test_norm_paged_gpu.py tests/gpu/test_kernel_strides.py \
+    tests/gpu/test_moe_gpu.py
 run 900 gpu_tests_linear_attention python3 -m pytest -q -p no:cacheprovider -rs -s \
     tests/gpu/test_linear_attention_gpu.py
 run 240 gpu_dsa_decode python3 bench/gpu_dsa_decode.py

@@ -1,0 +1,97 @@
+"""Routed experts on a GPU for decode-sized batches, with no host sync: `cpu.moe_experts`
+(`reference.moe_experts`'s grouped form) needs each expert's token count on the host
+(`bincount().tolist()`, a device sync per MoE layer per step, and a Python loop over the experts
+in use). Here the shapes depend only on T, k and E, so a decode step never waits for the GPU
+and the same ops could be captured in a CUDA graph. Pure PyTorch (any device; the tests run it
+on the CPU against the reference).
+
+Two forms, picked by the pair count P = T * k (host ints only):
+
+  P <= E      gathered: each (token, slot) pair copies its expert's matrices
+              (`index_select` on the fused [E, ...] weights) and runs one batched GEMV;
+              bytes ~ 3 * P experts (read, write, read), no FLOP wasted
+  P <= 4096   dense: every expert over every token (two bmm over [E, T, *]), then each token
+              keeps its k experts' outputs; bytes ~ E experts read once, E / k times the FLOPs
+  larger      `cpu.moe_experts` (prefill: its sync is amortised over many tokens)
+
+Each token's k outputs are weighted, rounded to the hidden dtype and summed in ascending expert
+order, as the reference sums them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hyla.ops.moe.cpu import moe_experts as grouped_moe_experts
+
+DENSE_MAX_PAIRS = 4096
+
+
+def moe_experts(
+    hidden_states: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    packed: tuple | None = None,
+) -> torch.Tensor:
+    """`reference.moe_experts` (same arguments and result to fp32 rounding), sync-free for
+    P = T * k <= `DENSE_MAX_PAIRS`; `packed` is only used by the `cpu.moe_experts` fallback.
+
+    Shapes: hidden_states [T, D]; gate_up_proj [E, 2 * I, D]; down_proj [E, D, I];
+    topk_weights [T, k]; topk_ids [T, k] int64 in [0, E), distinct within a row.
+    Returns: [T, D] in hidden_states' dtype.
+    """
+    num_pairs, num_experts = topk_ids.numel(), gate_up_proj.shape[0]
+    if num_pairs == 0:
+        return torch.zeros_like(hidden_states)
+    if num_pairs <= num_experts:
+        y = _gathered(hidden_states, gate_up_proj, down_proj, topk_ids)
+    elif num_pairs <= DENSE_MAX_PAIRS:
+        y = _dense(hidden_states, gate_up_proj, down_proj, topk_ids)
+    else:
+        return grouped_moe_experts(
+            hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, packed=packed
+        )
+    return _weighted_sum(y, topk_weights, topk_ids, hidden_states.dtype)
+
+
+def _gathered(
+    x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """[T, k, D]: pair (t, j) through expert topk_ids[t, j], one batched GEMV per matrix."""
+    T, k = topk_ids.shape
+    flat = topk_ids.reshape(-1)
+    rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [P, 1, D], pair p = token p // k
+    w1 = gate_up_proj.index_select(0, flat)  # [P, 2I, D]
+    gate, up = torch.bmm(rows, w1.transpose(1, 2)).chunk(2, dim=-1)  # [P, 1, I] each
+    w2 = down_proj.index_select(0, flat)  # [P, D, I]
+    return torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(T, k, -1)
+
+
+def _dense(
+    x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """[T, k, D]: every expert over every token, then each token's k chosen outputs."""
+    num_experts = gate_up_proj.shape[0]
+    rows = x.unsqueeze(0).expand(num_experts, -1, -1)  # [E, T, D]
+    gate, up = torch.bmm(rows, gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]
+    y = torch.bmm(F.silu(gate) * up, down_proj.transpose(1, 2))  # [E, T, D]
+    tokens = torch.arange(x.shape[0], device=x.device).unsqueeze(1)  # [T, 1]
+    return y[topk_ids, tokens]  # [T, k, D]
+
+
+def _weighted_sum(
+    y: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """sum_j w[t, j] * y[t, j] over a token's experts in ascending index order, each term
+    rounded to `dtype` first (the reference's per-expert `index_add_`). y: [T, k, D]."""
+    terms = (y * topk_weights.unsqueeze(-1)).to(dtype)
+    order = topk_ids.argsort(dim=1)  # ids are distinct within a row
+    terms = terms.gather(1, order.unsqueeze(-1).expand_as(terms))
+    out = terms[:, 0].clone()
+    for r in range(1, terms.shape[1]):
+        out += terms[:, r]
+    return out
