@@ -161,6 +161,7 @@ class MLAttention(nn.Module):
                 batch.seq_lens,
                 self.kv_b_proj.weight,
                 self.scale,
+                query_lens=batch.query_lens,
             )
             return
         for ids, op in ((decode, mla_absorbed_batched), (prefill, mla_expanded)):

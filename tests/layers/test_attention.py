@@ -216,7 +216,11 @@ def test_decode_uses_absorbed_form(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     for name in ("mla_absorbed_batched", "mla_expanded"):
         fn = getattr(attn, name)
-        monkeypatch.setattr(attn, name, lambda *a, _f=fn, _n=name: calls.append(_n) or _f(*a))
+        def spy(*a, _f=fn, _n=name, **kw):
+            calls.append(_n)
+            return _f(*a, **kw)
+
+        monkeypatch.setattr(attn, name, spy)
     case, layer = _build("deepseek-interleave-qlora")
     x = torch.randn(6, D)
     _run_chunks(layer, case.config, x, [5, 1])

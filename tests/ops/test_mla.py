@@ -131,3 +131,26 @@ def test_batched_absorbed_batch_transparency() -> None:
             q_nope[rows], q_rope[rows], cache, bt[i : i + 1], cu1, [seq_lens[i]], kv_b, 0.2
         )
         torch.testing.assert_close(alone, full[rows], rtol=1e-6, atol=1e-6)
+
+
+def test_absorbed_batched_with_host_query_lens_reads_no_device_metadata(monkeypatch) -> None:
+    """With `query_lens` given, the batched absorbed form builds its layout from host ints (no
+    `.max()` / `nonzero` read-back of device tensors, a sync on a GPU) and gives the same result."""
+    from hyla.ops.mla import cpu
+
+    gen = torch.Generator().manual_seed(11)
+    H, Dn, Dr, R, Dv, B = 2, 8, 4, 16, 8, 4
+    seq_lens, query_lens = [5, 9, 1, 13], [1, 1, 1, 1]
+    N = len(seq_lens)
+    cache = torch.randn(16, B, R + Dr, generator=gen)
+    tables = torch.randperm(16, generator=gen)[: N * 4].view(N, 4).int()
+    cu = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)
+    q_nope, q_rope = torch.randn(N, H, Dn, generator=gen), torch.randn(N, H, Dr, generator=gen)
+    kv_b = torch.randn(H * (Dn + Dv), R, generator=gen)
+    args = (q_nope, q_rope, cache, tables, cu, seq_lens, kv_b, 0.3)
+    want = cpu.mla_absorbed_batched(*args)
+    monkeypatch.setattr(torch.Tensor, "__int__", lambda self: pytest.fail("read-back"))
+    monkeypatch.setattr(torch.Tensor, "nonzero", lambda self, **k: pytest.fail("read-back"))
+    got = cpu.mla_absorbed_batched(*args, query_lens=query_lens)
+    monkeypatch.undo()
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -37,6 +37,8 @@ def mla_absorbed_batched(
     seq_lens: Sequence[int],
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    query_lens: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Causal MLA, absorbed form, batched over sequences (see `reference.mla_absorbed`).
 
@@ -46,6 +48,9 @@ def mla_absorbed_batched(
         block_tables: [N, max_blocks] int32; cu_seqlens: [N + 1] int32.
         seq_lens: N host ints, cached tokens per sequence including this step's (written).
         kv_b_weight: [H * (Dn + Dv), R]; scale: softmax scale.
+        query_lens: N host ints, this step's tokens per sequence (cu_seqlens' differences);
+            when given, the padded layout is built without reading cu_seqlens back (no device
+            sync on a GPU).
     Returns: [T, H, Dv] in q's dtype; softmax in float32.
     """
     num_heads, dn = q_nope.shape[1], q_nope.shape[2]
@@ -57,10 +62,9 @@ def mla_absorbed_batched(
     latents, valid = gather_paged_padded(latent_cache, block_tables, list(seq_lens))
     latents = latents.to(q_nope.dtype)  # [N, L, R + Dr]
     if min(seq_lens) < latents.shape[1]:  # padding rows may hold anything, NaN included
-        padding = (~valid).flatten().nonzero().squeeze(1)
-        latents.view(-1, latents.shape[-1]).index_fill_(0, padding, 0.0)
+        latents.masked_fill_(~valid[..., None], 0.0)
     query = torch.cat([absorb_query(q_nope, w_uk), q_rope], dim=-1)  # [T, H, R + Dr]
-    rows, mask = _query_layout(cu_seqlens, seq_lens, latents.shape[1], q_nope.device)
+    rows, mask = _query_layout(cu_seqlens, seq_lens, latents.shape[1], query_lens)
     Q = mask.shape[1]
     padded = query.new_zeros(N * Q, num_heads, query.shape[-1])
     padded[rows] = query
@@ -74,15 +78,23 @@ def mla_absorbed_batched(
 
 
 def _query_layout(
-    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], num_keys: int, device: torch.device
+    cu_seqlens: torch.Tensor,
+    seq_lens: Sequence[int],
+    num_keys: int,
+    query_lens: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(padded row of each packed query [T] int64, mask [N, Q, L] bool). Padded query rows see
-    the same keys as their sequence's last row, so no row is all -inf."""
+    the same keys as their sequence's last row, so no row is all -inf. With host `query_lens`
+    the shapes come from them (no read of cu_seqlens)."""
+    device = cu_seqlens.device
     starts = cu_seqlens[:-1].long()
     q_lens = cu_seqlens[1:].long() - starts
     N = q_lens.numel()
-    Q = int(q_lens.max())
-    seq = torch.repeat_interleave(torch.arange(N, device=device), q_lens)
+    if query_lens is None:
+        Q, T = int(q_lens.max()), None
+    else:
+        Q, T = max(query_lens), sum(query_lens)
+    seq = torch.repeat_interleave(torch.arange(N, device=device), q_lens, output_size=T)
     rows = seq * Q + torch.arange(seq.numel(), device=device) - starts[seq]
     lens = torch.tensor(list(seq_lens), dtype=torch.long, device=device)
     last_key = (lens - q_lens)[:, None] + torch.arange(Q, device=device)  # [N, Q]
