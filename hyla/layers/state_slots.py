@@ -35,7 +35,9 @@ def short_conv_step(
     """SiLU short conv of `mixed` [T, C] (weight [C, W]) continuing each sequence's conv state;
     writes the new states back to their slots. Returns [T, C]."""
     state = read_slots(cache, "conv_state", batch)
-    out, new_state = causal_conv1d(mixed, weight, None, batch.cu_seqlens, state, "silu")
+    out, new_state = causal_conv1d(
+        mixed, weight, None, batch.cu_seqlens, state, "silu", cu_seqlens_host=batch.cu_seqlens_host
+    )
     cache["conv_state"].index_copy_(0, batch.state_indices, new_state)
     return out
 

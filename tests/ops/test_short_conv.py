@@ -128,3 +128,32 @@ def test_fast_path_decode_and_packed_agree() -> None:
     y_dec, s_dec = cpu.causal_conv1d(x[rows], w, b, cu(1, 1), states[one], "silu")
     torch.testing.assert_close(y_dec, y[rows], atol=1e-6, rtol=0)
     assert torch.equal(s_dec, s[one])
+
+
+@pytest.mark.parametrize("lens", [[1, 1, 1], [3, 1, 6]])
+def test_host_offsets_give_the_same_result_without_reading_the_tensor(lens, monkeypatch) -> None:
+    """With `cu_seqlens_host` the conv never reads cu_seqlens back (a device sync on a GPU),
+    decode and packed steps alike, and gives the same outputs and states; offsets that
+    disagree in count or end are refused."""
+    from hyla.ops.short_conv.cpu import causal_conv1d as fast
+
+    gen = torch.Generator().manual_seed(7)
+    T, C, W = sum(lens), 6, 4
+    x, weight = torch.randn(T, C, generator=gen), torch.randn(C, W, generator=gen)
+    state = torch.randn(len(lens), C, W - 1, generator=gen)
+    host = [0]
+    for n in lens:
+        host.append(host[-1] + n)
+    cu = torch.tensor(host, dtype=torch.int32)
+    want = fast(x, weight, None, cu, state, "silu")
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("read-back"))
+    monkeypatch.setattr(torch.Tensor, "__int__", lambda self: pytest.fail("read-back"))
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda self: pytest.fail("read-back"))
+    got = fast(x, weight, None, cu, state, "silu", cu_seqlens_host=host)
+    with pytest.raises(ValueError, match="cu_seqlens_host"):
+        fast(x, weight, None, cu, state, "silu", cu_seqlens_host=host[:-1])
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        fast(x, weight, None, cu, state, "silu", cu_seqlens_host=host[:-1] + [T + 1])
+    monkeypatch.undo()
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)

@@ -28,26 +28,31 @@ def causal_conv1d(
     cu_seqlens: torch.Tensor,
     conv_state: torch.Tensor | None = None,
     activation: str | None = "silu",
+    *,
+    cu_seqlens_host: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.causal_conv1d` vectorized over sequences; see it for arguments and results.
 
     Args:
         x: [T, C]; weight: [C, W]; bias: [C] or None; cu_seqlens: [N + 1] int32;
         conv_state: [N, C, W - 1] or None for zeros; activation: "silu", "sigmoid" or None.
+        cu_seqlens_host: the same offsets as host ints, when the caller has them: then
+            cu_seqlens is never read back (a device sync per call on a GPU).
     Returns: y [T, C] in x's dtype (fp32 compute); new_conv_state [N, C, W - 1].
     Raises: ValueError: inconsistent shapes or an unknown activation.
     """
-    check_conv_inputs(x, weight, cu_seqlens, conv_state, activation)
+    check_conv_inputs(x, weight, cu_seqlens, conv_state, activation, cu_seqlens_host)
     T, C = x.shape
     W = weight.shape[-1]
     N = cu_seqlens.numel() - 1
     state_dtype = x.dtype if conv_state is None else conv_state.dtype
     if conv_state is None:
         conv_state = torch.zeros(N, C, W - 1, dtype=state_dtype, device=x.device)
-    if T == N and N > 0 and bool((cu_seqlens[1:] - cu_seqlens[:-1] == 1).all()):
+    bounds = cu_seqlens.tolist() if cu_seqlens_host is None else list(cu_seqlens_host)
+    if T == N and N > 0 and bounds == list(range(N + 1)):  # one token per sequence
         y, new_state = _one_token_each(x, weight.float(), conv_state)
     else:
-        y, new_state = _packed(x, weight.float(), cu_seqlens, conv_state)
+        y, new_state = _packed(x, weight.float(), bounds, conv_state)
     if bias is not None:
         y = y + bias.float()
     if activation is not None:
@@ -74,10 +79,10 @@ def _tap_sum(taps: list[torch.Tensor], wf: torch.Tensor) -> torch.Tensor:
 
 
 def _packed(
-    x: torch.Tensor, wf: torch.Tensor, cu_seqlens: torch.Tensor, conv_state: torch.Tensor
+    x: torch.Tensor, wf: torch.Tensor, bounds: list[int], conv_state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Any lengths (see the module docstring). Returns (y [T, C] fp32 before bias and
-    activation, new state [N, C, W-1])."""
+    """Any lengths (see the module docstring); bounds: the host cu_seqlens. Returns (y [T, C]
+    fp32 before bias and activation, new state [N, C, W-1])."""
     T, C = x.shape
     N, W = conv_state.shape[0], wf.shape[-1]
     xf = x.float()
@@ -89,7 +94,6 @@ def _packed(
     # windows of the first W-1 tokens of each sequence, and each new state, from one table:
     # rows [0, N*(W-1)) the states (oldest first), then the packed tokens
     source = torch.cat([conv_state.float().transpose(1, 2).reshape(-1, C), xf])
-    bounds = cu_seqlens.tolist()
     lens = [bounds[i + 1] - bounds[i] for i in range(N)]
     head = [(i, p) for i in range(N) for p in range(min(W - 1, lens[i]))]
     if head:

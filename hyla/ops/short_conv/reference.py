@@ -30,8 +30,10 @@ def check_conv_inputs(
     cu_seqlens: torch.Tensor,
     conv_state: torch.Tensor | None,
     activation: str | None,
+    cu_seqlens_host: list[int] | None = None,
 ) -> None:
-    """Raise ValueError unless the arguments of a `causal_conv1d` call agree."""
+    """Raise ValueError unless the arguments of a `causal_conv1d` call agree (the offsets'
+    end is read from `cu_seqlens_host` when given, else from the tensor)."""
     T, C = x.shape
     W = weight.shape[-1]
     N = cu_seqlens.numel() - 1
@@ -41,8 +43,11 @@ def check_conv_inputs(
         raise ValueError(f"conv_state: shape {tuple(conv_state.shape)} != {(N, C, W - 1)}")
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"activation: {activation!r} not in {sorted(ACTIVATIONS)} or None")
-    if int(cu_seqlens[-1]) != T:
-        raise ValueError(f"cu_seqlens: ends at {int(cu_seqlens[-1])}, expected T={T}")
+    if cu_seqlens_host is not None and len(cu_seqlens_host) != N + 1:
+        raise ValueError(f"cu_seqlens_host: {len(cu_seqlens_host)} offsets, expected {N + 1}")
+    end = int(cu_seqlens[-1]) if cu_seqlens_host is None else cu_seqlens_host[-1]
+    if end != T:
+        raise ValueError(f"cu_seqlens: ends at {end}, expected T={T}")
 
 
 def causal_conv1d(
