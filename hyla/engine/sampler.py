@@ -130,14 +130,36 @@ class Sampler:
             raise ValueError(f"rows: {len(rows)} rows for {logits.shape[0]} logits")
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1)
+        tokens, lps = self._plain_greedy(logits, raw_logprobs, rows)
         out = SamplerOutput()
         for i, row in enumerate(rows):
-            token = self._sample_row(logits[i], row)
+            token = tokens[i] if i in tokens else self._sample_row(logits[i], row)
             out.token_ids.append(token)
-            out.logprobs.append(float(raw_logprobs[i, token]))
+            out.logprobs.append(lps[i] if i in lps else float(raw_logprobs[i, token]))
             n = row.params.logprobs
             out.top_logprobs.append(None if n is None else top_logprobs(raw_logprobs[i], n, token))
         return out
+
+    @staticmethod
+    def _plain_greedy(
+        logits: torch.Tensor, raw_logprobs: torch.Tensor, rows: list[SamplingRow]
+    ) -> tuple[dict[int, int], dict[int, float]]:
+        """Tokens and logprobs of the greedy rows without penalties or banned tokens, all at
+        once: one argmax over those rows and one read-back to the host (per-row reads would
+        each wait for the device). Returns ({row: token}, {row: raw logprob})."""
+        plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
+        if not plain:
+            return {}, {}
+        if len(plain) < len(rows):
+            idx = torch.tensor(plain, device=logits.device)
+            logits, raw_logprobs = logits.index_select(0, idx), raw_logprobs.index_select(0, idx)
+        tokens = torch.argmax(logits, dim=-1)  # the first maximum, as the per-row argmax
+        lps = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+        values = torch.stack([tokens.double(), lps.double()]).tolist()  # ids < 2^53: exact
+        return (
+            {i: int(t) for i, t in zip(plain, values[0], strict=True)},
+            dict(zip(plain, values[1], strict=True)),
+        )
 
     def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
         p = row.params
@@ -150,6 +172,18 @@ class Sampler:
             return int(torch.argmax(x))
         gen = row.generator if row.generator is not None else self.generator
         return draw(sampling_probs(x, p), gen)
+
+
+def _is_plain_greedy(row: SamplingRow) -> bool:
+    """Greedy with nothing that changes the logits first (no penalty, no banned token)."""
+    p = row.params
+    return (
+        p.is_greedy
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+        and not banned_token_ids(row)
+    )
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

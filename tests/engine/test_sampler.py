@@ -197,3 +197,34 @@ def test_min_tokens_bans_eos_and_stop_tokens():
 def test_row_count_must_match():
     with pytest.raises(ValueError, match="rows"):
         Sampler()(torch.zeros(2, V), [row(SamplingParams())])
+
+
+def test_plain_greedy_rows_are_sampled_together_with_one_read_back(monkeypatch) -> None:
+    """Greedy rows without penalties or banned tokens take one batched argmax and one
+    read-back; mixed with other rows, every row gets what the per-row path gives it."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 50, generator=gen)
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1.0  # a tie: the first index wins
+    greedy = SamplingParams(temperature=0.0)
+    rows = [
+        row(greedy),
+        row(SamplingParams(temperature=0.0, repetition_penalty=1.3), prompt=[3, 4]),
+        row(greedy),
+        row(SamplingParams(temperature=0.8, seed=1), gen=make_generator(1)),
+        row(SamplingParams(temperature=0.0, min_tokens=2), eos=[5]),
+        row(SamplingParams(temperature=0.0, logprobs=2)),
+    ]
+    want = [Sampler()._sample_row(logits[i].clone(), r) for i, r in enumerate(rows[:3])]
+    out = Sampler()(logits, rows)
+    assert out.token_ids[:3] == want and out.token_ids[2] == 7
+    raw = torch.log_softmax(logits, dim=-1)
+    for i, t in enumerate(out.token_ids):
+        assert out.logprobs[i] == float(raw[i, t])
+    reads = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or original(self))
+    monkeypatch.setattr(torch.Tensor, "__int__", lambda self: pytest.fail("per-row read"))
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda self: pytest.fail("per-row read"))
+    plain = Sampler()(logits, [row(greedy) for _ in range(6)])
+    monkeypatch.undo()
+    assert reads == [1] and plain.token_ids == logits.argmax(-1).tolist()
