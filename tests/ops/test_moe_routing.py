@@ -229,20 +229,20 @@ def test_fast_moe_experts_prepacked_matches_definition() -> None:
         assert len(packed[0]._packed) == E  # every expert packed once
 
 
-@pytest.mark.parametrize("T", [1, 3, 4, 5, 23, 200])
+@pytest.mark.parametrize("T", [1, 2, 5, 23, 200])  # E = 16, k = 4: gathered, dense, grouped
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sync_free_moe_experts_matches_definition(T: int, dtype: torch.dtype, monkeypatch) -> None:
-    """The GPU form (`kernels.moe_experts`, run here on CPU tensors): gathered for T * k <= E,
-    all experts densely above, the grouped path past `DENSE_MAX_PAIRS` (lowered here so T = 200
+    """The GPU form (`kernels.moe_experts`, run here on CPU tensors): gathered for 3 T k <= E,
+    all experts densely above, the grouped path past `DENSE_MAX_ROWS` (lowered here so T = 200
     takes it) == the per-expert reference; no host sync in the first two (checked by making
     `.tolist()` and `.item()` fail while they run)."""
     from hyla.ops.moe import kernels, reference
 
-    monkeypatch.setattr(kernels, "DENSE_MAX_PAIRS", 4 * 100)
+    monkeypatch.setattr(kernels, "DENSE_MAX_ROWS", E * 100)
     x, gate_up, down, w, ids = _expert_inputs(T)
     args = (x.to(dtype), gate_up.to(dtype), down.to(dtype), w, ids)
     want = reference.moe_experts(*args)
-    if T * K <= kernels.DENSE_MAX_PAIRS:
+    if T * E <= kernels.DENSE_MAX_ROWS:
         monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("host sync"))
         monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("host sync"))
     got = kernels.moe_experts(*args)

@@ -5,14 +5,17 @@ in use). Here the shapes depend only on T, k and E, so a decode step never waits
 and the same ops could be captured in a CUDA graph. Pure PyTorch (any device; the tests run it
 on the CPU against the reference).
 
-Two forms, picked by the pair count P = T * k (host ints only):
+Two forms, picked from host ints (T tokens, k slots, E experts, P = T * k pairs):
 
-  P <= E      gathered: each (token, slot) pair copies its expert's matrices
-              (`index_select` on the fused [E, ...] weights) and runs one batched GEMV;
-              bytes ~ 3 * P experts (read, write, read), no FLOP wasted
-  P <= 4096   dense: every expert over every token (two bmm over [E, T, *]), then each token
-              keeps its k experts' outputs; bytes ~ E experts read once, E / k times the FLOPs
-  larger      `cpu.moe_experts` (prefill: its sync is amortised over many tokens)
+  3 P <= E          gathered: each (token, slot) pair copies its expert's matrices
+                    (`index_select` on the fused [E, ...] weights) and runs one batched GEMV;
+                    bytes ~ 3 P experts (read, write, read), no FLOP wasted
+  T E <= 8192       dense: every expert over every token (two bmm over [E, T, *]), then each
+                    token keeps its k experts' outputs; bytes ~ E experts read once, E / k
+                    times the FLOPs (bounded by the T E limit)
+  otherwise         `cpu.moe_experts` (prefill: its sync is amortised over many tokens)
+
+The limits are first guesses from byte and FLOP counts, not yet measured on a GPU.
 
 Each token's k outputs are weighted, rounded to the hidden dtype and summed in ascending expert
 order, as the reference sums them.
@@ -25,7 +28,7 @@ import torch.nn.functional as F
 
 from hyla.ops.moe.cpu import moe_experts as grouped_moe_experts
 
-DENSE_MAX_PAIRS = 4096
+DENSE_MAX_ROWS = 8192  # T * E expert rows of the dense form
 
 
 def moe_experts(
@@ -38,7 +41,7 @@ def moe_experts(
     packed: tuple | None = None,
 ) -> torch.Tensor:
     """`reference.moe_experts` (same arguments and result to fp32 rounding), sync-free for
-    P = T * k <= `DENSE_MAX_PAIRS`; `packed` is only used by the `cpu.moe_experts` fallback.
+    T * E <= `DENSE_MAX_ROWS`; `packed` is only used by the `cpu.moe_experts` fallback.
 
     Shapes: hidden_states [T, D]; gate_up_proj [E, 2 * I, D]; down_proj [E, D, I];
     topk_weights [T, k]; topk_ids [T, k] int64 in [0, E), distinct within a row.
@@ -47,9 +50,9 @@ def moe_experts(
     num_pairs, num_experts = topk_ids.numel(), gate_up_proj.shape[0]
     if num_pairs == 0:
         return torch.zeros_like(hidden_states)
-    if num_pairs <= num_experts:
+    if 3 * num_pairs <= num_experts:
         y = _gathered(hidden_states, gate_up_proj, down_proj, topk_ids)
-    elif num_pairs <= DENSE_MAX_PAIRS:
+    elif topk_ids.shape[0] * num_experts <= DENSE_MAX_ROWS:
         y = _dense(hidden_states, gate_up_proj, down_proj, topk_ids)
     else:
         return grouped_moe_experts(
