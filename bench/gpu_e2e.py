@@ -360,22 +360,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    args = parse_args()
-    if args.smoke:  # fla's kernels need a GPU: let transformers take its PyTorch fallback
-        sys.modules["fla"] = None  # type: ignore[assignment]
+def run_and_record(script: str, args: argparse.Namespace, run_fn) -> dict:
+    """Run `run_fn(args)` and wrap its results with the command, commit, environment, workload
+    and wall time; written to `args.out` (and `args.out_dir`) unless `args.no_save`."""
     start = time.perf_counter()
     result = {
-        "command": " ".join(["python3", "bench/gpu_e2e.py", *sys.argv[1:]]),
+        "command": " ".join(["python3", script, *sys.argv[1:]]),
         "commit": git_commit(),
         **environment(args.device),
         "workload": {k: v for k, v in vars(args).items() if k not in ("out", "out_dir")},
-        "results": run(args),
+        "results": run_fn(args),
     }
     result["wall_s"] = time.perf_counter() - start
     print(f"total {result['wall_s']:.1f} s")
     if not args.no_save:
         write_result(Path(args.out), args.out_dir, result)
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    if args.smoke:  # fla's kernels need a GPU: let transformers take its PyTorch fallback
+        sys.modules["fla"] = None  # type: ignore[assignment]
+    run_and_record("bench/gpu_e2e.py", args, run)
 
 
 if __name__ == "__main__":

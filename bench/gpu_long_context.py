@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_e2e import environment, git_commit, random_prompts, sync, write_result  # noqa: E402
+from gpu_e2e import random_prompts, run_and_record, sync  # noqa: E402
 
 from hyla.cache.spec import bytes_per_state_slot, bytes_per_token  # noqa: E402
 from hyla.config import (  # noqa: E402
@@ -211,19 +211,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
-    args = parse_args()
-    start = time.perf_counter()
-    result = {
-        "command": " ".join(["python3", "bench/gpu_long_context.py", *sys.argv[1:]]),
-        "commit": git_commit(),
-        **environment(args.device),
-        "workload": {k: v for k, v in vars(args).items() if k not in ("out", "out_dir")},
-        "results": run(args),
-    }
-    result["wall_s"] = time.perf_counter() - start
-    print(f"total {result['wall_s']:.1f} s")
-    if not args.no_save:
-        write_result(Path(args.out), args.out_dir, result)
+    result = run_and_record("bench/gpu_long_context.py", parse_args(), run)
     if "oom" in result["results"]:
         sys.exit(1)
 
