@@ -5,7 +5,8 @@ dense first layer, bf16) is saved with `save_pretrained` and loaded into hyla wi
 loader, so both engines run the very same weights on the same GPU in the same process:
 
     decode   hyla's offline engine (greedy, ignore_eos, fixed output length) at batch 1/16/64:
-             tokens/s, step time, and model-bandwidth utilisation
+             tokens/s, step time, and model-bandwidth utilisation, with CUDA graphs (the
+             default) and again eagerly (the same engine with its graphs set aside)
                  MBU = bytes one decode step must read / step time / measured D2D bandwidth
              bytes = weights (routed experts: only the expected distinct experts the batch
              hits, uniform routing) + MLA latent cache of the batch's contexts + recurrent and
@@ -212,20 +213,32 @@ def hyla_engine(path: str, args: argparse.Namespace) -> LLMEngine:
     )  # fmt: skip
 
 
-def hyla_decode(engine: LLMEngine, args: argparse.Namespace, bandwidth: float) -> list[dict]:
+def hyla_decode(
+    engine: LLMEngine, args: argparse.Namespace, bandwidth: float, eager: bool = False
+) -> list[dict]:
+    """Decode rows per batch size; `eager` runs them without the engine's CUDA graphs (the
+    same engine, graphs set aside), as the in-run baseline of what the graphs buy."""
     rows = []
-    for b in args.batches:
-        prompts = random_prompts(b, args.prompt_len, args.vocab, seed=b)
-        run_engine(engine, prompts, 4, args.device, f"warm{b}")  # compiles, autotunes
-        t = run_engine(engine, prompts, args.decode_tokens + 1, args.device, f"dec{b}")
-        step_s = t["decode_s"] / t["decode_steps"]
-        moved = decode_bytes(engine.model, b, args.prompt_len + args.decode_tokens / 2)
-        row = dict(batch=b, decode_steps=t["decode_steps"], step_ms=1e3 * step_s,
-                   tokens_per_s=b / step_s, bytes_per_step=moved,
-                   mbu=moved["total"] / step_s / bandwidth)  # fmt: skip
-        rows.append(row)
-        print(f"hyla decode  B={b:3d}: {row['tokens_per_s']:9.1f} tok/s  step "
-              f"{row['step_ms']:7.2f} ms  MBU {100 * row['mbu']:5.1f}%", flush=True)  # fmt: skip
+    graphs = engine.runner.graphs
+    if eager:
+        engine.runner.graphs = None
+    tag = "eager" if eager else ("graphs" if graphs is not None else "eager")
+    try:
+        for b in args.batches:
+            prompts = random_prompts(b, args.prompt_len, args.vocab, seed=b)
+            # same lengths as the timed run: compiles, autotunes, captures every context bucket
+            run_engine(engine, prompts, args.decode_tokens + 1, args.device, f"warm{tag}{b}")
+            t = run_engine(engine, prompts, args.decode_tokens + 1, args.device, f"{tag}{b}")
+            step_s = t["decode_s"] / t["decode_steps"]
+            moved = decode_bytes(engine.model, b, args.prompt_len + args.decode_tokens / 2)
+            row = dict(batch=b, mode=tag, decode_steps=t["decode_steps"], step_ms=1e3 * step_s,
+                       tokens_per_s=b / step_s, bytes_per_step=moved,
+                       mbu=moved["total"] / step_s / bandwidth)  # fmt: skip
+            rows.append(row)
+            print(f"hyla decode ({tag:6s}) B={b:3d}: {row['tokens_per_s']:9.1f} tok/s  step "
+                  f"{row['step_ms']:7.2f} ms  MBU {100 * row['mbu']:5.1f}%", flush=True)  # fmt: skip
+    finally:
+        engine.runner.graphs = graphs
     return rows
 
 
@@ -288,14 +301,21 @@ def run(args: argparse.Namespace) -> dict:
           f"{num_params / 1e9:.3f} B parameters; hyla cache {engine.cache_plan.describe()}",
           flush=True)  # fmt: skip
     decode = hyla_decode(engine, args, bandwidth)
+    eager = [] if args.skip_eager else hyla_decode(engine, args, bandwidth, eager=True)
     prefill = hyla_prefill(engine, args)
     baseline = [] if args.skip_hf else hf_decode(hf, args)
     ratios = {
         f"decode_B{h['batch']}": d["tokens_per_s"] / h["tokens_per_s"]
         for d, h in zip(decode, baseline, strict=False)
     }
+    graph_gain = {
+        f"decode_B{g['batch']}": e["step_ms"] / g["step_ms"]
+        for g, e in zip(decode, eager, strict=False)
+    }
     for key, value in ratios.items():
         print(f"hyla / transformers {key}: {value:.2f}x")
+    for key, value in graph_gain.items():
+        print(f"CUDA graphs / eager {key}: {value:.2f}x")
     mbu1 = next((d["mbu"] for d in decode if d["batch"] == 1), None)
     return dict(
         copy_bandwidth_bytes_per_s=bandwidth,
@@ -308,6 +328,8 @@ def run(args: argparse.Namespace) -> dict:
             dtype=args.dtype,
         ),  # fmt: skip
         hyla_decode=decode,
+        hyla_decode_eager=eager,
+        cuda_graph_speedup=graph_gain,
         hyla_prefill=prefill,
         transformers_decode=baseline,
         speedup_vs_transformers=ratios,
@@ -332,6 +354,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--kv-cache-gib", type=int, default=8)
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--skip-eager", action="store_true", help="no eager (graph-less) decode rows")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=16)

@@ -555,8 +555,9 @@ class EngineConfig:
     `max_model_len` None follows the model's `max_context_len`; `dtype` None keeps the
     checkpoint's dtype; `tokenizer` None looks in the checkpoint directory; `seed` seeds the
     sampler of requests without their own seed; `request_timeout` (seconds) finishes a request
-    with reason "timeout"; `max_queue_len` bounds the waiting requests (None: unbounded).
-    Build from flat keyword arguments with `EngineConfig.from_kwargs`.
+    with reason "timeout"; `max_queue_len` bounds the waiting requests (None: unbounded);
+    `enforce_eager` turns off CUDA graphs for decode steps. Build from flat keyword arguments
+    with `EngineConfig.from_kwargs`.
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -571,6 +572,10 @@ class EngineConfig:
     tokenizer: str | None = None
     request_timeout: float | None = None
     max_queue_len: int | None = None
+    enforce_eager: bool = field(
+        default=False,
+        metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_queue_len"):

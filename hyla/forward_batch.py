@@ -16,6 +16,12 @@ sequence's whole context through `block_tables[i]`:
 
 Linear layers read and write one state slot per sequence, `state_indices[i]`; when
 `context_lens[i] == 0` the slot's previous contents are ignored (zero initial state).
+
+Static shapes (CUDA-graph decode steps, `hyla.engine.cuda_graphs`): a captured step is replayed
+with new contents in the same tensors, so nothing a layer decides from host values may depend on
+the step. Such a batch has `static_shapes=True`; its host lists (`query_lens`, `context_lens`,
+`state_indices_host`) describe the capture, not the step, and layers must take lengths from
+`seq_lens_tensor` (device) and sizes from `max_seq_len` (a host bound) only.
 """
 
 from __future__ import annotations
@@ -54,6 +60,10 @@ class ForwardBatch:
             device sync on a GPU).
         block_size: tokens per block B.
         caches: per layer index, that layer's cache tensors by name (see `hyla.cache.spec`).
+        seq_lens_tensor: [N] int32 context plus new tokens per sequence, on the device.
+        max_seq_len: host int >= every sequence's length (the true maximum in an eager step,
+            the context bucket of a captured one); sizes buffers and split counts.
+        static_shapes: the host lists are capture-time placeholders (see the module docstring).
     """
 
     positions: torch.Tensor
@@ -66,6 +76,15 @@ class ForwardBatch:
     state_indices_host: list[int]
     block_size: int
     caches: list[LayerCache] = field(default_factory=list)
+    seq_lens_tensor: torch.Tensor | None = None
+    max_seq_len: int = 0
+    static_shapes: bool = False
+
+    def __post_init__(self) -> None:
+        if self.seq_lens_tensor is None:  # from the host lists (no device read)
+            lens = self.seq_lens
+            self.seq_lens_tensor = torch.tensor(lens, dtype=torch.int32).to(self.positions.device)
+            self.max_seq_len = max(self.max_seq_len, max(lens, default=0))
 
     @property
     def num_seqs(self) -> int:
@@ -147,6 +166,7 @@ def build_forward_batch(
     width = max((len(t) for t in block_tables), default=0) or 1
     padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
     cu = list(itertools.accumulate(query_lens, initial=0))
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
     return ForwardBatch(
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
@@ -158,4 +178,6 @@ def build_forward_batch(
         state_indices_host=list(state_indices),
         block_size=block_size,
         caches=caches,
+        seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        max_seq_len=max(seq_lens, default=0),
     )

@@ -14,6 +14,7 @@ All public methods take one lock, so another thread (the async server loop) may 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ import torch
 
 from hyla.cache.manager import CacheManager
 from hyla.config import ConfigError, EngineConfig, ModelConfig
+from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, new_group, sequence_id
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
@@ -41,6 +43,8 @@ from hyla.request import (
     SamplingParamsError,
 )
 from hyla.scheduler import Scheduler, SchedulerOutput
+
+logger = logging.getLogger("hyla.engine")
 
 DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_model"
 
@@ -114,7 +118,13 @@ class LLMEngine:
             num_checkpoints=plan.num_checkpoints,
         )
         self.scheduler = Scheduler(sched, self.cache)
-        self.runner = ModelRunner(self.model, plan)
+        sizes: tuple[int, ...] = ()
+        if device.type == "cuda" and not engine_config.enforce_eager:
+            if kernels_capturable(self.model_config):
+                sizes = graph_batch_sizes(self.model_config, sched.max_num_seqs)
+            else:
+                logger.warning("no CUDA graphs: triton or fla-core is missing")
+        self.runner = ModelRunner(self.model, plan, sizes)
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
         self.eos_token_ids = self._eos_token_ids()

@@ -8,6 +8,9 @@ manager), run the model once, and compute logits only for the rows that need the
     logits:                        ^ sample     ^ sample (last row)
            ^^^^^^^^^^^^^ prompt-logprob rows, when r0 asked for them
 
+A pure decode step (one new token per request) on CUDA replays a captured CUDA graph instead
+(`hyla.engine.cuda_graphs`) when the model and batch size allow it.
+
 A request is sampled when this step computes its last uncomputed token. Prompt logprobs come
 from the rows at positions p < prompt_len - 1 (row p predicts prompt token p + 1).
 """
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hyla.cache.manager import CacheManager
+from hyla.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from hyla.engine.memory import CachePlan
 from hyla.engine.sampler import top_logprobs
 from hyla.engine.state_copies import copy_state_rows, state_tensors
@@ -46,7 +50,9 @@ class ModelRunner:
         plan: pool sizes; the caches are allocated here, zero-filled.
     """
 
-    def __init__(self, model: HybridModel, plan: CachePlan) -> None:
+    def __init__(
+        self, model: HybridModel, plan: CachePlan, graph_batch_sizes: tuple[int, ...] = ()
+    ) -> None:
         self.model = model
         self.config = model.config
         self.device = next(model.parameters()).device
@@ -56,6 +62,9 @@ class ModelRunner:
             self.config, plan.num_blocks, plan.block_size, num_state_rows, self.device
         )
         self.state_tensors = state_tensors(self.config, self.caches)
+        self.graphs: DecodeGraphs | None = None
+        if graph_batch_sizes and self.device.type == "cuda":
+            self.graphs = DecodeGraphs(model, self.caches, self.block_size, graph_batch_sizes)
 
     @torch.inference_mode()
     def execute(
@@ -79,20 +88,26 @@ class ModelRunner:
         ids = list(out.num_scheduled_tokens)
         query_lens = [out.num_scheduled_tokens[r] for r in ids]
         context_lens = [requests[r].num_computed_tokens for r in ids]
-        batch = build_forward_batch(
-            query_lens=query_lens,
-            context_lens=context_lens,
-            block_tables=[cache.block_table(r) for r in ids],
-            state_indices=[cache.state_slot(r) for r in ids],
-            block_size=self.block_size,
-            caches=self.caches,
-            device=self.device,
-        )
+        tables = [cache.block_table(r) for r in ids]
+        slots = [cache.state_slot(r) for r in ids]
         tokens: list[int] = []
         for r, c, q in zip(ids, context_lens, query_lens, strict=True):
             tokens.extend(requests[r].all_token_ids[c : c + q])
-        input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        hidden = self.model(input_ids, batch.positions, batch)
+        if self.graphs is not None and self.graphs.can_run(query_lens):
+            step = decode_inputs(tokens, context_lens, tables, slots, self.block_size)
+            hidden = self.graphs.run(step)
+        else:
+            batch = build_forward_batch(
+                query_lens=query_lens,
+                context_lens=context_lens,
+                block_tables=tables,
+                state_indices=slots,
+                block_size=self.block_size,
+                caches=self.caches,
+                device=self.device,
+            )
+            input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            hidden = self.model(input_ids, batch.positions, batch)
         copy_state_rows(self.state_tensors, out.state_saves)  # slot at k*stride -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
 
@@ -139,3 +154,24 @@ class ModelRunner:
                 ]
                 cursor += hi - lo
         return result
+
+
+def decode_inputs(
+    tokens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    state_indices: list[int],
+    block_size: int,
+) -> DecodeInputs:
+    """A pure decode step's inputs: sequence i's one new token sits at position
+    context_lens[i], in cache slot block_tables[i][p // B] * B + p % B."""
+    slots = [t[c // block_size] * block_size + c % block_size for t, c in zip(
+        block_tables, context_lens, strict=True)]  # fmt: skip
+    return DecodeInputs(
+        input_ids=list(tokens),
+        positions=list(context_lens),
+        slot_mapping=slots,
+        state_indices=list(state_indices),
+        seq_lens=[c + 1 for c in context_lens],
+        block_tables=block_tables,
+    )

@@ -20,8 +20,9 @@ from hyla.forward_batch import ForwardBatch
 from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rotary import RotaryEmbedding
+from hyla.ops.gpu import use_triton
 from hyla.ops.gqa import paged_gqa
-from hyla.ops.mla import mla_absorbed_batched, mla_expanded
+from hyla.ops.mla import mla_absorbed_batched, mla_expanded, mla_paged
 from hyla.ops.paged import write_paged
 from hyla.ops.rotary import rope_softmax_mscale
 
@@ -82,8 +83,10 @@ class MLAttention(nn.Module):
     Cache "latent" [P, B, R+Dr] holds `kv_a_layernorm(c_kv) | k_rope` per token. With
     `mla.use_rope` the rope channels rotate (style from `config.rope`, "interleave" for DeepSeek)
     and the softmax scale includes YaRN's mscale^2; without (Kimi-Linear) they stay unrotated and
-    the scale is `(Dn+Dr)^-0.5`. Prefill sequences use the expanded form, decode sequences
-    (one new token) the absorbed one, all of them in one batched call.
+    the scale is `(Dn+Dr)^-0.5`. On the CPU, prefill sequences use the expanded form, decode
+    sequences (one new token) the absorbed one, all of them in one batched call; on CUDA, and in
+    a static-shape (captured) step, every row takes `mla_paged` (absorbed, lengths read on the
+    device, Triton on CUDA).
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -184,7 +187,14 @@ class MLAttention(nn.Module):
     ) -> torch.Tensor:
         """hidden_states [T, D], positions [T] int64 -> [T, D]."""
         proj = self.project(hidden_states, positions)
-        write_paged(batch.caches[self.layer_idx]["latent"], batch.slot_mapping, proj.latent)
+        latent_cache = batch.caches[self.layer_idx]["latent"]
+        write_paged(latent_cache, batch.slot_mapping, proj.latent)
+        if use_triton(hidden_states) or batch.static_shapes:  # lengths from the device
+            out = mla_paged(
+                proj.q_nope, proj.q_rope, latent_cache, batch.block_tables, batch.cu_seqlens,
+                batch.seq_lens_tensor, batch.max_seq_len, self.kv_b_proj.weight, self.scale,
+            )  # fmt: skip
+            return self.o_proj(out.flatten(1))
         out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
         self.attend_dense(out, proj, batch, range(batch.num_seqs))
         return self.o_proj(out.flatten(1))

@@ -24,6 +24,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin), each [T, rotary_dim / 2] float32."""
+        if self.inv_freq.device != positions.device:  # moved once (a copy per call would be a
+            self.inv_freq = self.inv_freq.to(positions.device)  # host copy in a CUDA graph)
         return rope_cos_sin(positions, self.inv_freq, self.attention_factor)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

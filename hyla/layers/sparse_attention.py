@@ -68,8 +68,9 @@ class DSAttention(MLAttention):
     Caches: "latent" [P, B, R+Dr] (as MLA) and "index_keys" [P, B, Di] (roped, normed indexer
     keys). A sequence whose whole length is <= `index_topk` takes MLA's dense causal path (the
     indexer would select every visible token, so the result is the same); longer sequences run
-    the indexer's causal top-k and `sparse_mla` over only the selected tokens. On CUDA every row
-    goes through the Triton `sparse_mla` (short sequences with all visible tokens selected).
+    the indexer's causal top-k and `sparse_mla` over only the selected tokens. On CUDA (and in
+    static-shape captured steps) every row goes through one `sparse_mla` call
+    (`attend_selected`).
 
     Raises: ValueError at construction when `mla.q_lora_rank` is None (the indexer reads the
     q low-rank activation).
@@ -91,12 +92,12 @@ class DSAttention(MLAttention):
         write_paged(cache["latent"], batch.slot_mapping, proj.latent)
         index_q, index_w, index_k = self.indexer(hidden_states, proj.q_resid, proj.cos_sin)
         write_paged(cache["index_keys"], batch.slot_mapping, index_k)
+        if use_triton(hidden_states) or batch.static_shapes:  # one sparse_mla call, all rows
+            out = self.attend_selected(proj, index_q, index_w, batch)
+            return self.o_proj(out.flatten(1))
         seq_lens = batch.seq_lens
         dense = [i for i in range(batch.num_seqs) if seq_lens[i] <= self.index_topk]
         sparse = [i for i in range(batch.num_seqs) if seq_lens[i] > self.index_topk]
-        if use_triton(hidden_states):  # Triton kernels: one sparse_mla call for all rows
-            out = self.attend_selected(proj, index_q, index_w, batch, sparse)
-            return self.o_proj(out.flatten(1))
         out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
         self.attend_dense(out, proj, batch, dense)
         if sparse:
@@ -109,27 +110,23 @@ class DSAttention(MLAttention):
         index_q: torch.Tensor,
         index_w: torch.Tensor,
         batch: ForwardBatch,
-        sparse_ids: list[int],
     ) -> torch.Tensor:
-        """CUDA path: every row's attention [T, H, Dv] in one `sparse_mla` call. Sequences of at
-        most k tokens select every visible token (`dense_topk_indices`: exact dense causal MLA,
-        no indexer run); the rows of `sparse_ids` take the indexer's top-k."""
+        """Every row's attention [T, H, Dv] in one `sparse_mla` call, with lengths read on the
+        device (the CUDA path, and static-shape captured steps). While no sequence can be longer
+        than k (`batch.max_seq_len <= k`) every row selects all its visible tokens
+        (`dense_topk_indices`: exact dense causal MLA, no indexer run); otherwise the indexer
+        ranks every row (a row seeing <= k tokens then selects them all: the same set)."""
         cache = batch.caches[self.layer_idx]
         k = self.index_topk
-        if len(sparse_ids) == batch.num_seqs:
+        if batch.max_seq_len <= k:
+            num_rows = proj.q_nope.shape[0]
+            topk_indices = dense_topk_indices(batch.cu_seqlens, batch.seq_lens_tensor, k, num_rows)
+        else:
             topk_indices = lightning_indexer_topk(
                 index_q, index_w, cache["index_keys"], batch.block_tables, batch.cu_seqlens,
-                batch.seq_lens, k, self.indexer.softmax_scale,
+                batch.seq_lens_tensor, k, self.indexer.softmax_scale,
+                max_seq_len=batch.max_seq_len,
             )  # fmt: skip
-        else:
-            num_rows = proj.q_nope.shape[0]
-            topk_indices = dense_topk_indices(batch.cu_seqlens, batch.seq_lens, k, num_rows)
-            if sparse_ids:
-                g = select_sequences(batch, sparse_ids)
-                topk_indices[g.rows] = lightning_indexer_topk(
-                    index_q[g.rows], index_w[g.rows], cache["index_keys"], g.block_tables,
-                    g.cu_seqlens, g.seq_lens, k, self.indexer.softmax_scale,
-                )  # fmt: skip
         return sparse_mla(
             proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,
             topk_indices, self.kv_b_proj.weight, self.scale,

@@ -27,6 +27,7 @@ from tests.gpu.test_dsa_gpu import (  # noqa: E402
     TINY,
     check_dense_selection,
     check_indexer,
+    check_mla_paged,
     check_sparse_mla,
 )
 
@@ -66,6 +67,14 @@ def test_sparse_mla(topk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     assert check_sparse_mla(SEQ_LENS, [1] * 5, topk, TINY, torch.float32, "cpu") <= 1e-5  # splits
 
 
+def test_mla_paged(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hyla.ops.sparse_attention import kernels
+
+    monkeypatch.setattr(kernels, "MIN_IDX_PER_SPLIT", 8)
+    assert check_mla_paged(SEQ_LENS, QUERY_LENS, 80, TINY, torch.float32, "cpu") <= 1e-5
+    assert check_mla_paged(SEQ_LENS, [1] * 5, 96, TINY, torch.float32, "cpu") <= 1e-5  # splits
+
+
 def test_dense_selection() -> None:
     check_dense_selection([1, 7, 60, 64, 30], [1, 7, 6, 1, 2], 64, "cpu")
 
@@ -89,6 +98,6 @@ def test_layer_attend_selected_matches_cpu_path() -> None:
         proj = layer.project(x, batch.positions)
         iq, iw, ik = layer.indexer(x, proj.q_resid, proj.cos_sin)
         write_paged(caches[0]["index_keys"], batch.slot_mapping, ik)
-        out = layer.attend_selected(proj, iq, iw, batch, [1])
+        out = layer.attend_selected(proj, iq, iw, batch)
         assert out.shape == (sum(lens), 4, 12)
         torch.testing.assert_close(layer.o_proj(out.flatten(1)), want, rtol=1e-5, atol=1e-5)

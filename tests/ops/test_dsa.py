@@ -184,3 +184,23 @@ def test_c03_indexer_plus_sparse_mla_at_topk_boundary(length: int) -> None:
         torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-6)
     want = _dense_masked(q_nope, q_rope, latents[0], kv_b, allowed, 0.25)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["random", "quantized-ties"])
+def test_bounded_indexer_topk_equals_the_host_length_form(ties: bool) -> None:
+    """Lengths as a device tensor under a larger host bound (the captured-step form): the same
+    top-k as the host-length reference, NaN in every unwritten slot and table column."""
+    torch.manual_seed(2)
+    seq_lens, query_lens = [5, 9, 20, 24], [1, 9, 3, 1]
+    keys = [torch.randn(n, DI) for n in seq_lens]
+    if ties:
+        keys = [k.sign() for k in keys]
+    cache, bt = _store(seq_lens, keys)
+    bound = 40
+    bt = torch.nn.functional.pad(bt, (0, -(-bound // BLOCK) - bt.shape[1]))
+    cu = _cu(query_lens)
+    q, w = torch.randn(int(cu[-1]), HI, DI), torch.rand(int(cu[-1]), HI)
+    want = lightning_indexer_topk(q, w, cache, bt, cu, seq_lens, TOPK, DI**-0.5)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    got = lightning_indexer_topk(q, w, cache, bt, cu, lens, TOPK, DI**-0.5, max_seq_len=bound)
+    assert torch.equal(got, want)

@@ -23,22 +23,31 @@ def lightning_indexer_topk(
     topk: int,
     softmax_scale: float,
     index_key_scale: torch.Tensor | None = None,
+    *,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Causal lightning-indexer top-k: `reference.lightning_indexer_topk` (args, [T, k] int32
     result), dispatched to `kernels.lightning_indexer_topk` for CUDA tensors.
 
     `index_key_scale` [P, B] float32: per-token scales of an fp8 (float8_e4m3fn) key cache
-    (key = fp8 value * scale); None for bf16/fp32 keys.
+    (key = fp8 value * scale); None for bf16/fp32 keys. `max_seq_len` given: `seq_lens` is an
+    [N] int device tensor bounded by it, and no host value but the bound shapes the work
+    (`reference.lightning_indexer_topk_bounded` off CUDA).
     """
     if use_triton(q):
         from hyla.ops.dsa_indexer import kernels
 
         return kernels.lightning_indexer_topk(
             q, weights, index_key_cache, block_tables, cu_seqlens, seq_lens, topk,
-            softmax_scale, index_key_scale,
+            softmax_scale, index_key_scale, max_seq_len=max_seq_len,
         )  # fmt: skip
     if index_key_scale is not None:
         index_key_cache = index_key_cache.float() * index_key_scale[..., None]
+    if max_seq_len is not None:
+        return reference.lightning_indexer_topk_bounded(
+            q, weights, index_key_cache, block_tables, cu_seqlens, seq_lens, max_seq_len, topk,
+            softmax_scale,
+        )  # fmt: skip
     return reference.lightning_indexer_topk(
         q, weights, index_key_cache, block_tables, cu_seqlens, seq_lens, topk, softmax_scale
     )

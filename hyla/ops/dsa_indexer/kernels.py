@@ -224,12 +224,16 @@ def lightning_indexer_topk(
     topk: int,
     softmax_scale: float,
     index_key_scale: torch.Tensor | None = None,
+    *,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Causal lightning-indexer top-k, Triton scores + int64-key `torch.topk` (CUDA tensors).
 
     Args: as `reference.lightning_indexer_topk`, plus
         index_key_scale: [P, B] float32 per-token scale when `index_key_cache` is fp8
             (torch.float8_e4m3fn), else None.
+        seq_lens may also be an [N] int device tensor; then `max_seq_len` (host bound on it)
+            sizes the score columns and nothing reads the lengths back (CUDA-graph capture).
     Returns: [T, k] int32 token positions, best first, equal scores lower index first, -1
         padded where fewer than k tokens are visible (same as the reference up to fp32 rounding
         of the scores: the head sum runs in a different order).
@@ -237,7 +241,7 @@ def lightning_indexer_topk(
     """
     num_rows = q.shape[0]
     out = torch.full((num_rows, topk), -1, dtype=torch.int32, device=q.device)
-    num_cols = max(seq_lens, default=0)
+    num_cols = max(seq_lens, default=0) if max_seq_len is None else max_seq_len
     if num_rows == 0 or num_cols == 0:
         return out
     row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)

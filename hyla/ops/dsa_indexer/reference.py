@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hyla.ops.dsa_indexer.rows import row_positions
 from hyla.ops.gqa.reference import causal_mask
 from hyla.ops.paged import gather_paged
 
@@ -96,3 +97,31 @@ def lightning_indexer_topk(
         num_visible = causal_mask(end - start, seq_len, q.device).sum(-1)
         out[start:end] = select_topk(scores, num_visible, topk)
     return out
+
+
+def lightning_indexer_topk_bounded(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_key_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    topk: int,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """`lightning_indexer_topk` with the lengths on the device: seq_lens [N] int tensor, bounded
+    by the host int `max_seq_len`, which alone shapes the work (no host read; the CPU form of a
+    captured decode step). Every row's keys are gathered to [T, max_seq_len, Di] and the
+    columns past its position masked. Same result as `lightning_indexer_topk`."""
+    num_rows = q.shape[0]
+    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    block = index_key_cache.shape[1]
+    pos = torch.arange(max_seq_len, device=q.device)
+    slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]
+    flat = index_key_cache.reshape(-1, index_key_cache.shape[-1])
+    keys = flat[slots[row_seq.long()]].float()  # [T, L, Di]
+    per_head = torch.relu(torch.einsum("thd,tsd->ths", q.float(), keys) * softmax_scale)
+    w = weights.float() * (q.shape[1] ** -0.5)
+    scores = torch.einsum("th,ths->ts", w, per_head)
+    return select_topk(scores, row_pos + 1, topk)

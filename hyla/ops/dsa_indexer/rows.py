@@ -17,25 +17,30 @@ def row_sequences(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
 
 
 def row_positions(
-    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], num_rows: int
+    cu_seqlens: torch.Tensor, seq_lens: Sequence[int] | torch.Tensor, num_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence and position of each packed row, computed on the device (no host sync).
 
     Args:
-        cu_seqlens: [N + 1] int32 offsets; seq_lens: N host ints; num_rows: T.
+        cu_seqlens: [N + 1] int32 offsets; seq_lens: N host ints or an [N] int tensor on
+            cu_seqlens' device (no host-to-device copy: what a captured CUDA graph needs);
+            num_rows: T.
     Returns: (row_seq [T] int32, row_pos [T] int64): row t of sequence i sits at position
         seq_lens[i] - (cu_seqlens[i + 1] - t).
     """
     device = cu_seqlens.device
     row_seq = row_sequences(cu_seqlens, num_rows).long()
     rows = torch.arange(num_rows, device=device)
-    lens = torch.tensor(list(seq_lens), dtype=torch.long).to(device, non_blocking=True)
+    if isinstance(seq_lens, torch.Tensor):
+        lens = seq_lens.long()
+    else:
+        lens = torch.tensor(list(seq_lens), dtype=torch.long).to(device, non_blocking=True)
     row_pos = lens[row_seq] - (cu_seqlens.long()[row_seq + 1] - rows)
     return row_seq.to(torch.int32), row_pos
 
 
 def dense_topk_indices(
-    cu_seqlens: torch.Tensor, seq_lens: Sequence[int], topk: int, num_rows: int
+    cu_seqlens: torch.Tensor, seq_lens: Sequence[int] | torch.Tensor, topk: int, num_rows: int
 ) -> torch.Tensor:
     """The causal "every visible token" selection: row t at position p gets 0 .. min(p, k - 1).
 
@@ -44,7 +49,8 @@ def dense_topk_indices(
     get the first k positions, a placeholder the caller overwrites with the indexer's choice.
 
     Args:
-        cu_seqlens: [N + 1] int32; seq_lens: N host ints (including this step's tokens);
+        cu_seqlens: [N + 1] int32; seq_lens: N lengths including this step's tokens (host
+            ints or a device tensor, as `row_positions`);
         topk: k; num_rows: T (= cu_seqlens[-1], passed to avoid a host sync).
     Returns: [T, k] int32 positions ascending, -1 padded. Any device (pure PyTorch).
     """

@@ -31,6 +31,12 @@ from hyla.ops.moe.cpu import moe_experts as grouped_moe_experts
 DENSE_MAX_ROWS = 8192  # T * E expert rows of the dense form
 
 
+def sync_free(num_tokens: int, topk: int, num_experts: int) -> bool:
+    """Whether `moe_experts` on T = num_tokens rows takes a sync-free form (capturable in a CUDA
+    graph) rather than the grouped fallback."""
+    return 3 * num_tokens * topk <= num_experts or num_tokens * num_experts <= DENSE_MAX_ROWS
+
+
 def moe_experts(
     hidden_states: torch.Tensor,
     gate_up_proj: torch.Tensor,
@@ -50,9 +56,10 @@ def moe_experts(
     num_pairs, num_experts = topk_ids.numel(), gate_up_proj.shape[0]
     if num_pairs == 0:
         return torch.zeros_like(hidden_states)
+    num_tokens, topk = topk_ids.shape
     if 3 * num_pairs <= num_experts:
         y = _gathered(hidden_states, gate_up_proj, down_proj, topk_ids)
-    elif topk_ids.shape[0] * num_experts <= DENSE_MAX_ROWS:
+    elif sync_free(num_tokens, topk, num_experts):
         y = _dense(hidden_states, gate_up_proj, down_proj, topk_ids)
     else:
         return grouped_moe_experts(

@@ -4,7 +4,9 @@
     o_lat = softmax(scale * (q_lat . c + q_rope . k_rope)) . c      Triton, selected tokens only
     out   = o_lat W_UV^T                        PyTorch bmm        [T, H, Dv]
 
-The kernel runs one program per (head block, query row, split of the top-k list). A program walks
+The kernel runs one program per (head block, query row, split of the top-k list). In its dense
+mode (`dense_latent_attention`, the CUDA path of `hyla.ops.mla.mla_paged`) a row walks the
+positions 0 .. its own instead of a top-k list: dense causal MLA, decode or prefill. A program walks
 its slice of `topk_indices[t]` BLOCK_N entries at a time, maps positions to cache slots through
 the row's block table, loads only those latent rows `[c | k_rope]` (entries < 0 are masked: never
 read), and keeps an online softmax in fp32:
@@ -49,6 +51,7 @@ def _sparse_mla_kernel(
     bt_ptr,
     row_seq_ptr,
     idx_ptr,
+    pos_ptr,
     o_ptr,
     ml_ptr,
     num_heads,
@@ -77,6 +80,7 @@ def _sparse_mla_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     IEEE: tl.constexpr,
+    DENSE: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
@@ -103,11 +107,17 @@ def _sparse_mla_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
     start = pid_s * idx_per_split
     end = tl.minimum(start + idx_per_split, num_idx)
+    if DENSE:  # positions 0 .. pos(t) instead of a top-k list
+        end = tl.minimum(end, (tl.load(pos_ptr + t) + 1).to(tl.int32))
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        idx = tl.load(idx_ptr + t * stride_it + offs_n, mask=offs_n < end, other=-1)
-        valid = idx >= 0
-        if tl.max(idx, axis=0) >= 0:
+        if DENSE:
+            idx = offs_n
+            valid = offs_n < end
+        else:
+            idx = tl.load(idx_ptr + t * stride_it + offs_n, mask=offs_n < end, other=-1)
+            valid = idx >= 0
+        if tl.max(valid.to(tl.int32), axis=0) > 0:
             blocks = tl.load(bt_ptr + seq * stride_bt + idx // PAGE, mask=valid, other=0)
             rows = blocks.to(tl.int64) * stride_cp + (idx % PAGE).to(tl.int64) * stride_cb
             c_mask = valid[:, None] & mask_r[None, :]
@@ -210,14 +220,54 @@ def sparse_latent_attention(
     Returns: o_lat [T, H, R] in q_lat's dtype (softmax in fp32). A row selecting no token
         gives NaN (the reference raises; checking here would cost a host sync).
     """
+    topk_indices = topk_indices.to(torch.int32).contiguous()  # the kernel reads unit strides
+    return _latent_attention(
+        q_lat, q_rope, latent_cache, block_tables, row_seq, topk_indices, None,
+        topk_indices.shape[1], scale,
+    )  # fmt: skip
+
+
+def dense_latent_attention(
+    q_lat: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_pos: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Latent-space attention of each row over positions 0 .. row_pos[t] of its sequence (dense
+    causal MLA; `hyla.ops.mla.paged`): the same kernel walking positions, split by
+    `max_seq_len`. Args as `sparse_latent_attention` with row_pos [T] int64 instead of the
+    top-k list; max_seq_len: host bound on row_pos + 1. Returns o_lat [T, H, R]."""
+    return _latent_attention(
+        q_lat, q_rope, latent_cache, block_tables, row_seq, None, row_pos.contiguous(),
+        max_seq_len, scale,
+    )  # fmt: skip
+
+
+def _latent_attention(
+    q_lat: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    row_seq: torch.Tensor,
+    topk_indices: torch.Tensor | None,
+    row_pos: torch.Tensor | None,
+    num_idx: int,
+    scale: float,
+) -> torch.Tensor:
+    """Launch the kernel (and the merge) over `topk_indices` or, when None, over positions
+    0 .. row_pos[t]; num_idx: the top-k width or the bound on row_pos + 1."""
     num_rows, num_heads, rank = q_lat.shape
-    dr, num_idx = q_rope.shape[-1], topk_indices.shape[1]
+    dr = q_rope.shape[-1]
     o_lat = q_lat.new_empty(num_rows, num_heads, rank)
-    if num_rows == 0:
+    if num_rows == 0 or num_idx == 0:
         return o_lat
     if q_lat.stride(-1) != 1 or q_rope.stride(-1) != 1 or latent_cache.stride(-1) != 1:
         raise ValueError("sparse_mla: q_lat, q_rope and the cache need a contiguous last dim")
-    topk_indices = topk_indices.to(torch.int32).contiguous()  # the kernel reads unit strides
+    dense = topk_indices is None
     block_tables = block_tables.contiguous()
     block_h = min(BLOCK_H, max(16, triton.next_power_of_2(num_heads)))
     num_head_blocks = triton.cdiv(num_heads, block_h)
@@ -232,12 +282,14 @@ def sparse_latent_attention(
     else:
         ml = o_lat
         out, strides = o_lat, (o_lat.stride(0), o_lat.stride(1), 0)
+    idx_arg = row_pos if dense else topk_indices  # a placeholder pointer where unused
     _sparse_mla_kernel[(num_head_blocks, num_rows, splits)](
-        q_lat, q_rope, latent_cache, block_tables, row_seq, topk_indices, out, ml,
+        q_lat, q_rope, latent_cache, block_tables, row_seq, idx_arg,
+        row_pos if dense else topk_indices, out, ml,
         num_heads, num_idx, per_split,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_tables.stride(0),
-        topk_indices.stride(0), *strides, ml.stride(0), ml.stride(1),
+        0 if dense else topk_indices.stride(0), *strides, ml.stride(0), ml.stride(1),
         scale * _LOG2E,
         R=rank,
         DR=dr,
@@ -248,6 +300,7 @@ def sparse_latent_attention(
         BLOCK_N=BLOCK_N,
         SPLIT=splits > 1,
         IEEE=_ieee(q_lat),
+        DENSE=dense,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )  # fmt: skip

@@ -1,0 +1,220 @@
+"""CUDA graphs for decode steps: capture the model's forward once per (batch bucket, context
+bucket) and replay it with new inputs, so a decode step costs one graph launch instead of
+hundreds of kernel launches from Python.
+
+    decode step: N sequences, one new token each, longest L tokens
+      -> graph (Bp, Lb): Bp = smallest captured batch size >= N,
+                         Lb = smallest power of two >= max(L, MIN_CONTEXT)
+    rows N .. Bp - 1 are padding: token 0 at position 0, written to cache slot 0 (the reserved
+    null block 0) with state slot 0 (the reserved padding slot) and length 1, so they read and
+    write only reserved storage, never a real sequence's cache or state.
+
+A captured step is a `ForwardBatch` with `static_shapes=True`: its host lists describe the
+capture, and the layers take lengths from `seq_lens_tensor` and sizes from `max_seq_len` (= Lb)
+only (`hyla.forward_batch`). Its inputs live in one int64 device buffer (token ids, positions,
+slot mapping, state slots, lengths) and one int32 block table [Bp, Lb / B], filled per step by
+two host-to-device copies from pinned memory.
+
+Which steps can run captured: pure decode steps on CUDA with triton (and fla-core for KDA / GDN
+layers: `kernels_capturable`), of models whose mixers read lengths on the device
+(`GRAPH_MIXERS`; GQA's paged attention still sizes its work from host lengths), at batch sizes
+where every MoE layer takes a sync-free form (`hyla.ops.moe.kernels.sync_free`). Graphs
+are captured lazily, on a step's first use of a (Bp, Lb) pair, and share one memory pool
+(replays never overlap). With `capture=False` the same static-shape step runs eagerly: the CPU
+tests use it to check padding and bucketing against the plain step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from hyla.config import ModelConfig
+from hyla.forward_batch import ForwardBatch, LayerCache
+from hyla.models.hybrid import HybridModel
+from hyla.ops.moe.kernels import sync_free
+
+logger = logging.getLogger("hyla.engine")
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+MIN_CONTEXT = 256  # smallest context bucket (a power of two)
+GRAPH_MIXERS = frozenset({"mla", "dsa", "kda", "gdn"})
+_FIELDS = ("input_ids", "positions", "slot_mapping", "state_indices", "seq_lens")
+
+
+def graph_batch_sizes(config: ModelConfig, max_num_seqs: int) -> tuple[int, ...]:
+    """The batch buckets whose decode steps can be captured, ascending: `BATCH_SIZES` below
+    `max_num_seqs` plus `max_num_seqs` itself, keeping the sizes at which every MoE layer is
+    sync-free; empty when a mixer kind is not in `GRAPH_MIXERS`."""
+    if any(kind not in GRAPH_MIXERS for kind in config.layer_pattern):
+        return ()
+    sizes = sorted({b for b in BATCH_SIZES if b < max_num_seqs} | {max_num_seqs})
+    if config.moe is not None and "moe" in config.ffn_pattern:
+        moe = config.moe
+        sizes = [b for b in sizes if sync_free(b, moe.num_experts_per_tok, moe.num_experts)]
+    return tuple(sizes)
+
+
+def kernels_capturable(config: ModelConfig) -> bool:
+    """Whether this process has the GPU kernels a captured step needs: triton (MLA / DSA, norms,
+    cache writes) and, for KDA / GDN layers, fla-core (whose recurrent kernel updates the state
+    pool in place; hyla's PyTorch fallback gathers slots with host reads)."""
+    from hyla.ops.gpu import triton_available
+    from hyla.ops.kda.kernels import fla_available
+
+    linear = any(kind in ("kda", "gdn") for kind in config.layer_pattern)
+    return triton_available() and (fla_available() or not linear)
+
+
+def context_bucket(max_seq_len: int) -> int:
+    """Smallest power of two >= max(max_seq_len, MIN_CONTEXT)."""
+    return max(MIN_CONTEXT, 1 << max(0, max_seq_len - 1).bit_length())
+
+
+@dataclass
+class DecodeInputs:
+    """One decode step's host inputs, N rows: token id, position, cache slot, state slot,
+    length (context + 1) and block table of each sequence."""
+
+    input_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    state_indices: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.input_ids)
+
+
+class _StaticStep:
+    """The tensors of one (Bp, Lb) static step, its ForwardBatch, and its graph once captured."""
+
+    def __init__(
+        self, size: int, bucket: int, block_size: int, caches: list[LayerCache], device
+    ) -> None:
+        self.size, self.width = size, -(-bucket // block_size)
+        self.flat = torch.zeros(len(_FIELDS) * size, dtype=torch.long, device=device)
+        self.tables = torch.zeros(size, self.width, dtype=torch.int32, device=device)
+        pin = device.type == "cuda"
+        self.host_flat = torch.zeros(self.flat.shape, dtype=torch.long, pin_memory=pin)
+        self.host_tables = torch.zeros(self.tables.shape, dtype=torch.int32, pin_memory=pin)
+        self.copied = torch.cuda.Event() if pin else None
+        view = dict(zip(_FIELDS, self.flat.view(len(_FIELDS), size), strict=True))
+        self.input_ids = view["input_ids"]
+        view["seq_lens"].fill_(1)
+        self.batch = ForwardBatch(
+            positions=view["positions"],
+            cu_seqlens=torch.arange(size + 1, dtype=torch.int32, device=device),
+            query_lens=[1] * size,
+            context_lens=[bucket - 1] * size,
+            block_tables=self.tables,
+            slot_mapping=view["slot_mapping"],
+            state_indices=view["state_indices"],
+            state_indices_host=[0] * size,
+            block_size=block_size,
+            caches=caches,
+            seq_lens_tensor=view["seq_lens"],
+            max_seq_len=bucket,
+            static_shapes=True,
+        )
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.hidden: torch.Tensor | None = None
+
+    def load(self, step: DecodeInputs) -> None:
+        """Copy `step` into the static tensors; padding rows get the reserved slot 0 / block 0,
+        position 0, length 1."""
+        pad = self.size - step.num_seqs
+        values: list[int] = []
+        for name in _FIELDS:
+            values += getattr(step, name) + [1 if name == "seq_lens" else 0] * pad
+        if self.copied is not None:
+            self.copied.synchronize()  # the previous step's copy has left the pinned buffers
+        self.host_flat.copy_(torch.tensor(values, dtype=torch.long))
+        self.host_tables.zero_()
+        for i, table in enumerate(step.block_tables):
+            if len(table) > self.width:
+                raise ValueError(f"block_tables[{i}]: {len(table)} blocks > bucket {self.width}")
+            self.host_tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        self.flat.copy_(self.host_flat, non_blocking=True)
+        self.tables.copy_(self.host_tables, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+
+
+class DecodeGraphs:
+    """Captured decode steps of one model over its caches (see the module docstring).
+
+    Args:
+        model: the hybrid decoder; its parameters' device runs the steps.
+        caches: the model's cache tensors (`hyla.forward_batch.allocate_caches`).
+        block_size: tokens per cache block.
+        batch_sizes: ascending captured batch sizes (`graph_batch_sizes`).
+        capture: False runs the static-shape steps eagerly (no CUDA graph; any device).
+    """
+
+    def __init__(
+        self,
+        model: HybridModel,
+        caches: list[LayerCache],
+        block_size: int,
+        batch_sizes: tuple[int, ...],
+        capture: bool = True,
+    ) -> None:
+        self.model = model
+        self.caches = caches
+        self.block_size = block_size
+        self.batch_sizes = batch_sizes
+        self.capture = capture
+        self.device = next(model.parameters()).device
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.steps: dict[tuple[int, int], _StaticStep] = {}
+
+    def can_run(self, query_lens: list[int]) -> bool:
+        """Whether a step with these new-token counts runs captured (pure decode, batch fits)."""
+        return (
+            bool(self.batch_sizes)
+            and 0 < len(query_lens) <= self.batch_sizes[-1]
+            and all(q == 1 for q in query_lens)
+        )
+
+    def run(self, step: DecodeInputs) -> torch.Tensor:
+        """Run one decode step: hidden states [N, D] (a view of the graph's output, valid until
+        the next step). Raises ValueError when the step does not fit (`can_run`)."""
+        if not self.can_run([1] * step.num_seqs):
+            raise ValueError(f"decode graphs: batch of {step.num_seqs} rows does not fit")
+        size = next(b for b in self.batch_sizes if b >= step.num_seqs)
+        key = (size, context_bucket(max(step.seq_lens)))
+        static = self.steps.get(key)
+        if static is None:
+            static = self.steps[key] = self._build(*key)
+        static.load(step)
+        if static.graph is None:
+            hidden = self._forward(static)
+        else:
+            static.graph.replay()
+            hidden = static.hidden
+        return hidden[: step.num_seqs]
+
+    def _forward(self, static: _StaticStep) -> torch.Tensor:
+        return self.model(static.input_ids, static.batch.positions, static.batch)
+
+    def _build(self, size: int, bucket: int) -> _StaticStep:
+        static = _StaticStep(size, bucket, self.block_size, self.caches, self.device)
+        if not self.capture:
+            return static
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):  # compile and autotune the kernels outside the graph
+            for _ in range(2):
+                self._forward(static)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            static.hidden = self._forward(static)
+        static.graph = graph
+        logger.info("captured the decode graph for batch %d, context <= %d", size, bucket)
+        return static
