@@ -68,13 +68,18 @@ def _moe(f: HFFields) -> MoEConfig:
     )
 
 
+# transformers >= 5.2x writes "indexed_attention"; earlier 5.x releases wrote
+# "deepseek_sparse_attention" (seen in 5.17's saved configs)
+LAYER_TYPES = {"indexed_attention": "dsa", "deepseek_sparse_attention": "dsa"}
+
+
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """ModelConfig from a DeepSeek-V3.2 `config.json` dict. Raises ConfigError naming the field."""
     f = HFFields(d)
     require_silu(f)
     num_layers = f.integer("num_hidden_layers")
     if f.raw("layer_types", None) is not None:
-        layer_list(f, "layer_types", num_layers, {"indexed_attention": "dsa"})
+        layer_list(f, "layer_types", num_layers, LAYER_TYPES)
     ffns = _ffn_pattern(f, num_layers)
     qk_rope = f.integer("qk_rope_head_dim", 64)
     if "q_lora_rank" in d and d["q_lora_rank"] is None:  # not the default: DSA needs q_a_proj

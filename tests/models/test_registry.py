@@ -121,6 +121,16 @@ def test_deepseek_v32_release_config_yarn_and_fp8() -> None:
     assert ours == config_from_hf(hf.to_dict()).replace(extra=ours.extra)
 
 
+@pytest.mark.parametrize("name", ["indexed_attention", "deepseek_sparse_attention"])
+def test_deepseek_v32_layer_type_names_of_transformers_releases(name) -> None:
+    d = tiny_hf_config("deepseek_v32").to_dict()
+    d["layer_types"] = [name] * d["num_hidden_layers"]
+    assert set(config_from_hf(d).layer_pattern) == {"dsa"}
+    d["layer_types"][1] = "full_attention"
+    with pytest.raises(ConfigError, match=r"layer_types\[1\]"):
+        config_from_hf(d)
+
+
 def test_qwen3_next_from_transformers_to_dict() -> None:
     hf = tiny_hf_config("qwen3_next", mlp_only_layers=[1])
     config = config_from_hf(hf.to_dict())
