@@ -236,7 +236,7 @@ def hyla_decode(
                        mbu=moved["total"] / step_s / bandwidth)  # fmt: skip
             rows.append(row)
             print(f"hyla decode ({tag:6s}) B={b:3d}: {row['tokens_per_s']:9.1f} tok/s  step "
-                  f"{row['step_ms']:7.2f} ms  MBU {100 * row['mbu']:5.1f}%", flush=True)  # fmt: skip
+                  f"{row['step_ms']:7.2f} ms  MBU {100 * row['mbu']:5.1f}%")  # fmt: skip
     finally:
         engine.runner.graphs = graphs
     return rows

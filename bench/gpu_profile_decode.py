@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_e2e import build_hf_model, hyla_engine, parse_args, random_prompts  # noqa: E402
+
 from hyla.request import SamplingParams  # noqa: E402
 
 
