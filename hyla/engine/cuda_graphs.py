@@ -134,11 +134,12 @@ class _StaticStep:
         if self.copied is not None:
             self.copied.synchronize()  # the previous step's copy has left the pinned buffers
         self.host_flat.copy_(torch.tensor(values, dtype=torch.long))
-        self.host_tables.zero_()
-        for i, table in enumerate(step.block_tables):
-            if len(table) > self.width:
-                raise ValueError(f"block_tables[{i}]: {len(table)} blocks > bucket {self.width}")
-            self.host_tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        tables: list[int] = []
+        for table in step.block_tables:  # blocks past the bucket hold no token of the step
+            table = table[: self.width]
+            tables += table + [0] * (self.width - len(table))
+        tables += [0] * (self.width * pad)
+        self.host_tables.view(-1).copy_(torch.tensor(tables, dtype=torch.int32))
         self.flat.copy_(self.host_flat, non_blocking=True)
         self.tables.copy_(self.host_tables, non_blocking=True)
         if self.copied is not None:

@@ -5,8 +5,10 @@ in use). Here the shapes depend only on T, k and E, so a decode step never waits
 and the same ops could be captured in a CUDA graph. Pure PyTorch (any device; the tests run it
 on the CPU against the reference).
 
-Two forms, picked from host ints (T tokens, k slots, E experts, P = T * k pairs):
+Forms, picked from host ints (T tokens, k slots, E experts, P = T * k pairs):
 
+  P <= E, triton    `gemv.moe_gemv`: Triton GEMVs reading each pair's expert in place (no copy),
+                    weighted sum fused; bytes ~ P experts read once
   3 P <= E          gathered: each (token, slot) pair copies its expert's matrices
                     (`index_select` on the fused [E, ...] weights) and runs one batched GEMV;
                     bytes ~ 3 P experts (read, write, read), no FLOP wasted
@@ -26,15 +28,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hyla.ops.gpu import use_triton
 from hyla.ops.moe.cpu import moe_experts as grouped_moe_experts
 
 DENSE_MAX_ROWS = 8192  # T * E expert rows of the dense form
 
 
 def sync_free(num_tokens: int, topk: int, num_experts: int) -> bool:
-    """Whether `moe_experts` on T = num_tokens rows takes a sync-free form (capturable in a CUDA
-    graph) rather than the grouped fallback."""
-    return 3 * num_tokens * topk <= num_experts or num_tokens * num_experts <= DENSE_MAX_ROWS
+    """Whether `moe_experts` on T = num_tokens CUDA rows (triton installed) takes a sync-free form,
+    capturable in a CUDA graph, rather than the grouped fallback."""
+    return num_tokens * topk <= num_experts or num_tokens * num_experts <= DENSE_MAX_ROWS
 
 
 def moe_experts(
@@ -57,6 +60,10 @@ def moe_experts(
     if num_pairs == 0:
         return torch.zeros_like(hidden_states)
     num_tokens, topk = topk_ids.shape
+    if num_pairs <= num_experts and use_triton(hidden_states):
+        from hyla.ops.moe.gemv import moe_gemv
+
+        return moe_gemv(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids)
     if 3 * num_pairs <= num_experts:
         y = _gathered(hidden_states, gate_up_proj, down_proj, topk_ids)
     elif sync_free(num_tokens, topk, num_experts):

@@ -1,0 +1,30 @@
+"""The Triton MoE GEMV kernels on CPU tensors under TRITON_INTERPRET=1 (tiny shapes): the checks of
+`test_moe_gpu.py` without a GPU. Skipped as `test_dsa_interpret.py` is (no triton, CUDA present,
+or triton imported earlier without the flag: run this file on its own)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if not torch.cuda.is_available() and not PRELOADED:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from tests.gpu.test_moe_gpu import check_gemv  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
+    pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: see test_moe_gpu.py"),
+    pytest.mark.skipif(PRELOADED, reason="triton imported without TRITON_INTERPRET: run alone"),
+]
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_gemv(T: int) -> None:
+    assert check_gemv(T, torch.float32, "cpu", dims=(8, 3, 40, 24)) <= 1e-5
+    assert check_gemv(T, torch.bfloat16, "cpu", dims=(8, 2, 40, 24)) <= 3e-2
