@@ -4,7 +4,8 @@ hundreds of kernel launches from Python.
 
     decode step: N sequences, one new token each, longest L tokens
       -> graph (Bp, Lb): Bp = smallest captured batch size >= N,
-                         Lb = smallest power of two >= max(L, MIN_CONTEXT)
+                         Lb = smallest power of two >= max(L, MIN_CONTEXT), at most
+                              the engine's max_model_len
     rows N .. Bp - 1 are padding: token 0 at position 0, written to cache slot 0 (the reserved
     null block 0) with state slot 0 (the reserved padding slot) and length 1, so they read and
     write only reserved storage, never a real sequence's cache or state.
@@ -68,9 +69,11 @@ def kernels_capturable(config: ModelConfig) -> bool:
     return triton_available() and (fla_available() or not linear)
 
 
-def context_bucket(max_seq_len: int) -> int:
-    """Smallest power of two >= max(max_seq_len, MIN_CONTEXT)."""
-    return max(MIN_CONTEXT, 1 << max(0, max_seq_len - 1).bit_length())
+def context_bucket(max_seq_len: int, max_model_len: int | None = None) -> int:
+    """Smallest power of two >= max(max_seq_len, MIN_CONTEXT), capped at `max_model_len` (a step
+    never holds a longer sequence, so the last bucket is the model's length limit)."""
+    bucket = max(MIN_CONTEXT, 1 << max(0, max_seq_len - 1).bit_length())
+    return bucket if max_model_len is None else max(max_seq_len, min(bucket, max_model_len))
 
 
 @dataclass
@@ -155,6 +158,7 @@ class DecodeGraphs:
         block_size: tokens per cache block.
         batch_sizes: ascending captured batch sizes (`graph_batch_sizes`).
         capture: False runs the static-shape steps eagerly (no CUDA graph; any device).
+        max_model_len: caps the context buckets (`context_bucket`); None: powers of two only.
     """
 
     def __init__(
@@ -164,12 +168,14 @@ class DecodeGraphs:
         block_size: int,
         batch_sizes: tuple[int, ...],
         capture: bool = True,
+        max_model_len: int | None = None,
     ) -> None:
         self.model = model
         self.caches = caches
         self.block_size = block_size
         self.batch_sizes = batch_sizes
         self.capture = capture
+        self.max_model_len = max_model_len
         self.device = next(model.parameters()).device
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.steps: dict[tuple[int, int], _StaticStep] = {}
@@ -188,7 +194,7 @@ class DecodeGraphs:
         if not self.can_run([1] * step.num_seqs):
             raise ValueError(f"decode graphs: batch of {step.num_seqs} rows does not fit")
         size = next(b for b in self.batch_sizes if b >= step.num_seqs)
-        key = (size, context_bucket(max(step.seq_lens)))
+        key = (size, context_bucket(max(step.seq_lens), self.max_model_len))
         static = self.steps.get(key)
         if static is None:
             static = self.steps[key] = self._build(*key)

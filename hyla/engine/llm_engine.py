@@ -124,7 +124,7 @@ class LLMEngine:
                 sizes = graph_batch_sizes(self.model_config, sched.max_num_seqs)
             else:
                 logger.warning("no CUDA graphs: triton or fla-core is missing")
-        self.runner = ModelRunner(self.model, plan, sizes)
+        self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len)
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
         self.eos_token_ids = self._eos_token_ids()

@@ -48,10 +48,16 @@ class ModelRunner:
     Args:
         model: the hybrid decoder (its parameters' device is the step device).
         plan: pool sizes; the caches are allocated here, zero-filled.
+        graph_batch_sizes: batch sizes of captured decode steps (CUDA only; empty: none).
+        max_model_len: the longest sequence, the last context bucket of the graphs.
     """
 
     def __init__(
-        self, model: HybridModel, plan: CachePlan, graph_batch_sizes: tuple[int, ...] = ()
+        self,
+        model: HybridModel,
+        plan: CachePlan,
+        graph_batch_sizes: tuple[int, ...] = (),
+        max_model_len: int | None = None,
     ) -> None:
         self.model = model
         self.config = model.config
@@ -64,7 +70,10 @@ class ModelRunner:
         self.state_tensors = state_tensors(self.config, self.caches)
         self.graphs: DecodeGraphs | None = None
         if graph_batch_sizes and self.device.type == "cuda":
-            self.graphs = DecodeGraphs(model, self.caches, self.block_size, graph_batch_sizes)
+            self.graphs = DecodeGraphs(
+                model, self.caches, self.block_size, graph_batch_sizes,
+                max_model_len=max_model_len,
+            )  # fmt: skip
 
     @torch.inference_mode()
     def execute(

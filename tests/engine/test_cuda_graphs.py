@@ -37,6 +37,8 @@ def test_buckets():
     assert [context_bucket(n) for n in (1, 256, 257, 1000, 1 << 20)] == [
         256, 256, 512, 1024, 1 << 20,
     ]  # fmt: skip
+    assert context_bucket(300, 400) == 400 and context_bucket(100, 400) == 256
+    assert context_bucket(5000, 4096 + 8) == 5000  # never below the step's own length
     kimi = config_from_hf(tiny_hf_config("kimi_linear").to_dict())
     sizes = graph_batch_sizes(kimi, 64)
     assert sizes[0] == 1 and sizes[-1] == 64 and list(sizes) == sorted(sizes)

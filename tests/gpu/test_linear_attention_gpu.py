@@ -108,6 +108,21 @@ def test_chunk_varlen_matches_reference(kind, H, HV, dtype) -> None:
         assert rms <= rms_bound and mx <= max_bound, f"{name}: rms {rms:.2e} max {mx:.2e}"
 
 
+@pytest.mark.parametrize("kind", ["kda", "gdn"])
+def test_chunk_100k_token_sequence_beside_short_ones(kind) -> None:
+    """A 100K-token sequence packed with 1- and 37-token ones (fp32, GVA for GDN), against the
+    token-by-token fp32 recurrence: the chunk bounds hold over 100K tokens."""
+    H, HV = (2, 2) if kind == "kda" else (2, 4)
+    x, cu, h0 = _inputs(kind, [1, 100_000, 37], H, HV, torch.float32, seed=3)
+    o, state = OPS[kind][0](*x.values(), cu, h0, use_qk_l2norm=True)
+    ref_o, ref_state = _reference(kind, x, cu, h0, use_qk_l2norm=True)
+    rms_bound, max_bound = CHUNK_BOUNDS[torch.float32]
+    for name, got, want in (("o", o, ref_o), ("state", state, ref_state)):
+        rms, mx = _errors(got, want)
+        print(f"{kind} 100K chunk {name}: rms {rms:.2e} max {mx:.2e}")
+        assert rms <= rms_bound and mx <= max_bound, f"{name}: rms {rms:.2e} max {mx:.2e}"
+
+
 @pytest.mark.parametrize("kind,H,HV", HEADS)
 def test_chunk_without_initial_state_inplace_and_no_l2norm(kind, H, HV) -> None:
     # k pre-normalized (use_qk_l2norm=False needs |k| <= 1 for a stable delta rule), custom scale
