@@ -108,7 +108,8 @@ def _down_sum_kernel(
             offs_i = i0 + tl.arange(0, BLOCK_I)
             mask_i = offs_i < I
             h = tl.load(h_ptr + (t * TOPK + j) * stride_hp + offs_i, mask=mask_i, other=0.0)
-            wd = tl.load(w_rows + offs_i[None, :], mask=mask_d[:, None] & mask_i[None, :], other=0.0)
+            mask = mask_d[:, None] & mask_i[None, :]
+            wd = tl.load(w_rows + offs_i[None, :], mask=mask, other=0.0)
             acc += tl.sum(wd.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
         term = (acc.to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
         if r == 0:
