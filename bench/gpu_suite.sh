@@ -15,12 +15,12 @@ run() {  # run SECONDS NAME COMMAND...
     timeout "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log" | tail -25
 }
 # fla compiles and autotunes each new shape on first use (~40 s each on an H200 in 2026-11)
-run 120 gpu_tests_dsa_norm_paged python3 -m pytest -q -p no:cacheprovider -rs \
+run 400 gpu_tests_dsa_norm_paged python3 -m pytest -q -p no:cacheprovider -rs \
     tests/gpu/test_dsa_gpu.py tests/gpu/test_norm_paged_gpu.py tests/gpu/test_kernel_strides.py \
-    tests/gpu/test_moe_gpu.py
+    tests/gpu/test_moe_gpu.py tests/gpu/test_cuda_graphs_gpu.py
 run 900 gpu_tests_linear_attention python3 -m pytest -q -p no:cacheprovider -rs -s \
     tests/gpu/test_linear_attention_gpu.py
 run 240 gpu_dsa_decode python3 bench/gpu_dsa_decode.py
 run 300 gpu_linear_attention python3 bench/gpu_linear_attention.py
-run 300 gpu_e2e python3 bench/gpu_e2e.py --out-dir "$OUT_DIR"
+run 400 gpu_e2e python3 bench/gpu_e2e.py --prefill-lens 8192,131072 --out-dir "$OUT_DIR"
 run 400 gpu_long_context python3 bench/gpu_long_context.py --out-dir "$OUT_DIR"

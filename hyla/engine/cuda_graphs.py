@@ -2,7 +2,7 @@
 bucket) and replay it with new inputs, so a decode step costs one graph launch instead of
 hundreds of kernel launches from Python.
 
-    decode step: N sequences, one new token each, longest L tokens
+    decode step: N sequences, one new token each after >= 1 cached token, longest L tokens
       -> graph (Bp, Lb): Bp = smallest captured batch size >= N,
                          Lb = smallest power of two >= max(L, MIN_CONTEXT), at most
                               the engine's max_model_len
@@ -16,13 +16,14 @@ only (`hyla.forward_batch`). Its inputs live in one int64 device buffer (token i
 slot mapping, state slots, lengths) and one int32 block table [Bp, Lb / B], filled per step by
 two host-to-device copies from pinned memory.
 
-Which steps can run captured: pure decode steps on CUDA with triton (and fla-core for KDA / GDN
-layers: `kernels_capturable`), of models whose mixers read lengths on the device
-(`GRAPH_MIXERS`; GQA's paged attention still sizes its work from host lengths), at batch sizes
-where every MoE layer takes a sync-free form (`hyla.ops.moe.kernels.sync_free`). Graphs
-are captured lazily, on a step's first use of a (Bp, Lb) pair, and share one memory pool
-(replays never overlap). With `capture=False` the same static-shape step runs eagerly: the CPU
-tests use it to check padding and bucketing against the plain step.
+Which steps can run captured: pure decode steps (no sequence at context 0: `can_run`) on CUDA
+with triton (and fla-core for KDA / GDN layers: `kernels_capturable`), of models whose mixers
+read lengths on the device (`GRAPH_MIXERS`; GQA's paged attention still sizes its work from
+host lengths), at batch sizes where every MoE layer takes a sync-free form
+(`hyla.ops.moe.kernels.sync_free`). Graphs are captured lazily, on a step's first use of a
+(Bp, Lb) pair, and share one memory pool (replays never overlap). With `capture=False` the same
+static-shape step runs eagerly: the CPU tests use it to check padding and bucketing against the
+plain step.
 """
 
 from __future__ import annotations
@@ -180,18 +181,22 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.steps: dict[tuple[int, int], _StaticStep] = {}
 
-    def can_run(self, query_lens: list[int]) -> bool:
-        """Whether a step with these new-token counts runs captured (pure decode, batch fits)."""
+    def can_run(self, query_lens: list[int], context_lens: list[int]) -> bool:
+        """Whether a step with these new-token and cached-token counts runs captured: the batch
+        fits and it is a pure decode, one new token after a non-empty context per sequence (a
+        static step's host `context_lens` are placeholders, so its linear layers always read
+        their state slots: a sequence's first token must start from the zero state eagerly)."""
         return (
             bool(self.batch_sizes)
             and 0 < len(query_lens) <= self.batch_sizes[-1]
             and all(q == 1 for q in query_lens)
+            and all(c > 0 for c in context_lens)
         )
 
     def run(self, step: DecodeInputs) -> torch.Tensor:
         """Run one decode step: hidden states [N, D] (a view of the graph's output, valid until
         the next step). Raises ValueError when the step does not fit (`can_run`)."""
-        if not self.can_run([1] * step.num_seqs):
+        if not self.can_run([1] * step.num_seqs, step.positions):
             raise ValueError(f"decode graphs: batch of {step.num_seqs} rows does not fit")
         size = next(b for b in self.batch_sizes if b >= step.num_seqs)
         key = (size, context_bucket(max(step.seq_lens), self.max_model_len))

@@ -8,8 +8,8 @@ manager), run the model once, and compute logits only for the rows that need the
     logits:                        ^ sample     ^ sample (last row)
            ^^^^^^^^^^^^^ prompt-logprob rows, when r0 asked for them
 
-A pure decode step (one new token per request) on CUDA replays a captured CUDA graph instead
-(`hyla.engine.cuda_graphs`) when the model and batch size allow it.
+A pure decode step (one new token per request, none at context 0) on CUDA replays a captured
+CUDA graph instead (`hyla.engine.cuda_graphs`) when the model and batch size allow it.
 
 A request is sampled when this step computes its last uncomputed token. Prompt logprobs come
 from the rows at positions p < prompt_len - 1 (row p predicts prompt token p + 1).
@@ -102,7 +102,7 @@ class ModelRunner:
         tokens: list[int] = []
         for r, c, q in zip(ids, context_lens, query_lens, strict=True):
             tokens.extend(requests[r].all_token_ids[c : c + q])
-        if self.graphs is not None and self.graphs.can_run(query_lens):
+        if self.graphs is not None and self.graphs.can_run(query_lens, context_lens):
             step = decode_inputs(tokens, context_lens, tables, slots, self.block_size)
             hidden = self.graphs.run(step)
         else:

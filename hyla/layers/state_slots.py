@@ -51,7 +51,10 @@ def _slot_range(
     batch: ForwardBatch, states: torch.Tensor
 ) -> tuple[slice, torch.Tensor | None] | None:
     """When this step's state slots are exactly the rows lo .. lo + N - 1 (fp32 states), that
-    range and the batch positions in slot order (None if already in order); else None."""
+    range and the batch positions in slot order (None if already in order); else None. Always
+    None for a static-shape step, whose host slots are capture-time placeholders."""
+    if batch.static_shapes:
+        return None
     slots = batch.state_indices_host
     lo = min(slots)
     if states.dtype != torch.float32 or sorted(slots) != list(range(lo, lo + len(slots))):
@@ -94,7 +97,8 @@ def delta_rule_step(
     """Run the delta rule over a packed step from each sequence's slot state and write the final
     states back. Multi-token sequences go through `chunk_fn`, single tokens `recurrent_fn`; a
     step of only one or only the other is one call, and a decode step updates its slots in place
-    (on CUDA any slots, through the op's `state_indices`; elsewhere a contiguous range).
+    (on CUDA any slots, through the op's `state_indices`; elsewhere a contiguous range of an
+    eager step's host slots).
 
     Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
     """
