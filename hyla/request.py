@@ -226,7 +226,10 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """What a request has produced so far (cumulative), returned by `LLMEngine.step()`."""
+    """What a request has produced so far (cumulative), returned by `LLMEngine.step()`.
+
+    `prompt_token_ids` is the same list object in every output of a request (copying a 1M-token
+    prompt each decode step would cost ~4 ms): read it, do not modify it."""
 
     request_id: str
     prompt: str | None

@@ -107,6 +107,8 @@ class _StaticStep:
         self.host_flat = torch.zeros(self.flat.shape, dtype=torch.long, pin_memory=pin)
         self.host_tables = torch.zeros(self.tables.shape, dtype=torch.int32, pin_memory=pin)
         self.copied = torch.cuda.Event() if pin else None
+        self.row_tables: list[list[int] | None] = [None] * size  # table object loaded per row
+        self.row_written = [0] * size  # entries of it in host_tables
         view = dict(zip(_FIELDS, self.flat.view(len(_FIELDS), size), strict=True))
         self.input_ids = view["input_ids"]
         view["seq_lens"].fill_(1)
@@ -130,7 +132,7 @@ class _StaticStep:
 
     def load(self, step: DecodeInputs) -> None:
         """Copy `step` into the static tensors; padding rows get the reserved slot 0 / block 0,
-        position 0, length 1."""
+        position 0, length 1. Block-table rows are written incrementally (`_load_tables`)."""
         pad = self.size - step.num_seqs
         values: list[int] = []
         for name in _FIELDS:
@@ -138,16 +140,33 @@ class _StaticStep:
         if self.copied is not None:
             self.copied.synchronize()  # the previous step's copy has left the pinned buffers
         self.host_flat.copy_(torch.tensor(values, dtype=torch.long))
-        tables: list[int] = []
-        for table in step.block_tables:  # blocks past the bucket hold no token of the step
-            table = table[: self.width]
-            tables += table + [0] * (self.width - len(table))
-        tables += [0] * (self.width * pad)
-        self.host_tables.view(-1).copy_(torch.tensor(tables, dtype=torch.int32))
+        self._load_tables(step.block_tables)
         self.flat.copy_(self.host_flat, non_blocking=True)
         self.tables.copy_(self.host_tables, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
+
+    def _load_tables(self, tables: list[list[int]]) -> None:
+        """Write each row's block table into `host_tables`, only its new entries when the row
+        holds the same table object as last step (the cache manager's tables are append-only
+        lists while their sequence lives: a 1M-token table rebuilt every step would cost ~1 ms
+        of host time). Blocks past the bucket hold no token of the step and are left out."""
+        for i in range(self.size):
+            table = tables[i] if i < len(tables) else None
+            if table is None:
+                if self.row_tables[i] is not None or self.row_written[i]:
+                    self.host_tables[i].zero_()  # padding: the null block 0
+                self.row_tables[i], self.row_written[i] = None, 0
+                continue
+            end = min(len(table), self.width)
+            start = self.row_written[i] if self.row_tables[i] is table else 0
+            if start > end:
+                start = 0
+            if start == 0 and self.row_written[i]:
+                self.host_tables[i].zero_()
+            if end > start:
+                self.host_tables[i, start:end] = torch.tensor(table[start:end], dtype=torch.int32)
+            self.row_tables[i], self.row_written[i] = table, end
 
 
 class DecodeGraphs:

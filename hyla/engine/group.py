@@ -88,7 +88,7 @@ class RequestGroup:
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=list(self.prompt_token_ids),
+            prompt_token_ids=self.prompt_token_ids,  # shared, never copied: O(prompt) a step
             prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
             outputs=[s.completion(i) for i, s in enumerate(seqs)],
             finished=finished,

@@ -118,3 +118,32 @@ def test_padding_rows_touch_only_reserved_storage(tmp_path):
     with torch.inference_mode():
         plain = model(torch.tensor([11, 12]), batch.positions, batch)
     torch.testing.assert_close(hidden, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_block_tables_load_incrementally_and_follow_row_changes(tmp_path):
+    """Rows keep their table object across steps (append-only): only new entries are written;
+    a row given another table, or turned into padding, is rewritten. The device table always
+    equals the rows' tables, zero padded."""
+    from hyla.engine.cuda_graphs import _StaticStep
+
+    static = _StaticStep(4, 64, 4, [], torch.device("cpu"))  # width 16
+    a, b, c = [3, 7], [5, 9, 2], [11]
+
+    def step(tables):
+        n = len(tables)
+        return DecodeInputs([1] * n, [1] * n, [0] * n, [0] * n, [2] * n, tables)
+
+    def expected(tables):
+        want = torch.zeros(4, 16, dtype=torch.int32)
+        for i, t in enumerate(tables):
+            want[i, : len(t)] = torch.tensor(t[:16], dtype=torch.int32)
+        return want
+
+    for tables in ([a, b], [a, b, c], [b, a, c], [c]):
+        static.load(step(tables))
+        assert torch.equal(static.tables, expected(tables)), tables
+        a.append(len(a) + 20)  # the tables grow between steps, in place
+        b.extend(range(40, 52))  # past the width: truncated
+    static.load(step([a, b]))
+    assert torch.equal(static.tables, expected([a, b]))
+    assert static.row_written == [len(a), 16, 0, 0]
