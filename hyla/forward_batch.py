@@ -60,7 +60,8 @@ class ForwardBatch:
             device sync on a GPU).
         block_size: tokens per block B.
         caches: per layer index, that layer's cache tensors by name (see `hyla.cache.spec`).
-        seq_lens_tensor: [N] int32 context plus new tokens per sequence, on the device.
+        seq_lens_tensor: [N] int32 (int64 in captured steps) context plus new tokens per
+            sequence, on the device.
         max_seq_len: host int >= every sequence's length (the true maximum in an eager step,
             the context bucket of a captured one); sizes buffers and split counts.
         static_shapes: the host lists are capture-time placeholders (see the module docstring).

@@ -40,7 +40,8 @@ def mla_paged(
         latent_cache: [P, B, R + Dr] rows `[c_kv | k_rope]`, this step's rows written.
         block_tables: [N, max_blocks] int32 (at least ceil(max_seq_len / B) columns);
         cu_seqlens: [N + 1] int32.
-        seq_lens: [N] int32 device tensor, cached tokens per sequence including this step's.
+        seq_lens: [N] int32 or int64 device tensor, cached tokens per sequence including this
+            step's.
         max_seq_len: host int >= every seq_lens entry (sizes buffers and the split count only).
         kv_b_weight: [H * (Dn + Dv), R]; scale: softmax scale.
     Returns: [T, H, Dv] in q's dtype; softmax in float32.
