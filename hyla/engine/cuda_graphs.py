@@ -18,12 +18,12 @@ two host-to-device copies from pinned memory.
 
 Which steps can run captured: pure decode steps (no sequence at context 0: `can_run`) on CUDA
 with triton (and fla-core for KDA / GDN layers: `kernels_capturable`), of models whose mixers
-read lengths on the device (`GRAPH_MIXERS`; GQA's paged attention still sizes its work from
-host lengths), at batch sizes where every MoE layer takes a sync-free form
-(`hyla.ops.moe.kernels.sync_free`). Graphs are captured lazily, on a step's first use of a
-(Bp, Lb) pair, and share one memory pool (replays never overlap). With `capture=False` the same
-static-shape step runs eagerly: the CPU tests use it to check padding and bucketing against the
-plain step.
+read lengths on the device (`GRAPH_MIXERS`), at batch sizes where every MoE layer takes a
+sync-free form (`hyla.ops.moe.kernels.sync_free`). Should a capture fail all the same, the
+graphs turn themselves off (`CaptureFailed`) and decode runs eagerly. Graphs are captured
+lazily, on a step's first use of a (Bp, Lb) pair, and share one memory pool (replays never
+overlap). With `capture=False` the same static-shape step runs eagerly: the CPU tests use it to
+check padding and bucketing against the plain step.
 """
 
 from __future__ import annotations
@@ -42,8 +42,13 @@ logger = logging.getLogger("hyla.engine")
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 MIN_CONTEXT = 256  # smallest context bucket (a power of two)
-GRAPH_MIXERS = frozenset({"mla", "dsa", "kda", "gdn"})
+GRAPH_MIXERS = frozenset({"mla", "dsa", "kda", "gdn", "gqa"})
 _FIELDS = ("input_ids", "positions", "slot_mapping", "state_indices", "seq_lens")
+
+
+class CaptureFailed(RuntimeError):
+    """A decode step could not be captured (an op on the decode path read the device back, or
+    is not capturable); the `DecodeGraphs` turned itself off and the step should run eagerly."""
 
 
 def graph_batch_sizes(config: ModelConfig, max_num_seqs: int) -> tuple[int, ...]:
@@ -242,10 +247,20 @@ class DecodeGraphs:
         with torch.cuda.stream(stream):  # compile and autotune the kernels outside the graph
             for _ in range(2):
                 self._forward(static)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static.hidden = self._forward(static)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                static.hidden = self._forward(static)
+        except RuntimeError as err:  # defensive: every decode op is meant to be capturable
+            torch.cuda.set_stream(current)  # a failed capture_end leaves the capture stream set
+            self.batch_sizes, self.steps = (), {}
+            logger.warning(
+                "CUDA graph capture failed (batch %d, context <= %d); decode steps run eagerly "
+                "from now on: %s", size, bucket, err,
+            )  # fmt: skip
+            raise CaptureFailed(str(err)) from err
         static.graph = graph
         logger.info("captured the decode graph for batch %d, context <= %d", size, bucket)
         return static

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hyla.cache.manager import CacheManager
-from hyla.engine.cuda_graphs import DecodeGraphs, DecodeInputs
+from hyla.engine.cuda_graphs import CaptureFailed, DecodeGraphs, DecodeInputs
 from hyla.engine.memory import CachePlan
 from hyla.engine.sampler import top_logprobs
 from hyla.engine.state_copies import copy_state_rows, state_tensors
@@ -102,10 +102,14 @@ class ModelRunner:
         tokens: list[int] = []
         for r, c, q in zip(ids, context_lens, query_lens, strict=True):
             tokens.extend(requests[r].all_token_ids[c : c + q])
+        hidden = None
         if self.graphs is not None and self.graphs.can_run(query_lens, context_lens):
             step = decode_inputs(tokens, context_lens, tables, slots, self.block_size)
-            hidden = self.graphs.run(step)
-        else:
+            try:
+                hidden = self.graphs.run(step)
+            except CaptureFailed:  # the graphs are off now: this step and the next run eagerly
+                hidden = None
+        if hidden is None:
             batch = build_forward_batch(
                 query_lens=query_lens,
                 context_lens=context_lens,

@@ -21,7 +21,7 @@ from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rotary import RotaryEmbedding
 from hyla.ops.gpu import use_triton
-from hyla.ops.gqa import paged_gqa
+from hyla.ops.gqa import paged_gqa, paged_gqa_bounded
 from hyla.ops.mla import mla_absorbed_batched, mla_expanded, mla_paged
 from hyla.ops.paged import write_paged
 from hyla.ops.rotary import rope_softmax_mscale
@@ -208,7 +208,9 @@ class GQAttention(nn.Module):
     channels then K gate channels), `k_proj` / `v_proj` [HKV*K, D], `o_proj` [D, H*K]; `q_norm`,
     `k_norm` [K] (zero-centred when `config.norm_offset` is 1). Rope rotates the first
     `config.rope.rotary_dim` channels of each head (partial rotary). Caches "k" / "v"
-    [P, B, HKV, K] hold the normed, roped keys and the values.
+    [P, B, HKV, K] hold the normed, roped keys and the values. A static-shape (captured) step
+    attends through `paged_gqa_bounded` (lengths on the device), any other step through
+    `paged_gqa` (host lengths, one sequence at a time).
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -251,15 +253,16 @@ class GQAttention(nn.Module):
         cache = batch.caches[self.layer_idx]
         write_paged(cache["k"], batch.slot_mapping, k)
         write_paged(cache["v"], batch.slot_mapping, v)
-        out = paged_gqa(
-            q,
-            cache["k"],
-            cache["v"],
-            batch.block_tables,
-            batch.cu_seqlens,
-            batch.seq_lens,
-            self.scale,
-        ).flatten(1)  # [T, H*K]
+        if batch.static_shapes:  # a captured step: lengths from the device, size from the bound
+            out = paged_gqa_bounded(
+                q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
+                batch.seq_lens_tensor, batch.max_seq_len, self.scale,
+            ).flatten(1)  # fmt: skip
+        else:
+            out = paged_gqa(
+                q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
+                batch.seq_lens, self.scale,
+            ).flatten(1)  # [T, H*K]  # fmt: skip
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(num_tokens, -1))
         return self.o_proj(out)

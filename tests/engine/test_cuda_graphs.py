@@ -44,7 +44,13 @@ def test_buckets():
     assert sizes[0] == 1 and sizes[-1] == 64 and list(sizes) == sorted(sizes)
     assert graph_batch_sizes(kimi, 20)[-1] == 20
     qwen = config_from_hf(tiny_hf_config("qwen3_next").to_dict())
-    assert "gqa" in qwen.layer_pattern and graph_batch_sizes(qwen, 64) == ()
+    assert "gqa" in qwen.layer_pattern and graph_batch_sizes(qwen, 64)[-1] == 64
+
+    from hyla.engine import cuda_graphs
+
+    with pytest.MonkeyPatch.context() as mp:  # a mixer kind not known to be capturable
+        mp.setattr(cuda_graphs, "GRAPH_MIXERS", frozenset({"kda"}))
+        assert graph_batch_sizes(kimi, 64) == ()
 
 
 def test_moe_limits_the_batch_sizes():
@@ -54,7 +60,7 @@ def test_moe_limits_the_batch_sizes():
     assert graph_batch_sizes(big, 256)[-1] == 32  # T * E <= 8192: 32 * 256
 
 
-@pytest.mark.parametrize("family", ["kimi_linear", "deepseek_v32"])
+@pytest.mark.parametrize("family", ["kimi_linear", "deepseek_v32", "qwen3_next"])
 def test_static_decode_steps_match_plain_steps(tmp_path, family):
     save_checkpoint(family, tmp_path)
     model = load(tmp_path)
@@ -147,3 +153,32 @@ def test_block_tables_load_incrementally_and_follow_row_changes(tmp_path):
     static.load(step([a, b]))
     assert torch.equal(static.tables, expected([a, b]))
     assert static.row_written == [len(a), 16, 0, 0]
+
+
+def test_a_failed_capture_turns_the_graphs_off_and_the_step_runs_eagerly(tmp_path):
+    """`CaptureFailed` from the graphs (a decode op that cannot be captured): the runner runs
+    that step and every later one eagerly, with the plain engine's tokens."""
+    from hyla.engine.cuda_graphs import CaptureFailed
+
+    save_checkpoint("kimi_linear", tmp_path)
+    model = load(tmp_path)
+    prompts = [prompt_ids(n, seed=n) for n in (5, 9)]
+
+    class Failing(DecodeGraphs):
+        def _build(self, size, bucket):
+            self.batch_sizes, self.steps = (), {}
+            raise CaptureFailed("simulated")
+
+    outputs = []
+    for failing in (False, True):
+        engine = make_engine(model)
+        if failing:
+            r = engine.runner
+            r.graphs = Failing(model, r.caches, r.block_size, (1, 2), capture=False)
+        with one_torch_thread():
+            for i, p in enumerate(prompts):
+                engine.add_request(str(i), p, PARAMS)
+            outputs.append(run_all(engine))
+    assert r.graphs.batch_sizes == ()
+    for rid in outputs[0]:
+        assert_same_completion(outputs[0][rid], outputs[1][rid], atol=1e-5)

@@ -34,7 +34,7 @@ from tests.engine.engine_util import (
 )
 
 ATOL = 1e-4
-FAMILIES = ["kimi_linear", "deepseek_v32"]
+FAMILIES = ["kimi_linear", "deepseek_v32", "qwen3_next"]
 Script = Callable[[LLMEngine], dict[str, RequestOutput]]
 
 

@@ -1,6 +1,7 @@
 """CUDA-graph decode on a GPU: the engine with captured decode steps (the default on CUDA) gives
 the tokens of the same engine run eagerly (`enforce_eager=True`), for tiny Kimi-Linear (KDA +
-MLA + MoE) and DeepSeek-V3.2 (DSA with top-k 16, so long rows take the indexer) models in fp32.
+MLA + MoE), DeepSeek-V3.2 (DSA with top-k 16, so long rows take the indexer) and Qwen3-Next
+(GDN + gated GQA + MoE) models in fp32.
 
 Batches of 3 and 6 sequences are padded to the buckets 4 and 8; requests finish at different
 steps, so the batch shrinks and changes bucket mid-run. Bounds: identical greedy token ids;
@@ -33,7 +34,7 @@ def _run(model, eager: bool, prompts: list[list[int]]):
     return run_all(engine), engine
 
 
-@pytest.mark.parametrize("family", ["kimi_linear", "deepseek_v32"])
+@pytest.mark.parametrize("family", ["kimi_linear", "deepseek_v32", "qwen3_next"])
 @pytest.mark.parametrize("num_seqs", [3, 6])
 def test_graph_decode_matches_eager(tmp_path, family, num_seqs) -> None:
     from hyla.models.loader import load_model

@@ -86,3 +86,28 @@ def test_rejects_bad_head_ratio() -> None:
             [1],
             1.0,
         )
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa2", "mqa"])
+@pytest.mark.parametrize("extra", [0, 23])
+def test_bounded_form_matches_sdpa(heads: tuple[int, int], extra: int) -> None:
+    """`paged_gqa_bounded`: lengths as a device tensor under a host bound (>= the longest, block
+    tables padded to it with the NaN block 0): the per-sequence SDPA oracle, every row."""
+    from hyla.ops.gqa import paged_gqa_bounded
+
+    torch.manual_seed(1)
+    num_heads, num_kv_heads = heads
+    dim, scale = 8, 8**-0.5
+    seq_lens, query_lens = [17, 15, 31, 1, 40], [17, 5, 1, 1, 3]
+    k_cache, v_cache, bt, ks, vs = _paged(seq_lens, num_kv_heads, dim)
+    bound = max(seq_lens) + extra
+    bt = F.pad(bt, (0, -(-bound // BLOCK) - bt.shape[1]))
+    cu = torch.tensor([0] + torch.tensor(query_lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(int(cu[-1]), num_heads, dim)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    out = paged_gqa_bounded(q, k_cache, v_cache, bt, cu, lens, bound, scale)
+    assert not out.isnan().any()
+    for i in range(len(seq_lens)):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        want = _sdpa(q[rows], ks[i], vs[i], scale)
+        torch.testing.assert_close(out[rows], want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,60 @@
+"""Paged causal GQA with the lengths on the device: the form a captured decode step needs
+(`hyla.engine.cuda_graphs`), where nothing may depend on host lengths but a bound.
+
+    row t of sequence i sits at position p = seq_lens[i] - (cu_seqlens[i + 1] - t)
+    keys and values of positions 0 .. max_seq_len - 1 gathered per row through the block table,
+    positions > p masked (their slots may hold anything, NaN included), then softmax attention
+
+Same result as `reference.paged_gqa` (tests/ops/test_gqa.py holds them together), at the cost of
+reading every row's keys up to the bound: meant for decode-sized batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hyla.ops.dsa_indexer.rows import row_positions
+
+
+def paged_gqa_bounded(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Causal GQA of every packed row over its sequence's paged K/V (no host read).
+
+    Args:
+        q: [T, H, K] roped queries; k_cache: [P, B, HKV, K]; v_cache: [P, B, HKV, V]; query
+            head h reads kv head h // (H // HKV).
+        block_tables: [N, max_blocks] int32 (at least ceil(max_seq_len / B) columns);
+        cu_seqlens: [N + 1] int32.
+        seq_lens: [N] int32 or int64 device tensor, cached tokens per sequence (this step's
+            included); max_seq_len: host int >= every entry.
+        scale: softmax scale.
+    Returns: [T, H, V] in q's dtype; softmax in float32 (as `reference.masked_attention`).
+    Raises: ValueError when H is not a multiple of HKV.
+    """
+    num_rows, num_heads, _ = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"paged_gqa: {num_heads} query heads, {num_kv_heads} kv heads")
+    group = num_heads // num_kv_heads
+    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    block = k_cache.shape[1]
+    pos = torch.arange(max_seq_len, device=q.device)
+    slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]
+    rows = slots[row_seq.long()]  # [T, L]
+    visible = pos[None, :] <= row_pos[:, None]  # [T, L]
+    k = k_cache.flatten(0, 1)[rows].to(q.dtype)  # [T, L, HKV, K]
+    v = v_cache.flatten(0, 1)[rows].to(q.dtype)
+    k = k.masked_fill(~visible[..., None, None], 0.0).repeat_interleave(group, dim=2)
+    v = v.masked_fill(~visible[..., None, None], 0.0).repeat_interleave(group, dim=2)
+    scores = torch.einsum("thk,tlhk->thl", q, k) * scale
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.einsum("thl,tlhv->thv", probs, v)
