@@ -43,6 +43,9 @@ logger = logging.getLogger("hyla.engine")
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 MIN_CONTEXT = 256  # smallest context bucket (a power of two)
 GRAPH_MIXERS = frozenset({"mla", "dsa", "kda", "gdn", "gqa"})
+# GQA's captured form gathers [Bp, Lb, HKV, K] keys and values: steps past Bp * Lb rows run
+# eagerly (one sequence at a time) instead (1M rows: 2 GiB of K and V at HKV * K = 512, bf16)
+GATHER_ROWS = 1 << 20
 _FIELDS = ("input_ids", "positions", "slot_mapping", "state_indices", "seq_lens")
 
 
@@ -202,28 +205,41 @@ class DecodeGraphs:
         self.capture = capture
         self.max_model_len = max_model_len
         self.device = next(model.parameters()).device
+        self.max_rows = GATHER_ROWS if "gqa" in model.config.layer_pattern else None
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.steps: dict[tuple[int, int], _StaticStep] = {}
 
     def can_run(self, query_lens: list[int], context_lens: list[int]) -> bool:
         """Whether a step with these new-token and cached-token counts runs captured: the batch
-        fits and it is a pure decode, one new token after a non-empty context per sequence (a
+        fits, it is a pure decode, one new token after a non-empty context per sequence (a
         static step's host `context_lens` are placeholders, so its linear layers always read
-        their state slots: a sequence's first token must start from the zero state eagerly)."""
-        return (
-            bool(self.batch_sizes)
+        their state slots: a sequence's first token must start from the zero state eagerly),
+        and for models with GQA layers the padded batch times the context bucket is at most
+        `GATHER_ROWS`."""
+        if not (
+            self.batch_sizes
             and 0 < len(query_lens) <= self.batch_sizes[-1]
             and all(q == 1 for q in query_lens)
             and all(c > 0 for c in context_lens)
-        )
+        ):
+            return False
+        return self.max_rows is None or self._key(len(query_lens), context_lens) is not None
+
+    def _key(self, num_seqs: int, context_lens: list[int]) -> tuple[int, int] | None:
+        """(batch bucket, context bucket) of a fitting step; None past `max_rows`."""
+        size = next(b for b in self.batch_sizes if b >= num_seqs)
+        bucket = context_bucket(max(context_lens) + 1, self.max_model_len)
+        if self.max_rows is not None and size * bucket > self.max_rows:
+            return None
+        return size, bucket
 
     def run(self, step: DecodeInputs) -> torch.Tensor:
         """Run one decode step: hidden states [N, D] (a view of the graph's output, valid until
         the next step). Raises ValueError when the step does not fit (`can_run`)."""
         if not self.can_run([1] * step.num_seqs, step.positions):
             raise ValueError(f"decode graphs: batch of {step.num_seqs} rows does not fit")
-        size = next(b for b in self.batch_sizes if b >= step.num_seqs)
-        key = (size, context_bucket(max(step.seq_lens), self.max_model_len))
+        key = self._key(step.num_seqs, step.positions)
+        assert key is not None  # can_run checked it
         static = self.steps.get(key)
         if static is None:
             static = self.steps[key] = self._build(*key)
@@ -242,18 +258,18 @@ class DecodeGraphs:
         static = _StaticStep(size, bucket, self.block_size, self.caches, self.device)
         if not self.capture:
             return static
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):  # compile and autotune the kernels outside the graph
-            for _ in range(2):
-                self._forward(static)
         current = torch.cuda.current_stream(self.device)
-        current.wait_stream(stream)
+        stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
         try:
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream):  # compile and autotune the kernels outside the graph
+                for _ in range(2):
+                    self._forward(static)
+            current.wait_stream(stream)
             with torch.cuda.graph(graph, pool=self.pool):
                 static.hidden = self._forward(static)
-        except RuntimeError as err:  # defensive: every decode op is meant to be capturable
+        except RuntimeError as err:  # out of memory, or an op that cannot be captured
             torch.cuda.set_stream(current)  # a failed capture_end leaves the capture stream set
             self.batch_sizes, self.steps = (), {}
             logger.warning(

@@ -182,3 +182,28 @@ def test_a_failed_capture_turns_the_graphs_off_and_the_step_runs_eagerly(tmp_pat
     assert r.graphs.batch_sizes == ()
     for rid in outputs[0]:
         assert_same_completion(outputs[0][rid], outputs[1][rid], atol=1e-5)
+
+
+def test_gqa_steps_past_the_gather_bound_run_eagerly(tmp_path, monkeypatch):
+    """Qwen3-Next (GQA): a step whose padded batch times context bucket exceeds `GATHER_ROWS`
+    runs eagerly; the tokens are the plain engine's either way."""
+    from hyla.engine import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "GATHER_ROWS", 2 * 256)
+    save_checkpoint("qwen3_next", tmp_path)
+    model = load(tmp_path)
+    prompts = [prompt_ids(n, seed=n) for n in (5, 9, 14)]
+    outputs = []
+    for static in (False, True):
+        engine = make_engine(model)
+        if static:
+            r = engine.runner
+            r.graphs = DecodeGraphs(model, r.caches, r.block_size, (1, 2, 4), capture=False)
+        with one_torch_thread():
+            for i, p in enumerate(prompts):
+                params = dataclasses.replace(PARAMS, max_tokens=3 + 3 * i)
+                engine.add_request(str(i), p, params)
+            outputs.append(run_all(engine))
+    assert {size for size, _ in r.graphs.steps} == {1, 2}  # 3 rows (bucket 4) ran eagerly
+    for rid in outputs[0]:
+        assert_same_completion(outputs[0][rid], outputs[1][rid], atol=1e-4)

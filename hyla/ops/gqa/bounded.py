@@ -6,7 +6,8 @@
     positions > p masked (their slots may hold anything, NaN included), then softmax attention
 
 Same result as `reference.paged_gqa` (tests/ops/test_gqa.py holds them together), at the cost of
-reading every row's keys up to the bound: meant for decode-sized batches.
+gathering every row's keys and values up to the bound ([T, max_seq_len, HKV, K] each): meant for
+decode steps, whose T * max_seq_len `hyla.engine.cuda_graphs` bounds (`GATHER_ROWS`).
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def paged_gqa_bounded(
     visible = pos[None, :] <= row_pos[:, None]  # [T, L]
     k = k_cache.flatten(0, 1)[rows].to(q.dtype)  # [T, L, HKV, K]
     v = v_cache.flatten(0, 1)[rows].to(q.dtype)
-    k = k.masked_fill(~visible[..., None, None], 0.0).repeat_interleave(group, dim=2)
-    v = v.masked_fill(~visible[..., None, None], 0.0).repeat_interleave(group, dim=2)
-    scores = torch.einsum("thk,tlhk->thl", q, k) * scale
-    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    k = k.masked_fill(~visible[..., None, None], 0.0)
+    v = v.masked_fill(~visible[..., None, None], 0.0)
+    qg = q.view(num_rows, num_kv_heads, group, -1)  # query head g * group + j reads kv head g
+    scores = torch.einsum("tgjk,tlgk->tgjl", qg, k) * scale
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    return torch.einsum("thl,tlhv->thv", probs, v)
+    return torch.einsum("tgjl,tlgv->tgjv", probs, v).reshape(num_rows, num_heads, -1)
