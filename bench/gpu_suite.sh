@@ -4,10 +4,18 @@
 # bench/results). Needs a CUDA machine with torch, triton, and fla-core + einops
 # (`pip install -e ".[gpu]"`).
 #   bash bench/gpu_suite.sh [OUT_DIR]
+# (on a lent machine: carry data/ with a previous triton_cache.tar.gz in it)
 set -u
 OUT_DIR=${1:-bench/results}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-}:.
+# Triton's compiled kernels and autotune results (fla caches its autotune picks there too):
+# reuse data/triton_cache.tar.gz when a previous run left one (same GPU and triton), and leave
+# this run's cache in $OUT_DIR for the next (fla's autotuning is most of the tests' time)
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/hyla_triton_cache}
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -f data/triton_cache.tar.gz ]; then tar -xzf data/triton_cache.tar.gz -C "$TRITON_CACHE_DIR"; fi
+trap 'tar -czf "$OUT_DIR/triton_cache.tar.gz" -C "$TRITON_CACHE_DIR" .' EXIT
 run() {  # run SECONDS NAME COMMAND...
     local limit=$1 name=$2
     shift 2
