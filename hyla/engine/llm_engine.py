@@ -124,6 +124,8 @@ class LLMEngine:
                 sizes = graph_batch_sizes(self.model_config, sched.max_num_seqs)
             else:
                 logger.warning("no CUDA graphs: triton or fla-core is missing")
+        if device.type == "cuda":  # one matmul per projection group (one kernel, not n + 1)
+            self.model.stack_projections()
         self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len)
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device

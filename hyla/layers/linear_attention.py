@@ -105,6 +105,10 @@ class KimiDeltaAttention(nn.Module):
         softplus = torch.where(raw > 20.0, raw, torch.log(1.0 + torch.exp(raw)))
         return -self.A_log.float().view(self.num_v_heads, 1).exp() * softplus
 
+    def stacked_projections(self) -> tuple[nn.Linear, ...]:
+        """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
+        return (self.q_proj, self.k_proj, self.v_proj, self.f_a_proj, self.g_a_proj, self.b_proj)
+
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
@@ -113,7 +117,7 @@ class KimiDeltaAttention(nn.Module):
         cache = batch.caches[self.layer_idx]
         key_dim, value_dim = self.num_k_heads * self.head_k_dim, self.num_v_heads * self.head_v_dim
         # every projection of x as one matmul: [q | k | v | f_a | g_a | b]
-        inputs = (self.q_proj, self.k_proj, self.v_proj, self.f_a_proj, self.g_a_proj, self.b_proj)
+        inputs = self.stacked_projections()
         mixed, f_a, g_a, b = stacked_linear(x, inputs, self.input_packed).split(
             [2 * key_dim + value_dim, self.head_k_dim, self.head_v_dim, self.num_v_heads], dim=-1
         )

@@ -35,8 +35,12 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(width, config.hidden_size, bias=False)
         self.gate_up_packed = Prepacked()  # gate and up stacked, for inference
 
+    def stacked_projections(self) -> tuple[nn.Linear, ...]:
+        """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
+        return (self.gate_proj, self.up_proj)
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: [T, D] -> [T, D]."""
-        gate_up = stacked_linear(hidden_states, (self.gate_proj, self.up_proj), self.gate_up_packed)
+        gate_up = stacked_linear(hidden_states, self.stacked_projections(), self.gate_up_packed)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

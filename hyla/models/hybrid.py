@@ -23,6 +23,7 @@ from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
 from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
+from hyla.ops.linear import adjacent_rows, stack_rows
 
 # kind -> "module:Class"; imported lazily so a pattern only loads what it uses.
 MIXERS = {
@@ -106,6 +107,19 @@ class HybridModel(nn.Module):
         if delta is None:
             return self.norm(residual)
         return self.norm.add_and_norm(delta, residual)[0]
+
+    @torch.no_grad()
+    def stack_projections(self) -> None:
+        """Store the weights of each group of projections that read one input (a module's
+        `stacked_projections()`: KDA's six input projections, an MLP's gate and up) as row
+        blocks of one tensor, so `stacked_linear` runs each group as one matmul
+        (`hyla.ops.linear.stacked`). Values, names and the state dict are unchanged."""
+        for module in self.modules():
+            group = getattr(module, "stacked_projections", None)
+            if group is not None:
+                linears = group()
+                if adjacent_rows([m.weight for m in linears]) is None:
+                    stack_rows(linears)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [n, D] -> logits [n, V] float32."""

@@ -1,7 +1,8 @@
 """Linear projection: `reference.linear` (F.linear, the definition) and the oneDNN path of
 `cpu.py` (weights packed once, for fp32 inference on the CPU): `prepacked_linear`,
 `prepacked_stacked_linear`, and `Prepacked` / `packed_matmul` / `usable` for callers that hold
-many packed matrices (the MoE experts)."""
+many packed matrices (the MoE experts); `stacked.py`: several projections' weights as row blocks
+of one tensor (`stack_rows`), run as one matmul elsewhere."""
 
 from hyla.ops.linear.cpu import (
     Prepacked,
@@ -11,12 +12,15 @@ from hyla.ops.linear.cpu import (
     usable,
 )
 from hyla.ops.linear.reference import linear
+from hyla.ops.linear.stacked import adjacent_rows, stack_rows
 
 __all__ = [
     "Prepacked",
+    "adjacent_rows",
     "linear",
     "packed_matmul",
     "prepacked_linear",
     "prepacked_stacked_linear",
+    "stack_rows",
     "usable",
 ]

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from hyla.ops.linear.reference import linear
+from hyla.ops.linear.stacked import adjacent_rows
 
 # Row count oneDNN's weight layout is chosen for; any row count works with it.
 _ROWS_HINT = 64
@@ -135,5 +136,8 @@ def prepacked_stacked_linear(
     Returns: [..., sum D_i] in x's dtype (the same fallback as `prepacked_linear`).
     """
     if not usable(x, weights):
+        block = adjacent_rows(weights)  # weights stacked in one tensor (`stacked.stack_rows`)
+        if block is not None:
+            return linear(x, block)
         return torch.cat([linear(x, w) for w in weights], dim=-1)
     return packed_matmul(x, cache.get(*weights))
