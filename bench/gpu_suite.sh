@@ -4,7 +4,8 @@
 # bench/results). Needs a CUDA machine with torch, triton, and fla-core + einops
 # (`pip install -e ".[gpu]"`).
 #   bash bench/gpu_suite.sh [OUT_DIR]
-# (on a lent machine: carry data/ with a previous triton_cache.tar.gz in it)
+# On a lent machine (whose .git is stale): HYLA_COMMIT=<the commit you sent> bash bench/gpu_suite.sh
+# "$OUT", carrying data/ with a previous triton_cache.tar.gz in it.
 set -u
 OUT_DIR=${1:-bench/results}
 mkdir -p "$OUT_DIR"

@@ -125,7 +125,11 @@ def time_phases(runner) -> dict:
 
 
 def git_commit() -> str | None:
-    """HEAD's commit read from the .git files (no git command)."""
+    """HEAD's commit read from the .git files (no git command); `HYLA_COMMIT` in the environment
+    wins (a lent GPU machine gets the working tree with a stale .git: pass the commit along,
+    `HYLA_COMMIT=$(git rev-parse HEAD)` composed where the tree was committed)."""
+    if os.environ.get("HYLA_COMMIT"):
+        return os.environ["HYLA_COMMIT"]
     git = ROOT / ".git"
     try:
         head = (git / "HEAD").read_text().strip()
