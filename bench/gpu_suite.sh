@@ -1,35 +1,60 @@
 #!/usr/bin/env bash
-# Every GPU test and benchmark of issue 6 in one command, each under its own time limit, so one
-# slow or hung step cannot eat the others' time. Logs and result JSONs go to $1 (default
-# bench/results). Needs a CUDA machine with torch, triton, and fla-core + einops
-# (`pip install -e ".[gpu]"`).
-#   bash bench/gpu_suite.sh [OUT_DIR]
-# On a lent machine (whose .git is stale): HYLA_COMMIT=<the commit you sent> bash bench/gpu_suite.sh
-# "$OUT", carrying data/ with a previous triton_cache.tar.gz in it.
+# Every GPU test and benchmark of issue 6, in three parts that each fit one 10-minute command on
+# a lent machine; every step has its own time limit, so one slow or hung step cannot eat the
+# others' time. Logs and result JSONs go to OUT_DIR (default bench/results). Needs a CUDA machine
+# with torch, triton, and fla-core + einops (`pip install -e ".[gpu]"`).
+#   bash bench/gpu_suite.sh tests [OUT_DIR]   # all of tests/gpu, files in parallel (~7 min)
+#   bash bench/gpu_suite.sh ops [OUT_DIR]     # 4a DSA decode, 4b KDA/GDN vs fla (~8 min)
+#   bash bench/gpu_suite.sh model [OUT_DIR]   # 4c end to end, 4d one 1M-token prompt (~8 min)
+#   bash bench/gpu_suite.sh all [OUT_DIR]     # the three in a row (a machine without limits)
+# On a lent machine (whose .git is stale) prefix HYLA_COMMIT=<the commit you sent>, and carry
+# data/ holding the triton_cache.tar.gz a previous part left in its OUT_DIR.
 set -u
-OUT_DIR=${1:-bench/results}
+PART=${1:-all}
+OUT_DIR=${2:-bench/results}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-}:.
-# Triton's compiled kernels and autotune results (fla caches its autotune picks there too):
-# reuse data/triton_cache.tar.gz when a previous run left one (same GPU and triton), and leave
-# this run's cache in $OUT_DIR for the next (fla's autotuning is most of the tests' time)
+# Triton's compiled kernels and autotune results (fla caches its autotune picks there too; its
+# autotuning, ~40 s per new shape, is most of the tests' time): reuse, and leave for the next
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/hyla_triton_cache}
 mkdir -p "$TRITON_CACHE_DIR"
 if [ -f data/triton_cache.tar.gz ]; then tar -xzf data/triton_cache.tar.gz -C "$TRITON_CACHE_DIR"; fi
 trap 'tar -czf "$OUT_DIR/triton_cache.tar.gz" -C "$TRITON_CACHE_DIR" .' EXIT
+
 run() {  # run SECONDS NAME COMMAND...
     local limit=$1 name=$2
     shift 2
     echo "== $name (limit ${limit}s): $*"
     timeout "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log" | tail -25
 }
-# fla compiles and autotunes each new shape on first use (~40 s each on an H200 in 2026-11)
-run 400 gpu_tests_dsa_norm_paged python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/gpu/test_dsa_gpu.py tests/gpu/test_norm_paged_gpu.py tests/gpu/test_kernel_strides.py \
-    tests/gpu/test_moe_gpu.py tests/gpu/test_cuda_graphs_gpu.py
-run 900 gpu_tests_linear_attention python3 -m pytest -q -p no:cacheprovider -rs -s \
-    tests/gpu/test_linear_attention_gpu.py
-run 240 gpu_dsa_decode python3 bench/gpu_dsa_decode.py
-run 300 gpu_linear_attention python3 bench/gpu_linear_attention.py
-run 400 gpu_e2e python3 bench/gpu_e2e.py --prefill-lens 8192,131072 --out-dir "$OUT_DIR"
-run 400 gpu_long_context python3 bench/gpu_long_context.py --out-dir "$OUT_DIR"
+
+tests() {  # one process per group, all at once: the GPU is mostly idle while fla autotunes
+    local pytest="python3 -m pytest -q -p no:cacheprovider -rs -s" la=tests/gpu/test_linear_attention_gpu.py
+    run 420 gpu_tests_kernels $pytest tests/gpu/test_dsa_gpu.py tests/gpu/test_norm_paged_gpu.py \
+        tests/gpu/test_kernel_strides.py tests/gpu/test_moe_gpu.py > /dev/null &
+    run 420 gpu_tests_graphs $pytest tests/gpu/test_cuda_graphs_gpu.py > /dev/null &
+    run 420 gpu_tests_la_kda $pytest $la -k "chunk and kda and not 100k" > /dev/null &
+    run 420 gpu_tests_la_gdn $pytest $la -k "chunk and gdn and not 100k" > /dev/null &
+    run 420 gpu_tests_la_100k $pytest $la -k "100k" > /dev/null &
+    run 420 gpu_tests_la_decode $pytest $la -k "recurrent or decode or tiny_model" > /dev/null &
+    wait
+    for f in "$OUT_DIR"/gpu_tests_*.log; do echo "== $f"; grep -E "passed|failed|error" "$f" | tail -3; done
+}
+
+ops() {
+    run 240 gpu_dsa_decode python3 bench/gpu_dsa_decode.py
+    run 300 gpu_linear_attention python3 bench/gpu_linear_attention.py
+}
+
+model() {
+    run 280 gpu_e2e python3 bench/gpu_e2e.py --prefill-lens 8192,131072 --out-dir "$OUT_DIR"
+    run 280 gpu_long_context python3 bench/gpu_long_context.py --out-dir "$OUT_DIR"
+}
+
+case "$PART" in
+    tests) tests ;;
+    ops) ops ;;
+    model) model ;;
+    all) tests; ops; model ;;
+    *) echo "usage: bash bench/gpu_suite.sh tests|ops|model|all [OUT_DIR]" >&2; exit 2 ;;
+esac
