@@ -167,7 +167,6 @@ def build_forward_batch(
     width = max((len(t) for t in block_tables), default=0) or 1
     padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
     cu = list(itertools.accumulate(query_lens, initial=0))
-    seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
     return ForwardBatch(
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
@@ -179,6 +178,4 @@ def build_forward_batch(
         state_indices_host=list(state_indices),
         block_size=block_size,
         caches=caches,
-        seq_lens_tensor=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        max_seq_len=max(seq_lens, default=0),
-    )
+    )  # seq_lens_tensor and max_seq_len from the host lists (__post_init__)

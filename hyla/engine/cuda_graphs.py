@@ -216,18 +216,18 @@ class DecodeGraphs:
         their state slots: a sequence's first token must start from the zero state eagerly),
         and for models with GQA layers the padded batch times the context bucket is at most
         `GATHER_ROWS`."""
-        if not (
-            self.batch_sizes
-            and 0 < len(query_lens) <= self.batch_sizes[-1]
-            and all(q == 1 for q in query_lens)
+        return (
+            all(q == 1 for q in query_lens)
             and all(c > 0 for c in context_lens)
-        ):
-            return False
-        return self.max_rows is None or self._key(len(query_lens), context_lens) is not None
+            and self._key(len(query_lens), context_lens) is not None
+        )
 
     def _key(self, num_seqs: int, context_lens: list[int]) -> tuple[int, int] | None:
-        """(batch bucket, context bucket) of a fitting step; None past `max_rows`."""
-        size = next(b for b in self.batch_sizes if b >= num_seqs)
+        """(batch bucket, context bucket) of a step of `num_seqs` rows; None when no captured
+        batch size holds it or, with GQA layers, past `max_rows`."""
+        size = next((b for b in self.batch_sizes if b >= num_seqs), None)
+        if size is None or num_seqs == 0:
+            return None
         bucket = context_bucket(max(context_lens) + 1, self.max_model_len)
         if self.max_rows is not None and size * bucket > self.max_rows:
             return None
@@ -236,10 +236,9 @@ class DecodeGraphs:
     def run(self, step: DecodeInputs) -> torch.Tensor:
         """Run one decode step: hidden states [N, D] (a view of the graph's output, valid until
         the next step). Raises ValueError when the step does not fit (`can_run`)."""
-        if not self.can_run([1] * step.num_seqs, step.positions):
+        key = self._key(step.num_seqs, step.positions)  # positions = context lengths
+        if key is None or min(step.positions) <= 0:
             raise ValueError(f"decode graphs: batch of {step.num_seqs} rows does not fit")
-        key = self._key(step.num_seqs, step.positions)
-        assert key is not None  # can_run checked it
         static = self.steps.get(key)
         if static is None:
             static = self.steps[key] = self._build(*key)

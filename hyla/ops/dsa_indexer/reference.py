@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hyla.ops.dsa_indexer.rows import row_positions
+from hyla.ops.dsa_indexer.rows import gather_rows_bounded
 from hyla.ops.gqa.reference import causal_mask
 from hyla.ops.paged import gather_paged
 
@@ -115,13 +115,11 @@ def lightning_indexer_topk_bounded(
     captured decode step). Every row's keys are gathered to [T, max_seq_len, Di] and the
     columns past its position masked. Same result as `lightning_indexer_topk`."""
     num_rows = q.shape[0]
-    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
-    block = index_key_cache.shape[1]
-    pos = torch.arange(max_seq_len, device=q.device)
-    slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]
-    flat = index_key_cache.reshape(-1, index_key_cache.shape[-1])
-    keys = flat[slots[row_seq.long()]].float()  # [T, L, Di]
+    (keys,), visible = gather_rows_bounded(
+        [index_key_cache], block_tables, cu_seqlens, seq_lens, max_seq_len, num_rows
+    )  # [T, L, Di], [T, L]
+    keys = keys.float()
     per_head = torch.relu(torch.einsum("thd,tsd->ths", q.float(), keys) * softmax_scale)
     w = weights.float() * (q.shape[1] ** -0.5)
     scores = torch.einsum("th,ths->ts", w, per_head)
-    return select_topk(scores, row_pos + 1, topk)
+    return select_topk(scores, visible.sum(dim=1), topk)

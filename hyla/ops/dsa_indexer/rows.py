@@ -57,3 +57,31 @@ def dense_topk_indices(
     _, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
     cols = torch.arange(topk, device=cu_seqlens.device)
     return torch.where(cols[None, :] <= row_pos[:, None], cols, -1).to(torch.int32)
+
+
+
+def gather_rows_bounded(
+    caches: Sequence[torch.Tensor],
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    seq_lens: Sequence[int] | torch.Tensor,
+    max_seq_len: int,
+    num_rows: int,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each packed row's entries of each paged cache at positions 0 .. max_seq_len - 1 of its
+    sequence: the gather of the bounded (device-length) references of MLA, GQA and the indexer.
+
+    Args:
+        caches: [P, B, ...] each; block_tables: [N, >= ceil(max_seq_len / B)] int32;
+        cu_seqlens: [N + 1] int32; seq_lens: as `row_positions`; max_seq_len: host bound L;
+        num_rows: T.
+    Returns: (entries: [T, L, ...] per cache in its dtype, unmasked: positions past a row's
+        own may hold anything, NaN included; visible: [T, L] bool, position <= the row's).
+    """
+    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    block = caches[0].shape[1]
+    pos = torch.arange(max_seq_len, device=cu_seqlens.device)
+    slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]
+    rows = slots[row_seq.long()]  # [T, L]
+    entries = [cache.flatten(0, 1)[rows] for cache in caches]
+    return entries, pos[None, :] <= row_pos[:, None]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from hyla.ops.dsa_indexer.rows import row_positions
+from hyla.ops.dsa_indexer.rows import gather_rows_bounded
 
 
 def paged_gqa_bounded(
@@ -45,16 +45,11 @@ def paged_gqa_bounded(
     if num_heads % num_kv_heads:
         raise ValueError(f"paged_gqa: {num_heads} query heads, {num_kv_heads} kv heads")
     group = num_heads // num_kv_heads
-    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
-    block = k_cache.shape[1]
-    pos = torch.arange(max_seq_len, device=q.device)
-    slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]
-    rows = slots[row_seq.long()]  # [T, L]
-    visible = pos[None, :] <= row_pos[:, None]  # [T, L]
-    k = k_cache.flatten(0, 1)[rows].to(q.dtype)  # [T, L, HKV, K]
-    v = v_cache.flatten(0, 1)[rows].to(q.dtype)
-    k = k.masked_fill(~visible[..., None, None], 0.0)
-    v = v.masked_fill(~visible[..., None, None], 0.0)
+    (k, v), visible = gather_rows_bounded(
+        [k_cache, v_cache], block_tables, cu_seqlens, seq_lens, max_seq_len, num_rows
+    )  # [T, L, HKV, K] each, [T, L]
+    k = k.to(q.dtype).masked_fill(~visible[..., None, None], 0.0)
+    v = v.to(q.dtype).masked_fill(~visible[..., None, None], 0.0)
     qg = q.view(num_rows, num_kv_heads, group, -1)  # query head g * group + j reads kv head g
     scores = torch.einsum("tgjk,tlgk->tgjl", qg, k) * scale
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))

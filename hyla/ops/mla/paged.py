@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from hyla.ops.dsa_indexer.rows import row_positions
+from hyla.ops.dsa_indexer.rows import gather_rows_bounded
 from hyla.ops.gpu import use_triton
 from hyla.ops.mla.reference import absorb_query, project_values, split_kv_b
 
@@ -75,14 +75,10 @@ def mla_paged_reference(
     num_rows, num_heads, dn = q_nope.shape
     w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
     rank = w_uk.shape[-1]
-    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
-    block = latent_cache.shape[1]
-    pos = torch.arange(max_seq_len, device=q_nope.device)
-    slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]
-    flat = latent_cache.reshape(-1, latent_cache.shape[-1])
-    latents = flat[slots[row_seq.long()]].to(q_nope.dtype)  # [T, L, R + Dr]
-    visible = pos[None, :] <= row_pos[:, None]  # [T, L]
-    latents = latents.masked_fill(~visible[..., None], 0.0)
+    (latents,), visible = gather_rows_bounded(
+        [latent_cache], block_tables, cu_seqlens, seq_lens, max_seq_len, num_rows
+    )  # [T, L, R + Dr], [T, L]
+    latents = latents.to(q_nope.dtype).masked_fill(~visible[..., None], 0.0)
     query = torch.cat([absorb_query(q_nope, w_uk), q_rope], dim=-1)  # [T, H, R + Dr]
     scores = torch.einsum("thc,tlc->thl", query, latents) * scale
     scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
