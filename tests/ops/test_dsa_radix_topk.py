@@ -1,0 +1,139 @@
+"""The radix top-k kernels (`hyla.ops.dsa_indexer.topk`) on CPU tensors under TRITON_INTERPRET=1,
+against `topk_columns_reference` (torch.topk, what `kernels.keys_to_topk` computed before):
+equal results, tie-breaks and -1 rules included. Small shapes with a small BLOCK_L, so a row
+spans several programs.
+
+Skipped without triton (CI), with CUDA (tests/gpu/test_dsa_gpu.py runs the compiled kernels),
+and when triton was imported before this module without the flag; run this file on its own:
+
+    python3 -m pytest -q tests/ops/test_dsa_radix_topk.py -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+if not torch.cuda.is_available() and not PRELOADED:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
+    pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: see test_dsa_gpu.py"),
+    pytest.mark.skipif(PRELOADED, reason="triton imported without TRITON_INTERPRET: run alone"),
+]
+
+LOW31 = (1 << 31) - 1
+INVISIBLE = -(1 << 62) - 1
+
+
+def sort_keys(scores: torch.Tensor, row_pos: torch.Tensor) -> torch.Tensor:
+    """[R, L] fp32 scores -> int64 keys, as the scoring kernel writes them (kernels.py)."""
+    bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    key32 = torch.where(bits >= 0, bits, bits ^ LOW31).long()
+    cols = torch.arange(scores.shape[1], device=scores.device)
+    keys = (key32 << 31) | (LOW31 - cols)
+    return torch.where(cols[None, :] <= row_pos[:, None], keys, INVISIBLE)
+
+
+def random_scores(num_rows: int, num_cols: int, kind: str, gen: torch.Generator) -> torch.Tensor:
+    if kind == "normal":
+        return torch.randn(num_rows, num_cols, generator=gen) * 10
+    if kind == "ties":  # few distinct values, both signs, -0.0 and +0.0: ties break by column
+        s = torch.randint(-3, 4, (num_rows, num_cols), generator=gen) * 0.25
+        zero = torch.rand(num_rows, num_cols, generator=gen) < 0.3
+        return torch.where(zero & (s == 0), -0.0, s)
+    if kind == "constant":  # every score equal: the column digits decide alone
+        return torch.zeros(num_rows, num_cols)
+    if kind == "extremes":  # +-inf, subnormals, huge values, and a cluster of near-equal ones
+        s = torch.randn(num_rows, num_cols, generator=gen)
+        pick = torch.randint(0, 6, (num_rows, num_cols), generator=gen)
+        s = torch.where(pick == 0, float("inf"), s)
+        s = torch.where(pick == 1, float("-inf"), s)
+        s = torch.where(pick == 2, s * 1e-42, s)
+        s = torch.where(pick == 3, s * 1e37, s)
+        return torch.where(pick == 4, 1.0 + s * 1e-6, s)
+    raise ValueError(kind)
+
+
+def check(scores: torch.Tensor, row_pos: list[int], topk: int) -> torch.Tensor:
+    from hyla.ops.dsa_indexer import topk as radix
+
+    pos = torch.tensor(row_pos, dtype=torch.int64)
+    keys = sort_keys(scores, pos)
+    got = radix.radix_topk_columns(keys, pos, topk)
+    want = radix.topk_columns_reference(keys, pos, topk)
+    assert got.dtype == torch.int32 and got.shape == (len(row_pos), topk)
+    assert torch.equal(got, want)
+    return got
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hyla.ops.dsa_indexer import topk as radix
+
+    monkeypatch.setattr(radix, "BLOCK_L", 512)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "constant", "extremes"])
+def test_matches_torch_topk(kind: str) -> None:
+    gen = torch.Generator().manual_seed(1)
+    num_cols = 2000  # not a multiple of BLOCK_L: the last program is partial
+    scores = random_scores(4, num_cols, kind, gen)
+    got = check(scores, [1999, 1500, 700, 1234], 128)
+    assert (got >= 0).all()
+
+
+def test_fewer_visible_than_topk_and_row_pos_zero() -> None:
+    gen = torch.Generator().manual_seed(2)
+    scores = random_scores(5, 1500, "ties", gen)
+    got = check(scores, [0, 1, 63, 200, 1499], 200)
+    assert (got[0, 1:] == -1).all() and got[0, 0] == 0
+    assert (got[2, 64:] == -1).all() and (got[2, :64] >= 0).all()
+
+
+@pytest.mark.parametrize("num_cols,topk", [(100, 256), (256, 256), (300, 256), (1000, 1)], ids=str)
+def test_topk_near_or_above_row_length(num_cols: int, topk: int) -> None:
+    gen = torch.Generator().manual_seed(3)
+    scores = random_scores(3, num_cols, "ties", gen)
+    check(scores, [num_cols - 1, num_cols // 2, 0], topk)
+
+
+def test_one_long_row_and_a_topk_not_a_power_of_two() -> None:
+    gen = torch.Generator().manual_seed(4)
+    scores = random_scores(1, 4100, "normal", gen)
+    check(scores, [4099], 100)
+
+
+def test_wider_digits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hyla.ops.dsa_indexer import topk as radix
+
+    monkeypatch.setattr(radix, "RADIX_BITS", 11)  # 6 passes, the last one overlapping
+    gen = torch.Generator().manual_seed(5)
+    check(random_scores(2, 1000, "ties", gen), [999, 300], 64)
+
+
+def test_digit_shifts_cover_all_63_bits() -> None:
+    from hyla.ops.dsa_indexer.topk import digit_shifts
+
+    for bits in (4, 8, 9, 11, 16):
+        shifts = digit_shifts(bits)
+        assert shifts[0] == (63 - bits, 63) and shifts[-1][0] == 0
+        assert all(prev - s <= bits for s, prev in shifts)
+
+
+def test_bad_arguments() -> None:
+    from hyla.ops.dsa_indexer.topk import radix_topk_columns
+
+    keys, pos = torch.zeros(2, 10, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="int64"):
+        radix_topk_columns(keys.int(), pos, 4)
+    with pytest.raises(ValueError, match="row_pos"):
+        radix_topk_columns(keys, pos[:1], 4)
+    with pytest.raises(ValueError, match="topk"):
+        radix_topk_columns(keys, pos, 0)
