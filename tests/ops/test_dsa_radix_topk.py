@@ -137,3 +137,17 @@ def test_bad_arguments() -> None:
         radix_topk_columns(keys, pos[:1], 4)
     with pytest.raises(ValueError, match="topk"):
         radix_topk_columns(keys, pos, 0)
+
+
+def test_keys_to_topk_and_indexer_use_radix_above_threshold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hyla.ops.dsa_indexer import kernels, topk
+    from tests.gpu.test_dsa_gpu import check_indexer
+
+    calls = []
+    radix = topk.radix_topk_columns
+    monkeypatch.setattr(kernels, "RADIX_MIN_COLS", 40)
+    monkeypatch.setattr(kernels, "radix_topk_columns", lambda *a: calls.append(1) or radix(*a))
+    check_indexer([1, 5, 40, 70, 33], [1, 5, 6, 1, 2], 16, torch.float32, "cpu", ties=True)
+    assert calls  # max(seq_lens) = 70 >= 40: the radix path ran
