@@ -260,6 +260,59 @@ def test_indexer_row_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     check_indexer(*MIXED, 64, torch.float32, "cuda", seed=3)
 
 
+def sort_keys(scores: torch.Tensor, row_pos: torch.Tensor) -> torch.Tensor:
+    """[R, L] fp32 scores, [R] positions -> the int64 sort keys the indexer kernel writes."""
+    low31, invisible = (1 << 31) - 1, -(1 << 62) - 1
+    bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    key32 = torch.where(bits >= 0, bits, bits ^ low31).long()
+    cols = torch.arange(scores.shape[1], device=scores.device)
+    keys = (key32 << 31) | (low31 - cols)
+    return torch.where(cols[None, :] <= row_pos[:, None], keys, invisible)
+
+
+def long_rows(
+    num_rows: int, seed: int, short: tuple[int, ...] = (999, 0, 2999), num_cols: int = 1 << 20
+) -> tuple[torch.Tensor, ...]:
+    """1M-column keys: normal scores, every third one rounded to bf16 (exact ties); rows 1, 2,
+    3 end at positions `short` (by default fewer than k = 2048 visible, and column 0 alone)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    scores = torch.randn(num_rows, num_cols, generator=gen, device="cuda")
+    scores[:, ::3] = scores[:, ::3].bfloat16().float()
+    row_pos = torch.full((num_rows,), num_cols - 1, dtype=torch.int64, device="cuda")
+    row_pos[1:4] = torch.tensor(short, device="cuda")[: max(num_rows - 1, 0)]
+    return sort_keys(scores, row_pos), row_pos
+
+
+@pytest.mark.parametrize("num_rows", [1, 16])
+def test_radix_topk_1m_columns_equals_torch_topk(num_rows: int) -> None:
+    from hyla.ops.dsa_indexer import kernels, topk
+
+    keys, row_pos = long_rows(num_rows, seed=num_rows)
+    want = topk.topk_columns_reference(keys, row_pos, 2048)
+    assert torch.equal(topk.radix_topk_columns(keys, row_pos, 2048), want)
+    assert torch.equal(kernels.keys_to_topk(keys, row_pos, 2048), want)  # dispatches to radix
+
+
+def test_radix_topk_cuda_graph_replay() -> None:
+    from hyla.ops.dsa_indexer.topk import radix_topk_columns, topk_columns_reference
+
+    keys, row_pos = long_rows(16, seed=0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        radix_topk_columns(keys, row_pos, 2048)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = radix_topk_columns(keys, row_pos, 2048)
+    for seed, short in ((1, (999, 0, 2999)), (2, (2047, 2048, 5))):
+        new_keys, new_pos = long_rows(16, seed, short)
+        keys.copy_(new_keys)
+        row_pos.copy_(new_pos)
+        graph.replay()
+        assert torch.equal(out, topk_columns_reference(keys, row_pos, 2048))
+
+
 TINY = (4, 8, 16, 6, 32)  # H, Dn, Dr, Dv, R
 V32 = (128, 128, 64, 128, 512)  # DeepSeek-V3.2
 
