@@ -556,7 +556,8 @@ class EngineConfig:
     checkpoint's dtype; `tokenizer` None looks in the checkpoint directory; `seed` seeds the
     sampler of requests without their own seed; `request_timeout` (seconds) finishes a request
     with reason "timeout"; `max_queue_len` bounds the waiting requests (None: unbounded);
-    `enforce_eager` turns off CUDA graphs for decode steps. Build from flat keyword arguments
+    `enforce_eager` turns off CUDA graphs for decode steps; `async_output` overlaps output
+    processing with the next step (None: on for CUDA). Build from flat keyword arguments
     with `EngineConfig.from_kwargs`.
     """
 
@@ -575,6 +576,13 @@ class EngineConfig:
     enforce_eager: bool = field(
         default=False,
         metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
+    )
+    async_output: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Detokenize and build each step's outputs while the next step runs on the "
+            "GPU (outputs come one step later); default: on for CUDA devices."
+        },
     )
 
     def __post_init__(self) -> None:

@@ -134,6 +134,9 @@ class LLMEngine:
         self._seq_owner: dict[str, RequestGroup] = {}
         self._dirty: dict[str, None] = {}
         self._lock = threading.RLock()
+        async_output = engine_config.async_output
+        self.async_output = device.type == "cuda" if async_output is None else async_output
+        self._deferred: dict[str, int] = {}  # sampled tokens whose output is not built yet
 
     @classmethod
     def from_path(cls, path: str | None = None, **overrides: Any) -> LLMEngine:
@@ -300,15 +303,19 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduler step + forward + sample.
 
-        Returns: the outputs of requests that got new tokens or finished in this step
-        (including aborts and timeouts since the last step), cumulative.
+        Returns: the outputs of requests that got new tokens or finished (including aborts and
+        timeouts since the last step), cumulative. With `async_output` a token's output comes
+        out of the step after the one that sampled it: it is built while that next step runs
+        on the device (a request stopped by a stop string then computes one token that is
+        dropped).
         """
         with self._lock:
             self._expire_timeouts()
             out = self.scheduler.schedule()
-            if not out.is_empty:
-                self._run(out)
-            return self._collect_outputs()
+            outputs = None if out.is_empty else self._run(out)
+            if outputs is None:
+                outputs = self._deferred_outputs()
+            return outputs
 
     def _expire_timeouts(self) -> None:
         timeout = self.config.request_timeout
@@ -319,7 +326,9 @@ class LLMEngine:
             if not group.is_finished and now - group.metrics.arrival_time > timeout:
                 self._finish_group(rid, RequestStatus.FINISHED_TIMEOUT)
 
-    def _run(self, out: SchedulerOutput) -> None:
+    def _run(self, out: SchedulerOutput) -> list[RequestOutput] | None:
+        """Forward and sample `out`; with `async_output`, the previous step's outputs (built
+        while this step runs on the device), else None."""
         now = time.monotonic()
         requests: dict[str, Request] = {}
         plp: dict[str, int] = {}
@@ -332,17 +341,35 @@ class LLMEngine:
             if pos is not None and _index(rid) == 0:
                 plp[rid] = pos
         result = self.runner.execute(out, requests, self.cache, plp)
+        pending = None
+        if result.sample_ids:
+            rows = [self._sampling_row(rid) for rid in result.sample_ids]
+            pending = self.sampler.launch(result.logits, rows)
+        outputs = self._deferred_outputs() if self.async_output else None
         for rid, entries in result.prompt_logprobs.items():
             self._seq_owner[rid].prompt_logprobs.extend(entries)
         sampled: dict[str, int] = {}
-        if result.sample_ids:
-            rows = [self._sampling_row(rid) for rid in result.sample_ids]
-            sample = self.sampler(result.logits, rows)
+        if pending is not None:
+            sample = pending.result()
             for i, rid in enumerate(result.sample_ids):
+                if requests[rid].status is not RequestStatus.RUNNING:
+                    continue  # stopped by a stop string while this step ran (async_output)
                 sampled[rid] = sample.token_ids[i]
                 self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
+        self._stamp_token_times(sampled)
         self.scheduler.update(out, sampled)
-        self._process_tokens(sampled)
+        if self.async_output:
+            self._deferred = sampled
+        else:
+            self._process_tokens(sampled)
+        return outputs
+
+    def _deferred_outputs(self) -> list[RequestOutput]:
+        """Detokenize the tokens sampled by the last step (when deferred), then the outputs of
+        every request touched since the last collection."""
+        deferred, self._deferred = self._deferred, {}
+        self._process_tokens(deferred)
+        return self._collect_outputs()
 
     def _sampling_row(self, rid: str) -> SamplingRow:
         group = self._seq_owner[rid]
@@ -362,19 +389,25 @@ class LLMEngine:
         if seq.logprobs is not None and top is not None:
             seq.logprobs.append(top)
 
-    def _process_tokens(self, sampled: dict[str, int]) -> None:
+    def _stamp_token_times(self, sampled: dict[str, int]) -> None:
         now = time.monotonic()
+        for rid in sampled:
+            metrics = self._seq_owner[rid].metrics
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
+
+    def _process_tokens(self, sampled: dict[str, int]) -> None:
+        """Detokenize each sampled token (stop strings finish their request) and mark its
+        request's output for collection."""
         for rid, token in sampled.items():
             group = self._seq_owner[rid]
             seq = group.sequences[_index(rid)]
             req = seq.request
-            if group.metrics.first_token_time is None:
-                group.metrics.first_token_time = now
-            group.metrics.last_token_time = now
             token_stop = req.status is RequestStatus.FINISHED_STOPPED
             if not token_stop or req.params.include_stop_str_in_output:
                 stop = seq.detokenizer.update([token])
-                if stop is not None:
+                if stop is not None and req.status not in _ENDED_FROM_OUTSIDE:
                     if not req.is_finished:
                         self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED)
                     req.status = RequestStatus.FINISHED_STOPPED
@@ -396,6 +429,11 @@ class LLMEngine:
             outputs.append(group.output())
         self._dirty.clear()
         return outputs
+
+
+# An abort or timeout that came between a token's sampling and its (deferred) detokenization
+# keeps its reason even when that token completes a stop string.
+_ENDED_FROM_OUTSIDE = (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_TIMEOUT)
 
 
 def _index(seq_id: str) -> int:

@@ -153,7 +153,7 @@ class ModelRunner:
         rows = sample_rows + prompt_rows
         if not rows:
             return result
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        logits = self.model.compute_logits(_select_rows(hidden, rows))
         result.logits = logits[: len(sample_rows)]
         if prompt_spans:
             logprobs = torch.log_softmax(logits[len(sample_rows) :].float(), dim=-1)
@@ -167,6 +167,14 @@ class ModelRunner:
                 ]
                 cursor += hi - lo
         return result
+
+
+def _select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """hidden[rows]: a slice when the rows are consecutive (every decode step: no index tensor
+    to copy to the device, which would wait for the forward to finish), else a gather."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return hidden[rows[0] : rows[0] + len(rows)]
+    return hidden[torch.tensor(rows, device=hidden.device)]
 
 
 def decode_inputs(

@@ -126,40 +126,21 @@ class Sampler:
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         """`logits: [n, V]` float32, one `SamplingRow` per row. Returns a SamplerOutput."""
+        return self.launch(logits, rows).result()
+
+    @torch.inference_mode()
+    def launch(self, logits: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
+        """Start sampling `logits: [n, V]` (one `SamplingRow` per row) without waiting for the
+        device: the plain greedy rows' tokens and logprobs are computed and copied to the host
+        asynchronously; `PendingSample.result()` waits for them and samples the other rows.
+        Raises ValueError when `rows` and `logits` disagree in length."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"rows: {len(rows)} rows for {logits.shape[0]} logits")
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        tokens, lps = self._plain_greedy(logits, raw_logprobs, rows)
-        out = SamplerOutput()
-        for i, row in enumerate(rows):
-            token = tokens[i] if i in tokens else self._sample_row(logits[i], row)
-            out.token_ids.append(token)
-            out.logprobs.append(lps[i] if i in lps else float(raw_logprobs[i, token]))
-            n = row.params.logprobs
-            out.top_logprobs.append(None if n is None else top_logprobs(raw_logprobs[i], n, token))
-        return out
-
-    @staticmethod
-    def _plain_greedy(
-        logits: torch.Tensor, raw_logprobs: torch.Tensor, rows: list[SamplingRow]
-    ) -> tuple[dict[int, int], dict[int, float]]:
-        """Tokens and logprobs of the greedy rows without penalties or banned tokens, all at
-        once: one argmax over those rows and one read-back to the host (per-row reads would
-        each wait for the device). Returns ({row: token}, {row: raw logprob})."""
         plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
-        if not plain:
-            return {}, {}
-        if len(plain) < len(rows):
-            idx = torch.tensor(plain, device=logits.device)
-            logits, raw_logprobs = logits.index_select(0, idx), raw_logprobs.index_select(0, idx)
-        tokens = torch.argmax(logits, dim=-1)  # the first maximum, as the per-row argmax
-        lps = raw_logprobs.gather(1, tokens[:, None])[:, 0]
-        values = torch.stack([tokens.double(), lps.double()]).tolist()  # ids < 2^53: exact
-        return (
-            {i: int(t) for i, t in zip(plain, values[0], strict=True)},
-            dict(zip(plain, values[1], strict=True)),
-        )
+        greedy = _greedy_values(logits, raw_logprobs, plain, len(rows))
+        return PendingSample(self, logits, raw_logprobs, rows, plain, greedy)
 
     def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
         p = row.params
@@ -172,6 +153,63 @@ class Sampler:
             return int(torch.argmax(x))
         gen = row.generator if row.generator is not None else self.generator
         return draw(sampling_probs(x, p), gen)
+
+
+def _greedy_values(
+    logits: torch.Tensor, raw_logprobs: torch.Tensor, plain: list[int], num_rows: int
+) -> tuple[torch.Tensor, torch.cuda.Event | None] | None:
+    """The plain greedy rows' tokens and raw logprobs as one [2, len(plain)] float64 host
+    tensor (ids < 2^53: exact), copied without waiting on a GPU (then with the event that marks
+    the copy done); one argmax over those rows and one copy, not one read-back per row."""
+    if not plain:
+        return None
+    if len(plain) < num_rows:
+        idx = torch.tensor(plain, device=logits.device)
+        logits, raw_logprobs = logits.index_select(0, idx), raw_logprobs.index_select(0, idx)
+    tokens = torch.argmax(logits, dim=-1)  # the first maximum, as the per-row argmax
+    lps = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+    values = torch.stack([tokens.double(), lps.double()])
+    if values.device.type != "cuda":
+        return values, None
+    host = values.to("cpu", non_blocking=True)  # pinned: the copy is queued, not waited for
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+@dataclass
+class PendingSample:
+    """A launched `Sampler` step (`Sampler.launch`); `result()` finishes it."""
+
+    sampler: Sampler
+    logits: torch.Tensor  # [n, V] float32
+    raw_logprobs: torch.Tensor  # [n, V] float32
+    rows: list[SamplingRow]
+    plain: list[int]  # the plain greedy rows, sampled on the device
+    greedy: tuple[torch.Tensor, torch.cuda.Event | None] | None
+
+    @torch.inference_mode()
+    def result(self) -> SamplerOutput:
+        """Wait for the greedy rows' copy, sample the other rows; the SamplerOutput."""
+        tokens: dict[int, int] = {}
+        lps: dict[int, float] = {}
+        if self.greedy is not None:
+            host, event = self.greedy
+            if event is not None:
+                event.synchronize()
+            values = host.tolist()
+            tokens = {i: int(t) for i, t in zip(self.plain, values[0], strict=True)}
+            lps = dict(zip(self.plain, values[1], strict=True))
+        out = SamplerOutput()
+        for i, row in enumerate(self.rows):
+            token = tokens[i] if i in tokens else self.sampler._sample_row(self.logits[i], row)
+            out.token_ids.append(token)
+            out.logprobs.append(lps[i] if i in lps else float(self.raw_logprobs[i, token]))
+            n = row.params.logprobs
+            out.top_logprobs.append(
+                None if n is None else top_logprobs(self.raw_logprobs[i], n, token)
+            )
+        return out
 
 
 def _is_plain_greedy(row: SamplingRow) -> bool:
