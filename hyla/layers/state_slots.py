@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from hyla.forward_batch import ForwardBatch, LayerCache
-from hyla.ops.short_conv import causal_conv1d
+from hyla.ops.short_conv import causal_conv1d, slot_kernel_runs_on
 
 DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -33,13 +33,25 @@ def short_conv_step(
     mixed: torch.Tensor, weight: torch.Tensor, cache: LayerCache, batch: ForwardBatch
 ) -> torch.Tensor:
     """SiLU short conv of `mixed` [T, C] (weight [C, W]) continuing each sequence's conv state;
-    writes the new states back to their slots. Returns [T, C]."""
+    writes the new states back to their slots. Returns [T, C]. A pure decode step where the
+    Triton kernel runs (CUDA) reads and writes the slots in place in one launch."""
+    pool = cache["conv_state"]
+    if _is_pure_decode(batch) and slot_kernel_runs_on(pool):
+        from hyla.ops.short_conv import kernels
+
+        return kernels.conv_update_slots(mixed, weight, None, pool, batch.state_indices, "silu")
     state = read_slots(cache, "conv_state", batch)
     out, new_state = causal_conv1d(
         mixed, weight, None, batch.cu_seqlens, state, "silu", cu_seqlens_host=batch.cu_seqlens_host
     )
     cache["conv_state"].index_copy_(0, batch.state_indices, new_state)
     return out
+
+
+def _is_pure_decode(batch: ForwardBatch) -> bool:
+    """One token per sequence, every sequence with a state to continue from."""
+    lens = batch.query_lens
+    return bool(lens) and all(n == 1 for n in lens) and all(batch.has_initial_state)
 
 
 def _token_rows(bounds: list[int], seqs: list[int], device: torch.device) -> torch.Tensor:
@@ -103,7 +115,7 @@ def delta_rule_step(
     Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
     """
     lens = batch.query_lens
-    if lens and all(n == 1 for n in lens) and all(batch.has_initial_state):
+    if _is_pure_decode(batch):
         pool = cache["recurrent_state"]
         if pool.is_cuda:  # the op reads and writes the slots in place (fla), no host sync
             o, _ = recurrent_fn(
