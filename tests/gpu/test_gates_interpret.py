@@ -78,4 +78,4 @@ def test_layer_with_kernels_matches_pytorch_path(kind: str, monkeypatch) -> None
     got = _run_layer(kind)
     assert len(calls) == 3  # prefill + 2 decode steps
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)  # seen: 3e-7 on |out| <= 2.4
