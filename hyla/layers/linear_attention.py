@@ -22,13 +22,14 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
 from hyla.layers.linear import Linear, stacked_linear
 from hyla.layers.state_slots import delta_rule_step, short_conv_step
+from hyla.ops.gates import gdn_gates, kda_gates
+from hyla.ops.gates import reference as gates_reference
 from hyla.ops.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from hyla.ops.kda import chunk_kda, recurrent_kda
 from hyla.ops.linear import Prepacked
@@ -98,12 +99,8 @@ class KimiDeltaAttention(nn.Module):
         return self._log_decay(self.f_a_proj(hidden_states))
 
     def _log_decay(self, f_a: torch.Tensor) -> torch.Tensor:
-        """`forget_gate` from f_a(x) [T, K]."""
-        raw = self.f_b_proj(f_a).float() + self.dt_bias.float()
-        raw = raw.view(f_a.shape[0], self.num_v_heads, self.head_k_dim)
-        # log(1 + exp(x)) rather than log1p, rounding exactly as KimiLinearForgetGate does
-        softplus = torch.where(raw > 20.0, raw, torch.log(1.0 + torch.exp(raw)))
-        return -self.A_log.float().view(self.num_v_heads, 1).exp() * softplus
+        """`forget_gate` from f_a(x) [T, K] (PyTorch, differentiable)."""
+        return gates_reference.kda_log_decay(self.f_b_proj(f_a), self.dt_bias, self.A_log)
 
     def stacked_projections(self) -> tuple[nn.Linear, ...]:
         """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
@@ -129,9 +126,9 @@ class KimiDeltaAttention(nn.Module):
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
-        o = delta_rule_step(
-            chunk_kda, recurrent_kda, q, k, v, self._log_decay(f_a), b.sigmoid(), cache, batch
-        )
+        # g [T, HV, K] fp32 and beta = sigmoid(b) [T, HV]: one kernel on CUDA
+        g, beta = kda_gates(self.f_b_proj(f_a), self.dt_bias, self.A_log, b)
+        o = delta_rule_step(chunk_kda, recurrent_kda, q, k, v, g, beta, cache, batch)
         gate = self.g_b_proj(g_a).view(T, self.num_v_heads, self.head_v_dim)
         return self.o_proj(self.o_norm(o, gate).reshape(T, -1))
 
@@ -184,8 +181,7 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)  # [T, HV] each; one kernel on CUDA
         o = delta_rule_step(
             chunk_gated_delta_rule, recurrent_gated_delta_rule, q, k, v, g, beta, cache, batch
         )

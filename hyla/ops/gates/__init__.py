@@ -1,0 +1,44 @@
+"""Fused gates of the delta-rule mixers: g (log-space decay, fp32) and beta = sigmoid(b) in one
+kernel instead of a chain of ~9 elementwise ones. See `reference.py` for the math; CUDA tensors
+go to the Triton kernels of `kernels.py` (imported on first use, so CPU installs never import
+triton), everything else, and anything that needs autograd, to the reference."""
+
+from __future__ import annotations
+
+import torch
+
+from hyla.ops.gates import reference
+from hyla.ops.gpu import use_triton
+
+__all__ = ["gdn_gates", "kda_gates"]
+
+
+def _use_kernel(*tensors: torch.Tensor) -> bool:
+    # the kernels have no backward: a graph that needs gradients keeps the reference
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return use_triton(tensors[0]) and not needs_grad
+
+
+def kda_gates(
+    f_b_out: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA's forget gate and beta: f_b_out [T, HV*K], dt_bias [HV*K], A_log [HV] (any shape of
+    HV elements), b [T, HV] -> (g [T, HV, K] fp32, beta [T, HV] in b's dtype);
+    see `reference.kda_gates`."""
+    if _use_kernel(f_b_out, dt_bias, A_log, b):
+        from hyla.ops.gates import kernels
+
+        return kernels.kda_gates(f_b_out, dt_bias, A_log, b)
+    return reference.kda_gates(f_b_out, dt_bias, A_log, b)
+
+
+def gdn_gates(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet's decay and beta: a, b [T, HV], A_log, dt_bias [HV] -> (g [T, HV] fp32,
+    beta [T, HV] in b's dtype); see `reference.gdn_gates`."""
+    if _use_kernel(a, b, A_log, dt_bias):
+        from hyla.ops.gates import kernels
+
+        return kernels.gdn_gates(a, b, A_log, dt_bias)
+    return reference.gdn_gates(a, b, A_log, dt_bias)
