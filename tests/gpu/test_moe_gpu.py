@@ -2,7 +2,9 @@
 CPU copies: Triton GEMV (T k <= E), dense (T E <= `DENSE_MAX_ROWS`) and grouped forms; and the
 Triton GEMV kernels against their PyTorch definition (`kernels._gathered` + `_weighted_sum`) on
 the same device (`check_gemv` takes a device: test_moe_interpret.py runs it on CPU tensors under
-TRITON_INTERPRET=1)."""
+TRITON_INTERPRET=1). The routing kernels (`route_kernels.py`) against `reference.route_*` on the
+same device: `check_route_sigmoid` / `check_route_softmax` (test_moe_route_interpret.py runs them
+interpreted), here on CUDA and in a captured CUDA graph."""
 
 import pytest
 import torch
@@ -31,6 +33,55 @@ def check_gemv(T: int, dtype: torch.dtype, device, dims=(32, 4, 256, 96)) -> flo
     want = kernels._weighted_sum(y, args[3], args[4], dtype).float().cpu()
     return float((got - want).abs().max() / want.abs().max())
 
+
+def route_logits(T: int, E: int, kind: str, device, seed: int = 0) -> torch.Tensor:
+    """[T, E] float32 router logits: "randn"; "ties" (4 values: exact ties everywhere, also at
+    the k-th place); "neginf" (randn with -inf and -1e30 entries)."""
+    gen = torch.Generator().manual_seed(seed + 31 * T + E)
+    x = torch.randn(T, E, generator=gen)
+    if kind == "ties":
+        x = torch.tensor([-1.0, 0.0, 0.5, 2.0])[torch.randint(0, 4, (T, E), generator=gen)]
+    elif kind == "neginf":
+        r = torch.rand(T, E, generator=gen)
+        x = x.masked_fill(r < 0.3, float("-inf")).masked_fill(r > 0.8, -1e30)
+    return x.to(device)
+
+
+def check_route_sigmoid(
+    T, E, k, n_group, topk_group, kind, has_bias, norm, scale, device
+) -> None:  # fmt: skip
+    """`route_kernels.route_sigmoid` vs `reference.route_sigmoid` on `device`: ids equal, weights
+    within 1e-6 relative."""
+    from hyla.ops.moe import route_kernels
+
+    logits = route_logits(T, E, kind, device)
+    bias = None
+    if has_bias:  # a few values, so biased scores tie too
+        gen = torch.Generator().manual_seed(E)
+        bias = (torch.randint(0, 3, (E,), generator=gen) * 0.125).to(device)
+    args = (logits, bias, k, n_group, topk_group, norm, scale)
+    w_want, ids_want = reference.route_sigmoid(*args)
+    w_got, ids_got = route_kernels.route_sigmoid(*args)
+    assert ids_got.dtype == torch.int64 and w_got.dtype == torch.float32
+    assert torch.equal(ids_got, ids_want)
+    torch.testing.assert_close(w_got, w_want, rtol=1e-6, atol=0.0)
+
+
+def check_route_softmax(T, E, k, kind, norm, dtype, device) -> None:
+    """`route_kernels.route_softmax` vs `reference.route_softmax` on `device`: ids equal, weights
+    within 1e-6 relative (fp32) or one unit of the last place (bf16: each rounds an fp32 value
+    that may differ in its last bits)."""
+    from hyla.ops.moe import route_kernels
+
+    logits = route_logits(T, E, kind, device).to(dtype)
+    w_want, ids_want = reference.route_softmax(logits, k, norm)
+    w_got, ids_got = route_kernels.route_softmax(logits, k, norm)
+    assert ids_got.dtype == torch.int64 and w_got.dtype == dtype
+    assert torch.equal(ids_got, ids_want)
+    rtol = 1e-6 if dtype == torch.float32 else 2.0**-7
+    torch.testing.assert_close(w_got, w_want, rtol=rtol, atol=0.0)
+
+
 E, K, D, I = 32, 4, 256, 96
 
 
@@ -58,3 +109,35 @@ def test_gemv_matches_its_pytorch_definition(T: int) -> None:
     assert check_gemv(T, torch.float32, "cuda") <= 1e-5
     assert check_gemv(T, torch.bfloat16, "cuda") <= 3e-2
     assert check_gemv(T, torch.bfloat16, "cuda", dims=(256, 8, 512, 128)) <= 3e-2  # V3.2 E, k
+
+
+@pytest.mark.parametrize("T", [1, 5, 64, 300])
+@pytest.mark.parametrize("kind", ["randn", "ties", "neginf"])
+@pytest.mark.parametrize(
+    "E, k, n_group, topk_group", [(8, 2, 1, 1), (32, 4, 4, 2), (256, 8, 1, 1), (256, 8, 8, 4)]
+)
+def test_route_kernels_match_reference(T, kind, E, k, n_group, topk_group) -> None:
+    check_route_sigmoid(T, E, k, n_group, topk_group, kind, True, True, 2.5, "cuda")
+    check_route_sigmoid(T, E, k, n_group, topk_group, kind, False, False, 1.0, "cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        check_route_softmax(T, E, k, kind, True, dtype, "cuda")
+
+
+def test_route_kernels_in_cuda_graph() -> None:
+    """Captured once, replayed on new logits: the same results as eager calls."""
+    from hyla.ops.moe import route_sigmoid, route_softmax
+
+    bias = torch.rand(256, device="cuda") * 0.1
+    static = route_logits(4, 256, "randn", "cuda", seed=1)
+    route = lambda x: (route_sigmoid(x, bias, 8, 8, 4, True, 2.5), route_softmax(x, 8))  # noqa: E731
+    route(static)  # warm up (compile) outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = route(static)
+    for seed in (2, 3):
+        static.copy_(route_logits(4, 256, "ties" if seed == 3 else "randn", "cuda", seed=seed))
+        graph.replay()
+        want = route(static.clone())
+        for got_t, want_t in zip((*out[0], *out[1]), (*want[0], *want[1]), strict=True):
+            assert torch.equal(got_t, want_t)
