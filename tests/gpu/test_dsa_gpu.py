@@ -284,9 +284,10 @@ def long_rows(
 
 
 @pytest.mark.parametrize("num_rows", [1, 16])
-def test_radix_topk_1m_columns_equals_torch_topk(num_rows: int) -> None:
+def test_radix_topk_1m_columns_equals_torch_topk(num_rows: int, monkeypatch) -> None:
     from hyla.ops.dsa_indexer import kernels, topk
 
+    monkeypatch.setattr(kernels, "RADIX_MIN_COLS", 16384)  # off by default
     keys, row_pos = long_rows(num_rows, seed=num_rows)
     want = topk.topk_columns_reference(keys, row_pos, 2048)
     assert torch.equal(topk.radix_topk_columns(keys, row_pos, 2048), want)

@@ -10,8 +10,10 @@ table, and writes each score as an int64 *sort key* whose order is (score, -colu
 
 `torch.topk(key, k)` (sorted) then yields the best scores first and, among exactly equal scores,
 the lower column first: the reference's stable descending sort. The column is recovered from the
-low 31 bits; ranks >= the row's visible count become -1 (the reference's padding rule). Rows of
-RADIX_MIN_COLS columns or more take `topk.radix_topk_columns` instead (same result, faster).
+low 31 bits; ranks >= the row's visible count become -1 (the reference's padding rule).
+`topk.radix_topk_columns` (a Triton radix select, same result) can replace torch.topk from
+RADIX_MIN_COLS columns on; it is off by default: on the H200 it measured 0.52 ms per call at
+every length (torch.topk: 0.38 ms for one 1M-column row, 0.14 ms at 8K; equal at 16 x 1M).
 
 Row t of sequence i sits at position p = seq_lens[i] - q_i + j and sees columns 0 .. p; the row
 -> (sequence, position) map is built on the device from `cu_seqlens` (no host sync). Rows are
@@ -41,9 +43,9 @@ BLOCK_N = 128  # key columns per program
 BLOCK_T_PREFILL = 16  # query rows per program when some sequence has several new tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
-# From this many key columns on, the top-k is `topk.radix_topk_columns` (torch.topk takes
-# 0.27 ms for one 1M-column row on the H200); shorter rows keep torch.topk.
-RADIX_MIN_COLS = 16384
+# From this many key columns on, the top-k is `topk.radix_topk_columns`; None: never (measured
+# slower than torch.topk on the H200, bench/results/gpu_dsa_decode_radix_h200.json).
+RADIX_MIN_COLS: int | None = None
 
 
 @triton.jit
@@ -207,9 +209,10 @@ def _rows_per_chunk(num_rows: int, num_cols: int, block_t: int) -> int:
 
 def keys_to_topk(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
     """[Tc, L] int64 sort keys, [Tc] positions -> [Tc, topk] int32 columns, -1 padded
-    (`topk.topk_columns_reference`): the Triton radix select from RADIX_MIN_COLS columns on,
-    torch.topk below."""
-    if topk > 0 and keys.shape[1] >= RADIX_MIN_COLS and _triton_runs_on(keys):
+    (`topk.topk_columns_reference`): torch.topk, or the Triton radix select from RADIX_MIN_COLS
+    columns on when that is set."""
+    radix = RADIX_MIN_COLS is not None and keys.shape[1] >= RADIX_MIN_COLS
+    if topk > 0 and radix and _triton_runs_on(keys):
         return radix_topk_columns(keys, row_pos, topk)
     return topk_columns_reference(keys, row_pos, topk)
 
