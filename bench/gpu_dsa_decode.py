@@ -21,7 +21,10 @@ once for 16 x 1M tokens (19.3 GB latents + 4.3 GB keys) and sliced per point.
                      (like PERFORMANCE.md's figure; excludes absorption/value projection)
       dense_sdpa     F.scaled_dot_product_attention on the gathered latents (enable_gqa), or
                      "oom"
-    speedup = dense_einsum / total (and dense_sdpa / total)
+      total_graph    `total` captured in one CUDA graph and replayed (device lengths, as the
+                     engine's captured decode steps run it): no launch or host time
+      dense_einsum_graph  `dense_einsum` replayed from a CUDA graph likewise
+    speedup = dense_einsum / total (and dense_sdpa / total); speedup_graph = the graph pair
     bytes  = indexer keys of the whole context + min(L, k) selected latents + queries
              (q_index, weights, q_nope, q_rope); kv_b weights (33.5 MB) are not counted
     bw_fraction = bytes / total / measured D2D copy bandwidth (2 * bytes copied / copy time)
@@ -159,6 +162,45 @@ def sparse_fns(s: Setup, p: dict) -> dict:
     }
 
 
+def graph_timed(fn) -> float | str:
+    """Median ms of replaying `fn` captured in a CUDA graph (warmed up on a side stream
+    first); "capture failed: ..." when it cannot be captured; `timed(fn)` off CUDA."""
+    if not torch.cuda.is_available():
+        return timed(fn)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError as exc:
+        return f"capture failed: {str(exc)[:80]}"
+    return timed(graph.replay)
+
+
+def captured_total(s: Setup, p: dict):
+    """`total` as a captured decode step calls it: lengths as a device tensor with a host bound
+    (`max_seq_len`), so nothing is copied from the host inside the graph."""
+    scale = (DN + DR) ** -0.5
+    lens = torch.tensor(p["seq_lens"], dtype=torch.int32, device=s.device)
+    bound = max(p["seq_lens"])
+
+    def step():
+        selected = idx_k.lightning_indexer_topk(
+            p["q_idx"], p["w"], s.keys, p["tables"], p["cu"], lens, s.topk, DI**-0.5,
+            max_seq_len=bound,
+        )  # fmt: skip
+        return mla_k.sparse_mla(
+            p["q_nope"], p["q_rope"], s.latent, p["tables"], p["cu"], selected, s.kv_b, scale
+        )
+
+    return step
+
+
 def dense_times(s: Setup, p: dict) -> dict:
     """Gather + dense baselines (einsum, SDPA) on the same latents; "oom" where they do not fit."""
     out: dict = {}
@@ -186,6 +228,8 @@ def dense_times(s: Setup, p: dict) -> dict:
     for name, fn in (("dense_einsum", einsum), ("dense_sdpa", sdpa)):
         try:
             out[name] = timed(fn)
+            if name == "dense_einsum":
+                out["dense_einsum_graph"] = graph_timed(fn)
         except torch.OutOfMemoryError:
             out[name] = "oom"
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
@@ -204,6 +248,7 @@ def run_point(s: Setup, batch: int, context: int, bw: float, dense: bool) -> dic
     res: dict = {"batch": batch, "context": context}
     for name, fn in sparse_fns(s, p).items():
         res[name] = timed(fn)
+    res["total_graph"] = graph_timed(captured_total(s, p))
     if dense:
         res.update(dense_times(s, p))
     total_s = res["total"] * 1e-3
@@ -213,6 +258,10 @@ def run_point(s: Setup, batch: int, context: int, bw: float, dense: bool) -> dic
     for base in ("dense_einsum", "dense_sdpa"):
         if isinstance(res.get(base), float):
             res[f"speedup_vs_{base[6:]}"] = res[base] / res["total"]
+    if isinstance(res["total_graph"], float):
+        res["bw_fraction_graph"] = res["bytes"] / (res["total_graph"] * 1e-3) / bw
+        if isinstance(res.get("dense_einsum_graph"), float):
+            res["speedup_graph"] = res["dense_einsum_graph"] / res["total_graph"]
     return res
 
 
