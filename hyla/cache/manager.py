@@ -98,6 +98,9 @@ class CacheManager:
         """Grow `request_id`'s table to cover `num_tokens` tokens and give it a state slot if it
         has none; a new request with a prefix `hit` starts its table with the hit's blocks.
         Returns False (and changes nothing) when the pools cannot cover it."""
+        table = self.block_tables.get(request_id)
+        if table is not None and len(table) * self.block_size >= num_tokens:
+            return True  # a running request's table already covers it (most decode steps)
         if not self.can_allocate(request_id, num_tokens, hit):
             return False
         if request_id not in self.state_slots:
