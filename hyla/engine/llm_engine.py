@@ -364,10 +364,17 @@ class LLMEngine:
             self._seq_owner[rid].prompt_logprobs.extend(entries)
         sampled: dict[str, int] = {}
         if pending is not None:
-            sample = pending.result()
+            # Requests stopped by a stop string while this step ran (async_output): their row
+            # is dropped unsampled (an unseeded one would draw from the shared generator).
+            ended = {
+                i
+                for i, rid in enumerate(result.sample_ids)
+                if requests[rid].status is not RequestStatus.RUNNING
+            }
+            sample = pending.result(ended)
             for i, rid in enumerate(result.sample_ids):
-                if requests[rid].status is not RequestStatus.RUNNING:
-                    continue  # stopped by a stop string while this step ran (async_output)
+                if i in ended:
+                    continue
                 sampled[rid] = sample.token_ids[i]
                 self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
         self._stamp_token_times(sampled)

@@ -1,7 +1,10 @@
 """Adversarial cases of `async_output` against the synchronous engine (see test_async_output):
-an abort or a timeout that arrives after a request's last token was sampled but before that
-token was detokenized (the token completes a stop string) must not change how the request
-ended: the synchronous engine had already finished it with reason "stop".
+
+- an abort or a timeout that arrives after a request's last token was sampled but before that
+  token was detokenized (the token completes a stop string) must not change how the request
+  ended: the synchronous engine had already finished it with reason "stop";
+- the row a stop-string-finished request computes in the step after its stop (dropped) must
+  not be sampled: unseeded requests share one generator.
 """
 
 from __future__ import annotations
@@ -9,9 +12,15 @@ from __future__ import annotations
 import pytest
 
 from hyla.engine.llm_engine import LLMEngine
-from hyla.request import RequestOutput
-from tests.engine.engine_util import load, make_engine, one_torch_thread, save_checkpoint
-from tests.engine.test_async_output import compare, stop_requests
+from hyla.request import RequestOutput, SamplingParams
+from tests.engine.engine_util import (
+    load,
+    make_engine,
+    one_torch_thread,
+    prompt_ids,
+    save_checkpoint,
+)
+from tests.engine.test_async_output import compare, drive, stop_requests
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +85,25 @@ def test_abort_or_timeout_after_stop_string_token_keeps_stop(kimi, act):
         return final, stream
 
     compare(model, path, script, request_timeout=1e5)
+
+
+def test_dropped_row_draws_nothing_from_the_shared_generator(kimi):
+    """An unseeded request stopped by a stop string computes one more row that is dropped; it
+    must not be sampled, or it would shift the shared generator (engine seed) under the other
+    unseeded requests and change their tokens."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    kw = dict(temperature=1.0, max_tokens=12, ignore_eos=True)
+    requests = {
+        "stop": (prompt_ids(6, 11, vocab), SamplingParams(stop=["e", " ", "a", "o"], **kw)),
+        "u1": (prompt_ids(8, 12, vocab), SamplingParams(**kw)),
+        "u2": (prompt_ids(9, 13, vocab), SamplingParams(**kw)),
+    }
+
+    def script(engine):
+        final, stream = drive(engine, requests)
+        assert final["stop"].outputs[0].finish_reason == "stop"
+        assert len(final["stop"].outputs[0].token_ids) < 12
+        return final, stream
+
+    compare(model, path, script)
