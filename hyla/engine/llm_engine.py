@@ -248,10 +248,24 @@ class LLMEngine:
         group = self._groups.get(request_id)
         if group is None:
             return
+        self._flush_deferred(group)
         for seq in group.sequences:
             if not seq.is_finished:
                 self.scheduler.finish(seq.request.request_id, status)
         self._dirty[request_id] = None
+
+    def _flush_deferred(self, group: RequestGroup) -> None:
+        """Detokenize `group`'s tokens still waiting for the next step (`async_output`) now:
+        a stop string they complete ended the request before an abort or timeout that comes
+        after them, as in the synchronous engine."""
+        if not self._deferred:
+            return
+        tokens = {}
+        for seq in group.sequences:
+            rid = seq.request.request_id
+            if rid in self._deferred:
+                tokens[rid] = self._deferred.pop(rid)
+        self._process_tokens(tokens)
 
     def has_unfinished_requests(self) -> bool:
         with self._lock:
@@ -350,10 +364,17 @@ class LLMEngine:
             self._seq_owner[rid].prompt_logprobs.extend(entries)
         sampled: dict[str, int] = {}
         if pending is not None:
-            sample = pending.result()
+            # Requests stopped by a stop string while this step ran (async_output): their row
+            # is dropped unsampled (an unseeded one would draw from the shared generator).
+            ended = {
+                i
+                for i, rid in enumerate(result.sample_ids)
+                if requests[rid].status is not RequestStatus.RUNNING
+            }
+            sample = pending.result(ended)
             for i, rid in enumerate(result.sample_ids):
-                if requests[rid].status is not RequestStatus.RUNNING:
-                    continue  # stopped by a stop string while this step ran (async_output)
+                if i in ended:
+                    continue
                 sampled[rid] = sample.token_ids[i]
                 self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
         self._stamp_token_times(sampled)
@@ -407,7 +428,7 @@ class LLMEngine:
             token_stop = req.status is RequestStatus.FINISHED_STOPPED
             if not token_stop or req.params.include_stop_str_in_output:
                 stop = seq.detokenizer.update([token])
-                if stop is not None and req.status not in _ENDED_FROM_OUTSIDE:
+                if stop is not None:
                     if not req.is_finished:
                         self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED)
                     req.status = RequestStatus.FINISHED_STOPPED
@@ -429,11 +450,6 @@ class LLMEngine:
             outputs.append(group.output())
         self._dirty.clear()
         return outputs
-
-
-# An abort or timeout that came between a token's sampling and its (deferred) detokenization
-# keeps its reason even when that token completes a stop string.
-_ENDED_FROM_OUTSIDE = (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_TIMEOUT)
 
 
 def _index(seq_id: str) -> int:

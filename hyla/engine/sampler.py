@@ -14,6 +14,7 @@ model's raw log-softmax (before penalties and temperature), as OpenAI reports th
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -189,8 +190,12 @@ class PendingSample:
     greedy: tuple[torch.Tensor, torch.cuda.Event | None] | None
 
     @torch.inference_mode()
-    def result(self) -> SamplerOutput:
-        """Wait for the greedy rows' copy, sample the other rows; the SamplerOutput."""
+    def result(self, skip: Collection[int] = ()) -> SamplerOutput:
+        """Wait for the greedy rows' copy, sample the other rows; the SamplerOutput.
+
+        Rows in `skip` (requests that ended since the launch) are not sampled: they draw
+        nothing from the shared generator, and get token -1, logprob NaN and no top logprobs.
+        """
         tokens: dict[int, int] = {}
         lps: dict[int, float] = {}
         if self.greedy is not None:
@@ -202,6 +207,11 @@ class PendingSample:
             lps = dict(zip(self.plain, values[1], strict=True))
         out = SamplerOutput()
         for i, row in enumerate(self.rows):
+            if i in skip:
+                out.token_ids.append(-1)
+                out.logprobs.append(float("nan"))
+                out.top_logprobs.append(None)
+                continue
             token = tokens[i] if i in tokens else self.sampler._sample_row(self.logits[i], row)
             out.token_ids.append(token)
             out.logprobs.append(lps[i] if i in lps else float(self.raw_logprobs[i, token]))
