@@ -114,6 +114,16 @@ class ForwardBatch:
         return all(q == 1 for q in self.query_lens)
 
 
+def index_tensor(values: list[int], device: torch.device | str) -> torch.Tensor:
+    """`values` as an int64 tensor on `device`. To a GPU the copy goes from pinned memory,
+    queued on the stream: the host does not wait for the work already queued (a copy from
+    pageable memory would)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def allocate_caches(
     config: ModelConfig,
     num_blocks: int,

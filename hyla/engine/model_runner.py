@@ -26,7 +26,7 @@ from hyla.engine.cuda_graphs import CaptureFailed, DecodeGraphs, DecodeInputs
 from hyla.engine.memory import CachePlan
 from hyla.engine.sampler import top_logprobs
 from hyla.engine.state_copies import copy_state_rows, state_tensors
-from hyla.forward_batch import allocate_caches, build_forward_batch
+from hyla.forward_batch import allocate_caches, build_forward_batch, index_tensor
 from hyla.models.hybrid import HybridModel
 from hyla.request import Request
 from hyla.scheduler import SchedulerOutput
@@ -174,7 +174,7 @@ def _select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
     to copy to the device, which would wait for the forward to finish), else a gather."""
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return hidden[rows[0] : rows[0] + len(rows)]
-    return hidden[torch.tensor(rows, device=hidden.device)]
+    return hidden[index_tensor(rows, hidden.device)]
 
 
 def decode_inputs(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hyla.forward_batch import index_tensor
 from hyla.request import SamplingParams
 
 
@@ -165,7 +166,7 @@ def _greedy_values(
     if not plain:
         return None
     if len(plain) < num_rows:
-        idx = torch.tensor(plain, device=logits.device)
+        idx = index_tensor(plain, logits.device)
         logits, raw_logprobs = logits.index_select(0, idx), raw_logprobs.index_select(0, idx)
     tokens = torch.argmax(logits, dim=-1)  # the first maximum, as the per-row argmax
     lps = raw_logprobs.gather(1, tokens[:, None])[:, 0]
