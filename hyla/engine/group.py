@@ -38,6 +38,7 @@ class Sequence:
     generator: torch.Generator | None = None
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
+    sampling_row: Any = None  # the engine's cached `SamplingRow` for it
 
     @property
     def is_finished(self) -> bool:

@@ -27,7 +27,7 @@ import torch
 from hyla.cache.manager import CacheManager
 from hyla.config import ConfigError, EngineConfig, ModelConfig
 from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
-from hyla.engine.group import RequestGroup, new_group, sequence_id
+from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
 from hyla.engine.sampler import Sampler, SamplingRow, make_generator
@@ -132,6 +132,7 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()
         self._groups: dict[str, RequestGroup] = {}
         self._seq_owner: dict[str, RequestGroup] = {}
+        self._seq_of: dict[str, Sequence] = {}  # scheduler id -> its sequence
         self._dirty: dict[str, None] = {}
         self._lock = threading.RLock()
         async_output = engine_config.async_output
@@ -234,6 +235,7 @@ class LLMEngine:
         self._groups[request_id] = group
         for seq in group.sequences:
             self._seq_owner[seq.request.request_id] = group
+            self._seq_of[seq.request.request_id] = seq
             self.scheduler.add_request(seq.request)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
@@ -347,12 +349,12 @@ class LLMEngine:
         requests: dict[str, Request] = {}
         plp: dict[str, int] = {}
         for rid in out.num_scheduled_tokens:
-            group = self._seq_owner[rid]
-            requests[rid] = group.sequences[_index(rid)].request
+            group, seq = self._seq_owner[rid], self._seq_of[rid]
+            requests[rid] = seq.request
             if group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
             pos = group.next_prompt_logprob_position()
-            if pos is not None and _index(rid) == 0:
+            if pos is not None and seq.index == 0:
                 plp[rid] = pos
         result = self.runner.execute(out, requests, self.cache, plp)
         pending = None
@@ -393,19 +395,17 @@ class LLMEngine:
         return self._collect_outputs()
 
     def _sampling_row(self, rid: str) -> SamplingRow:
-        group = self._seq_owner[rid]
-        seq = group.sequences[_index(rid)]
-        req = seq.request
-        return SamplingRow(
-            req.params,
-            req.prompt_token_ids,
-            req.output_token_ids,
-            req.eos_token_ids,
-            seq.generator,
-        )
+        seq = self._seq_of[rid]
+        if seq.sampling_row is None:  # its lists are the request's own: valid for its lifetime
+            req = seq.request
+            seq.sampling_row = SamplingRow(
+                req.params, req.prompt_token_ids, req.output_token_ids, req.eos_token_ids,
+                seq.generator,
+            )  # fmt: skip
+        return seq.sampling_row
 
     def _record_logprobs(self, rid: str, logprob: float, top: dict[int, float] | None) -> None:
-        seq = self._seq_owner[rid].sequences[_index(rid)]
+        seq = self._seq_of[rid]
         seq.cumulative_logprob += logprob
         if seq.logprobs is not None and top is not None:
             seq.logprobs.append(top)
@@ -422,8 +422,7 @@ class LLMEngine:
         """Detokenize each sampled token (stop strings finish their request) and mark its
         request's output for collection."""
         for rid, token in sampled.items():
-            group = self._seq_owner[rid]
-            seq = group.sequences[_index(rid)]
+            group, seq = self._seq_owner[rid], self._seq_of[rid]
             req = seq.request
             token_stop = req.status is RequestStatus.FINISHED_STOPPED
             if not token_stop or req.params.include_stop_str_in_output:
@@ -447,13 +446,10 @@ class LLMEngine:
                 del self._groups[rid]
                 for seq in group.sequences:
                     self._seq_owner.pop(seq.request.request_id, None)
+                    self._seq_of.pop(seq.request.request_id, None)
             outputs.append(group.output())
         self._dirty.clear()
         return outputs
-
-
-def _index(seq_id: str) -> int:
-    return int(seq_id.rsplit("#", 1)[1])
 
 
 def resolve_device(config: EngineConfig) -> EngineConfig:
