@@ -7,6 +7,10 @@
              Scheduler.update()     -> counters, token stops, frees blocks/slots
              detokenize, stop strings -> RequestOutput per touched request
 
+With `async_output` (the default on CUDA) the last line moves: a step launches its forward and
+sampler, then detokenizes the previous step's tokens and builds their outputs while the device
+runs, then waits for its own tokens and updates the scheduler.
+
 All public methods take one lock, so another thread (the async server loop) may call
 `add_request`/`abort_request` while a loop thread calls `step()`.
 """
