@@ -79,3 +79,22 @@ def test_layer_with_kernels_matches_pytorch_path(kind: str, monkeypatch) -> None
     assert len(calls) == 3  # prefill + 2 decode steps
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)  # seen: 3e-7 on |out| <= 2.4
+
+
+@pytest.mark.parametrize("kind", ["kda", "gdn"])
+def test_layer_with_gated_norm_kernel_matches_pytorch_path(kind: str, monkeypatch) -> None:
+    """The output norm (`hyla.ops.norm.gated_rms_norm`) through its Triton kernel: whole layers
+    as above (Kimi-Linear: sigmoid gate, fp32 weight; Qwen3-Next: silu gate)."""
+    import hyla.ops.norm
+    from hyla.ops.norm import gated_kernels
+
+    calls = []
+    fn = gated_kernels.gated_rms_norm
+    monkeypatch.setattr(gated_kernels, "gated_rms_norm", lambda *a: calls.append(1) or fn(*a))
+    want = _run_layer(kind)
+    assert not calls
+    monkeypatch.setattr(hyla.ops.norm, "use_triton", lambda x: True)
+    got = _run_layer(kind)
+    assert len(calls) == 3  # prefill + 2 decode steps
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,4 @@
-"""Triton RMSNorm / fused add+RMSNorm and paged write vs the CPU references.
+"""Triton RMSNorm / fused add+RMSNorm / gated RMSNorm and paged write vs the CPU references.
 
 GPU tests run the kernels on CUDA and the references on CPU copies. Bounds (max-abs error over
 max-abs reference value): fp32 1e-5, bf16 1e-2 (the normed row is rounded to bf16 before the
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hyla.ops.norm import fused_add_rms_norm, reference, rms_norm
+from hyla.ops.norm import fused_add_rms_norm, gated_rms_norm, reference, rms_norm
 from hyla.ops.paged import reference as paged_reference
 from hyla.ops.paged import write_paged
 
@@ -95,6 +95,46 @@ def test_rms_norm_cuda_mixed_dtypes_fall_back():
     assert torch.equal(got.cpu(), reference.rms_norm(x.cpu(), w.float().cpu(), 1e-6))
 
 
+GATED = [  # (activation, weight_in_fp32, weight dtype: None = x's): Kimi-Linear, Qwen3-Next
+    pytest.param("sigmoid", True, torch.float32, id="kimi"),
+    pytest.param("silu", False, None, id="qwen3next"),
+]
+
+
+def _gated_inputs(shape, dtype, weight_dtype, device, seed=0):
+    x, _, w = _inputs(shape, dtype, device, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    gate = (2 * torch.randn(shape, generator=gen)).to(dtype).to(device)
+    return x, gate, w.to(weight_dtype or dtype)
+
+
+def _check_gated(x, gate, w, activation, weight_in_fp32, bound, fn=gated_rms_norm) -> None:
+    got = fn(x, gate, w, 1e-6, activation, weight_in_fp32)
+    want = reference.gated_rms_norm(x.cpu(), gate.cpu(), w.cpu(), 1e-6, activation,
+                                    weight_in_fp32)  # fmt: skip
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert _rel(got, want) <= bound
+
+
+@needs_cuda
+@pytest.mark.parametrize("activation,weight_in_fp32,weight_dtype", GATED)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_rms_norm_cuda_matches_reference(dtype, shape, activation, weight_in_fp32,
+                                               weight_dtype):  # fmt: skip
+    x, gate, w = _gated_inputs(shape, dtype, weight_dtype, "cuda")
+    _check_gated(x, gate, w, activation, weight_in_fp32, BOUNDS[dtype])
+
+
+@needs_cuda
+def test_gated_rms_norm_cuda_strided_rows_and_fallback():
+    x, gate, w = _gated_inputs((16, 3, 128), torch.bfloat16, None, "cuda")
+    _check_gated(x[::2], gate[1::2], w, "silu", False, 1e-2)  # row strides, unit last stride
+    # weight fp32 without weight_in_fp32: reference type promotion (fp32 result), not the kernel
+    _check_gated(x, gate, w.float(), "silu", False, 1e-6)
+    assert gated_rms_norm(x[:0], gate[:0], w, 1e-6).shape == (0, 3, 128)
+
+
 def _poisoned_cache(shape, dtype, device):
     poison = torch.full(shape, float("nan") if dtype.itemsize == 1 else 1e30)
     return poison.to(dtype).to(device)
@@ -163,6 +203,22 @@ def _interpreted_norm_checks() -> None:
                 assert _rel(normed, want_normed) <= 2 * BOUNDS[dtype]
 
 
+def _interpreted_gated_norm_checks() -> None:
+    from hyla.ops.norm import gated_kernels
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for activation, in_fp32, weight_dtype in (("sigmoid", True, torch.float32),
+                                                   ("silu", False, None)):  # fmt: skip
+            for shape in [(1, 7), (9, 129), (2, 3, 64)]:
+                x, gate, w = _gated_inputs(shape, dtype, weight_dtype, "cpu")
+                assert gated_kernels.supports(x, gate, w, in_fp32)
+                _check_gated(x, gate, w, activation, in_fp32, 2 * BOUNDS[dtype],
+                             fn=gated_kernels.gated_rms_norm)  # fmt: skip
+            x, gate, w = _gated_inputs((4, 2, 32), dtype, weight_dtype, "cpu")
+            _check_gated(x[::2], gate[1::2], w, activation, in_fp32, 2 * BOUNDS[dtype],
+                         fn=gated_kernels.gated_rms_norm)  # fmt: skip
+
+
 def _interpreted_paged_checks() -> None:
     from hyla.ops.paged import kernels
 
@@ -184,7 +240,8 @@ def test_kernels_under_triton_interpreter():
     root = Path(__file__).resolve().parents[2]
     code = (
         "import tests.gpu.test_norm_paged_gpu as t; "
-        "t._interpreted_norm_checks(); t._interpreted_paged_checks()"
+        "t._interpreted_norm_checks(); t._interpreted_gated_norm_checks(); "
+        "t._interpreted_paged_checks()"
     )
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
     done = subprocess.run(

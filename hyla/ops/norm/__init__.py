@@ -1,5 +1,5 @@
 """RMSNorm variants. See `reference.py`; CUDA tensors go to the Triton kernels of `kernels.py`
-(imported on first use, so CPU installs never import triton)."""
+and `gated_kernels.py` (imported on first use, so CPU installs never import triton)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import torch
 
 from hyla.ops.gpu import use_triton
 from hyla.ops.norm import reference
-from hyla.ops.norm.reference import gated_rms_norm
 
 __all__ = ["fused_add_rms_norm", "gated_rms_norm", "rms_norm"]
 
@@ -40,3 +39,24 @@ def fused_add_rms_norm(
         if kernels.supports(x, weight, residual):
             return kernels.fused_add_rms_norm(x, residual, weight, eps, offset)
     return reference.fused_add_rms_norm(x, residual, weight, eps, offset)
+
+
+def gated_rms_norm(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    activation: str = "silu",
+    weight_in_fp32: bool = False,
+) -> torch.Tensor:
+    """RMSNorm of x times `act(gate)`; see `reference.gated_rms_norm` (shapes, dtypes, errors).
+    CUDA tensors use one Triton kernel (`gated_kernels`) when it supports the arguments and no
+    gradient is needed (it has no backward)."""
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or gate.requires_grad
+                                               or weight.requires_grad)  # fmt: skip
+    if use_triton(x) and not needs_grad:
+        from hyla.ops.norm import gated_kernels
+
+        if gated_kernels.supports(x, gate, weight, weight_in_fp32):
+            return gated_kernels.gated_rms_norm(x, gate, weight, eps, activation, weight_in_fp32)
+    return reference.gated_rms_norm(x, gate, weight, eps, activation, weight_in_fp32)
