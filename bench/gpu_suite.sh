@@ -32,7 +32,7 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
     local pytest="python3 -m pytest -q -p no:cacheprovider -rs -s" la=tests/gpu/test_linear_attention_gpu.py
     run 420 gpu_tests_kernels $pytest tests/gpu/test_dsa_gpu.py tests/gpu/test_norm_paged_gpu.py \
         tests/gpu/test_kernel_strides.py tests/gpu/test_moe_gpu.py tests/gpu/test_short_conv_gpu.py \
-        tests/gpu/test_gates_gpu.py > /dev/null &
+        tests/gpu/test_gates_gpu.py tests/gpu/test_activation_gpu.py > /dev/null &
     run 420 gpu_tests_graphs $pytest tests/gpu/test_cuda_graphs_gpu.py > /dev/null &
     run 420 gpu_tests_la_kda $pytest $la -k "chunk and kda and not 100k" > /dev/null &
     run 420 gpu_tests_la_gdn $pytest $la -k "chunk and gdn and not 100k" > /dev/null &

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hyla.config import ModelConfig
 from hyla.layers.linear import Linear, stacked_linear
+from hyla.ops.activation import silu_and_mul
 from hyla.ops.linear import Prepacked
 
 
@@ -42,5 +42,4 @@ class GatedMLP(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: [T, D] -> [T, D]."""
         gate_up = stacked_linear(hidden_states, self.stacked_projections(), self.gate_up_packed)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(gate_up))  # silu(gate) * up: one kernel on CUDA
