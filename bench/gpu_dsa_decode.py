@@ -10,6 +10,8 @@ once for 16 x 1M tokens (19.3 GB latents + 4.3 GB keys) and sliced per point.
       index_scores   Triton scores -> int64 sort keys [B, L]
       topk           torch.topk on those keys + decode to positions
       radix_topk     the Triton radix select on the same keys (`topk.radix_topk_columns`)
+      segmented_topk two torch.topk stages over 64 segments of each row
+                     (`select.segmented_topk_columns`)
       indexer        both (the public `lightning_indexer_topk`; radix top-k from
                      RADIX_MIN_COLS columns on, torch.topk below)
       sparse_latent  the Triton sparse latent attention alone (q_lat given)
@@ -55,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import triton  # noqa: E402
 
 from hyla.ops.dsa_indexer import kernels as idx_k  # noqa: E402
+from hyla.ops.dsa_indexer import select as idx_select  # noqa: E402
 from hyla.ops.dsa_indexer import topk as idx_topk  # noqa: E402
 from hyla.ops.mla.reference import split_kv_b  # noqa: E402
 from hyla.ops.sparse_attention import kernels as mla_k  # noqa: E402
@@ -153,6 +156,7 @@ def sparse_fns(s: Setup, p: dict) -> dict:
         "index_scores": index_scores,
         "topk": lambda: idx_topk.topk_columns_reference(key_buf, row_pos, s.topk),
         "radix_topk": lambda: idx_topk.radix_topk_columns(key_buf, row_pos, s.topk),
+        "segmented_topk": lambda: idx_select.segmented_topk_columns(key_buf, row_pos, s.topk),
         "indexer": indexer,
         "sparse_latent": lambda: mla_k.sparse_latent_attention(
             q_lat, p["q_rope"], s.latent, p["tables"], row_seq, selected, scale

@@ -23,6 +23,7 @@ from hyla.ops.dsa_indexer import reference as indexer_ref
 from hyla.ops.dsa_indexer.rows import dense_topk_indices
 from hyla.ops.paged import write_paged
 from hyla.ops.sparse_attention import reference as sparse_ref
+from tests.ops.dsa_keys import sort_keys
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -260,16 +261,6 @@ def test_indexer_row_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     check_indexer(*MIXED, 64, torch.float32, "cuda", seed=3)
 
 
-def sort_keys(scores: torch.Tensor, row_pos: torch.Tensor) -> torch.Tensor:
-    """[R, L] fp32 scores, [R] positions -> the int64 sort keys the indexer kernel writes."""
-    low31, invisible = (1 << 31) - 1, -(1 << 62) - 1
-    bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
-    key32 = torch.where(bits >= 0, bits, bits ^ low31).long()
-    cols = torch.arange(scores.shape[1], device=scores.device)
-    keys = (key32 << 31) | (low31 - cols)
-    return torch.where(cols[None, :] <= row_pos[:, None], keys, invisible)
-
-
 def long_rows(
     num_rows: int, seed: int, short: tuple[int, ...] = (999, 0, 2999), num_cols: int = 1 << 20
 ) -> tuple[torch.Tensor, ...]:
@@ -294,18 +285,22 @@ def test_radix_topk_1m_columns_equals_torch_topk(num_rows: int, monkeypatch) -> 
     assert torch.equal(kernels.keys_to_topk(keys, row_pos, 2048), want)  # dispatches to radix
 
 
-def test_radix_topk_cuda_graph_replay() -> None:
-    from hyla.ops.dsa_indexer.topk import radix_topk_columns, topk_columns_reference
+@pytest.mark.parametrize("method", ["radix", "segmented"])
+def test_long_row_topk_cuda_graph_replay(method: str) -> None:
+    from hyla.ops.dsa_indexer.select import segmented_topk_columns, topk_columns_reference
+    from hyla.ops.dsa_indexer.topk import radix_topk_columns
 
+    fn = radix_topk_columns if method == "radix" else segmented_topk_columns
     keys, row_pos = long_rows(16, seed=0)
+    assert torch.equal(fn(keys, row_pos, 2048), topk_columns_reference(keys, row_pos, 2048))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile and warm up outside the capture
-        radix_topk_columns(keys, row_pos, 2048)
+        fn(keys, row_pos, 2048)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = radix_topk_columns(keys, row_pos, 2048)
+        out = fn(keys, row_pos, 2048)
     for seed, short in ((1, (999, 0, 2999)), (2, (2047, 2048, 5))):
         new_keys, new_pos = long_rows(16, seed, short)
         keys.copy_(new_keys)

@@ -6,7 +6,7 @@ table, and writes each score as an int64 *sort key* whose order is (score, -colu
 
     s       = sum_h (w[t, h] * Hi^-0.5) * relu(softmax_scale * q[t, h] . k[s])    (fp32)
     key32   = bits(s + 0.0)   if >= 0   else bits(s + 0.0) ^ 0x7FFFFFFF           (+0.0 == -0.0)
-    key     = (key32 << 31) | (2^31 - 1 - column)         invisible columns: topk.INVISIBLE
+    key     = (key32 << 31) | (2^31 - 1 - column)         invisible columns: select.INVISIBLE
 
 `torch.topk(key, k)` (sorted) then yields the best scores first and, among exactly equal scores,
 the lower column first: the reference's stable descending sort. The column is recovered from the
@@ -34,7 +34,12 @@ import triton
 import triton.language as tl
 
 from hyla.ops.dsa_indexer.rows import row_positions
-from hyla.ops.dsa_indexer.topk import INVISIBLE, radix_topk_columns, topk_columns_reference
+from hyla.ops.dsa_indexer.select import (
+    INVISIBLE,
+    segmented_topk_columns,
+    topk_columns_reference,
+)
+from hyla.ops.dsa_indexer.topk import radix_topk_columns
 
 # The int64 key buffer holds at most this many entries (1 GiB); rows are chunked to fit.
 MAX_KEY_ELEMENTS = 1 << 27
@@ -46,6 +51,10 @@ NUM_STAGES = 2
 # From this many key columns on, the top-k is `topk.radix_topk_columns`; None: never (measured
 # slower than torch.topk on the H200, bench/results/gpu_dsa_decode_radix_h200.json).
 RADIX_MIN_COLS: int | None = None
+# From this many key columns on, `select.segmented_topk_columns` (two torch.topk stages over
+# segments of the row); None: never (not yet measured on a GPU: bench/gpu_dsa_decode.py's
+# segmented_topk column against its topk column decides).
+SEGMENTED_MIN_COLS: int | None = None
 
 
 @triton.jit
@@ -209,11 +218,13 @@ def _rows_per_chunk(num_rows: int, num_cols: int, block_t: int) -> int:
 
 def keys_to_topk(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
     """[Tc, L] int64 sort keys, [Tc] positions -> [Tc, topk] int32 columns, -1 padded
-    (`topk.topk_columns_reference`): torch.topk, or the Triton radix select from RADIX_MIN_COLS
-    columns on when that is set."""
+    (`select.topk_columns_reference`): torch.topk, or when set, the Triton radix select from
+    RADIX_MIN_COLS columns on, else the two-stage segmented torch.topk from SEGMENTED_MIN_COLS."""
     radix = RADIX_MIN_COLS is not None and keys.shape[1] >= RADIX_MIN_COLS
     if topk > 0 and radix and _triton_runs_on(keys):
         return radix_topk_columns(keys, row_pos, topk)
+    if topk > 0 and SEGMENTED_MIN_COLS is not None and keys.shape[1] >= SEGMENTED_MIN_COLS:
+        return segmented_topk_columns(keys, row_pos, topk)
     return topk_columns_reference(keys, row_pos, topk)
 
 

@@ -59,7 +59,6 @@ def dense_topk_indices(
     return torch.where(cols[None, :] <= row_pos[:, None], cols, -1).to(torch.int32)
 
 
-
 def gather_rows_bounded(
     caches: Sequence[torch.Tensor],
     block_tables: torch.Tensor,

@@ -1,5 +1,6 @@
-"""Top-k of the lightning indexer's int64 sort keys: `topk_columns_reference` (torch.topk, the
-definition) and `radix_topk_columns` (a Triton radix select, the same result; CUDA-graph safe).
+"""Top-k of the lightning indexer's int64 sort keys by a Triton radix select:
+`radix_topk_columns`, the result of `select.topk_columns_reference` (torch.topk, the definition;
+re-exported here); CUDA-graph safe.
 
 A row's keys (see `kernels.py`) are unique when visible and all equal INVISIBLE otherwise:
 
@@ -29,9 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
-LOW31 = (1 << 31) - 1
-# Below every visible key (a visible key is >= -2^62): marks columns a row does not see.
-INVISIBLE = -(1 << 62) - 1
+from hyla.ops.dsa_indexer.select import (  # noqa: F401 - re-exported
+    INVISIBLE,
+    LOW31,
+    columns_of,
+    topk_columns_reference,
+)
+
 _MIN_VISIBLE = -(1 << 62)
 _KEY_BITS = 63  # a visible key minus _MIN_VISIBLE
 
@@ -39,21 +44,6 @@ RADIX_BITS = 8  # 256 bins: tl.histogram's cost grows with the bin count
 BLOCK_L = 4096  # key columns per program
 NUM_WARPS = 8
 SORT_WARPS = 8
-
-
-def topk_columns_reference(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
-    """[R, L] int64 sort keys, [R] positions -> [R, topk] int32 columns (torch.topk).
-
-    Rank r holds the column of the r-th largest key, or -1 where r > row_pos[r's row] or
-    r >= L (the reference's padding rules)."""
-    k = min(topk, keys.shape[1])
-    best = torch.topk(keys, k, dim=1, largest=True, sorted=True).values
-    cols = LOW31 - (best & LOW31)
-    rank = torch.arange(k, device=keys.device)
-    cols = torch.where(rank[None, :] <= row_pos[:, None], cols, -1).to(torch.int32)
-    if k < topk:
-        cols = torch.nn.functional.pad(cols, (0, topk - k), value=-1)
-    return cols
 
 
 def radix_topk_columns(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
