@@ -32,7 +32,7 @@ from hyla.ops.gates import gdn_gates, kda_gates
 from hyla.ops.gates import reference as gates_reference
 from hyla.ops.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from hyla.ops.kda import chunk_kda, recurrent_kda
-from hyla.ops.linear import Prepacked
+from hyla.ops.linear import Prepacked, adjacent_rows
 from hyla.ops.norm import gated_rms_norm
 
 
@@ -106,6 +106,17 @@ class KimiDeltaAttention(nn.Module):
         """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
         return (self.q_proj, self.k_proj, self.v_proj, self.f_a_proj, self.g_a_proj, self.b_proj)
 
+    def stacked_convolutions(self) -> tuple[nn.Conv1d, ...]:
+        """The short convs of q, k, v, stored as one weight by `HybridModel.stack_projections`."""
+        return (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+
+    def _conv_weight(self) -> torch.Tensor:
+        """The q | k | v conv weights as one [conv_dim, W] tensor: a view when they are stacked,
+        else a concatenation (one copy per forward)."""
+        weights = [conv.weight.squeeze(1) for conv in self.stacked_convolutions()]
+        block = adjacent_rows(weights)
+        return torch.cat(weights) if block is None else block
+
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
@@ -118,9 +129,7 @@ class KimiDeltaAttention(nn.Module):
         mixed, f_a, g_a, b = stacked_linear(x, inputs, self.input_packed).split(
             [2 * key_dim + value_dim, self.head_k_dim, self.head_v_dim, self.num_v_heads], dim=-1
         )
-        conv_weight = torch.cat(
-            [self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]
-        ).squeeze(1)  # [conv_dim, W]
+        conv_weight = self._conv_weight()  # [conv_dim, W]
         mixed = short_conv_step(mixed, conv_weight, cache, batch)
         q, k, v = mixed.split([key_dim, key_dim, value_dim], dim=-1)
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)

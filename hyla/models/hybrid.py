@@ -111,16 +111,25 @@ class HybridModel(nn.Module):
     @torch.no_grad()
     def stack_projections(self) -> None:
         """Store the weights of each group of projections that read one input (a module's
-        `stacked_projections()`: KDA's six input projections, an MLP's gate and up) as row
-        blocks of one tensor, so `stacked_linear` runs each group as one matmul
-        (`hyla.ops.linear.stacked`). Values, names and the state dict are unchanged."""
+        `stacked_projections()`: KDA's six input projections, an MLP's gate and up) as row blocks
+        of one tensor, so `stacked_linear` runs each group as one matmul
+        (`hyla.ops.linear.stacked`); likewise KDA's q, k, v short-conv weights
+        (`stacked_convolutions()`: no concatenation per forward). Values, names and the state
+        dict are unchanged."""
         for module in self.modules():
-            group = getattr(module, "stacked_projections", None)
-            if group is not None:
-                linears = group()
-                if adjacent_rows([m.weight for m in linears]) is None:
-                    stack_rows(linears)
+            for name in ("stacked_projections", "stacked_convolutions"):
+                group = getattr(module, name, None)
+                if group is not None:
+                    stack_group(group())
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [n, D] -> logits [n, V] float32."""
         return self.lm_head(hidden_states).float()
+
+
+def stack_group(modules: tuple[nn.Module, ...]) -> None:
+    """Re-home the weights of `modules` as row blocks of one tensor, unless they already are
+    (`hyla.ops.linear.stacked`; conv weights [C, 1, W] are compared as [C, W])."""
+    weights = [m.weight.flatten(1) for m in modules]
+    if adjacent_rows(weights) is None:
+        stack_rows(modules)

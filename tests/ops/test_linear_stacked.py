@@ -59,6 +59,8 @@ def test_model_outputs_and_state_dict_survive_stacking(tmp_path):
     model.stack_projections()
     kda = next(m for m in model.modules() if hasattr(m, "stacked_projections"))
     assert adjacent_rows([m.weight for m in kda.stacked_projections()]) is not None
+    convs = [m.weight.squeeze(1) for m in kda.stacked_convolutions()]
+    assert adjacent_rows(convs) is not None and torch.equal(kda._conv_weight(), torch.cat(convs))
     after = model.state_dict()
     assert after.keys() == state.keys()
     assert all(torch.equal(after[k], state[k]) for k in state)
