@@ -46,6 +46,20 @@ def check(fn, device: str, bf16_ulps: int = 1) -> None:
         assert fn(x[:0]).shape == (0, *want.shape[1:])
 
 
+def test_dispatch_keeps_float64_and_empty_width_on_the_reference(monkeypatch) -> None:
+    # The kernel computes in fp32: a float64 x (and an empty last dim, which it cannot reshape)
+    # must stay on the reference even where triton would run. Without triton, a dispatch to the
+    # kernel fails to import it; with it, the fp32 result differs from the float64 reference.
+    import hyla.ops.activation as act
+
+    monkeypatch.setattr(act, "use_triton", lambda x: True)
+    x = 3 * torch.randn(3, 2 * 40, dtype=torch.float64)
+    assert torch.equal(act.silu_and_mul(x), reference.silu_and_mul(x))
+    assert act.silu_and_mul(torch.zeros(3, 0)).shape == (3, 0)
+    assert act.kernel_supports(x.float()) and act.kernel_supports(x.bfloat16())
+    assert not act.kernel_supports(x.float()[:, :-1]) and not act.kernel_supports(x.float().t())
+
+
 def test_reference_rejects_odd_width() -> None:
     with pytest.raises(ValueError, match="even"):
         reference.silu_and_mul(torch.zeros(2, 5))

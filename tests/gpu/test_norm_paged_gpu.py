@@ -133,6 +133,8 @@ def test_gated_rms_norm_cuda_strided_rows_and_fallback():
     # weight fp32 without weight_in_fp32: reference type promotion (fp32 result), not the kernel
     _check_gated(x, gate, w.float(), "silu", False, 1e-6)
     assert gated_rms_norm(x[:0], gate[:0], w, 1e-6).shape == (0, 3, 128)
+    # float64: the reference's float64 products, not the fp32 kernel
+    _check_gated(x.double(), gate.double(), w.double(), "silu", False, 1e-12)
 
 
 def _poisoned_cache(shape, dtype, device):
@@ -217,6 +219,13 @@ def _interpreted_gated_norm_checks() -> None:
             x, gate, w = _gated_inputs((4, 2, 32), dtype, weight_dtype, "cpu")
             _check_gated(x[::2], gate[1::2], w, activation, in_fp32, 2 * BOUNDS[dtype],
                          fn=gated_kernels.gated_rms_norm)  # fmt: skip
+    # the kernel computes in fp32 (a float64 x keeps float64 products in the reference) and
+    # cannot reshape an empty row: both stay on the reference
+    x, gate, w = _gated_inputs((4, 32), torch.float64, None, "cpu")
+    assert not gated_kernels.supports(x, gate, w, False)
+    assert not gated_kernels.supports(x, gate, w.float(), True)
+    assert not gated_kernels.supports(x[:, :0], gate[:, :0], w[:0].float(), True)
+    assert gated_kernels.supports(x.float(), gate, w.float(), False)  # any gate dtype
 
 
 def _interpreted_paged_checks() -> None:

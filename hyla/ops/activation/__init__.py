@@ -11,12 +11,22 @@ from hyla.ops.gpu import use_triton
 
 __all__ = ["silu_and_mul"]
 
+# x dtypes the kernel reproduces: it computes in fp32, so float64 would lose precision.
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def kernel_supports(x: torch.Tensor) -> bool:
+    """True when the Triton kernel reproduces the reference for x (device aside): fp32 / bf16 /
+    fp16, an even, non-empty, unit-stride last dim."""
+    width = x.shape[-1] if x.dim() else 0
+    return x.dtype in KERNEL_DTYPES and width > 0 and width % 2 == 0 and x.stride(-1) == 1
+
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :I]) * x[..., I:]: [..., 2I] -> [..., I] in x's dtype; see
     `reference.silu_and_mul` (errors as there)."""
     needs_grad = torch.is_grad_enabled() and x.requires_grad
-    if use_triton(x) and not needs_grad and x.stride(-1) == 1 and x.shape[-1] % 2 == 0:
+    if use_triton(x) and not needs_grad and kernel_supports(x):
         from hyla.ops.activation import kernels
 
         return kernels.silu_and_mul(x)

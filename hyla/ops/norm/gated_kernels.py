@@ -23,6 +23,9 @@ import triton.language as tl
 from hyla.ops.norm.kernels import MAX_FUSED_DIM
 
 ACTIVATIONS = {"sigmoid": 0, "silu": 1}
+# x dtypes the kernel reproduces: it computes in fp32, so a float64 x would lose precision the
+# reference keeps (its weight product and output stay in float64).
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -62,15 +65,16 @@ def _gated_rms_norm_kernel(
 def supports(
     x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, weight_in_fp32: bool
 ) -> bool:
-    """True when the kernel reproduces the reference for these arguments: gate of x's shape, a
-    [D] weight in x's dtype (or any float dtype with `weight_in_fp32`), a row no wider than
-    MAX_FUSED_DIM, unit stride along the last dims."""
+    """True when the kernel reproduces the reference for these arguments: x in fp32 / bf16 /
+    fp16, gate of x's shape, a [D] weight in x's dtype (or any float dtype with
+    `weight_in_fp32`), 0 < D <= MAX_FUSED_DIM, unit stride along the last dims."""
     return (
-        gate.shape == x.shape
+        x.dtype in DTYPES
+        and gate.shape == x.shape
         and weight.dim() == 1
         and weight.shape[0] == x.shape[-1]
         and (weight_in_fp32 or weight.dtype == x.dtype)
-        and x.shape[-1] <= MAX_FUSED_DIM
+        and 0 < x.shape[-1] <= MAX_FUSED_DIM
         and x.stride(-1) == 1
         and gate.stride(-1) == 1
     )
