@@ -50,6 +50,10 @@ def _check(cond: bool, name: str, message: str) -> None:
         raise SamplingParamsError(name, message)
 
 
+_FLOAT_FIELDS = (
+    "temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty",
+)  # fmt: skip
 # Below this, logits / temperature can overflow fp32 and sampling degenerates.
 MIN_TEMPERATURE = 1e-2
 
@@ -143,6 +147,14 @@ class SamplingParams:
         _check(_is_int(self.top_k), "top_k", f"must be an integer (<= 0: off), got {self.top_k!r}")
 
     def _check_probabilities(self) -> None:
+        for name in _FLOAT_FIELDS:  # as floats: a huge int (JSON 2**64) would overflow in torch
+            v = getattr(self, name)
+            if _is_num(v):
+                try:
+                    object.__setattr__(self, name, float(v))
+                except OverflowError:
+                    message = f"must be finite, got an integer of {v.bit_length()} bits"
+                    raise SamplingParamsError(name, message) from None
         t = self.temperature
         _check(_is_num(t) and t >= 0, "temperature", f"must be >= 0, got {t!r}")
         _check(t == t and t != float("inf"), "temperature", f"must be finite, got {t!r}")

@@ -287,7 +287,9 @@ class AsyncEngine:
         return commands
 
     def _has_work(self) -> bool:
-        return bool(self._streams) and self.engine.has_unfinished_requests()
+        # Unfinished requests without a stream too (aborted after a failed step or a cancelled
+        # stream): one more step collects them, so an idle engine holds no request.
+        return self.engine.has_unfinished_requests()
 
     def _next_deadline_wait(self) -> float | None:
         deadlines = [s.deadline for s in self._streams.values() if s.deadline is not None]

@@ -79,3 +79,20 @@ def test_tiny_temperature_is_clamped_not_degenerate():
 
     assert SamplingParams(temperature=1e-320).temperature == MIN_TEMPERATURE
     assert SamplingParams(temperature=0).temperature == 0
+
+
+def test_huge_integer_parameters_become_floats_and_sample() -> None:
+    """JSON integers beyond int64 (the server fuzz sent temperature 2**64) are stored as floats:
+    torch cannot take such an int as a scalar, which ended a whole engine step."""
+    import torch
+
+    from hyla.engine.sampler import Sampler, SamplingRow
+
+    params = SamplingParams(temperature=2**64, repetition_penalty=2**64, top_p=1, min_p=0)
+    assert all(isinstance(getattr(params, f), float) for f in ("temperature", "top_p", "min_p",
+                                                               "repetition_penalty"))  # fmt: skip
+    row = SamplingRow(params, [1, 2], [3], (), torch.Generator().manual_seed(0))
+    out = Sampler()(torch.randn(1, 50), [row])
+    assert 0 <= out.token_ids[0] < 50
+    with pytest.raises(SamplingParamsError, match="temperature: must be finite"):
+        SamplingParams(temperature=2**1100)

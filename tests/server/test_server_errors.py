@@ -250,3 +250,12 @@ def _post_and_check(server, path: str, body) -> None:
     stats = server.engine.get_stats()
     assert stats.num_free_blocks == stats.num_total_blocks
     assert stats.num_free_slots == stats.num_total_slots
+
+
+def test_huge_integer_temperature_is_served(server):
+    """Found by the fuzz above: temperature 2**64 (a JSON integer) ended the engine step with an
+    OverflowError (500); it is a finite float temperature."""
+    body = {**_CHAT_BASE, "add_generation_prompt": False, "temperature": 2**64}
+    _post_and_check(server, "/v1/chat/completions", body)
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text

@@ -158,3 +158,20 @@ def test_sigterm_drains_in_flight_requests(make_server):
     assert not server.async_engine.is_running
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/health", timeout=2)
+
+
+def test_engine_is_idle_after_a_failed_step(make_server, monkeypatch):
+    """A step that raises ends its requests (aborted); the loop steps once more to collect
+    them, so the engine holds no request afterwards without waiting for a new one (the server
+    fuzz saw a group linger until the next request)."""
+    server = make_server()
+    sampler = server.engine.sampler
+    real_launch = sampler.launch
+    monkeypatch.setattr(sampler, "launch", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))
+    with pytest.raises(openai.InternalServerError):
+        server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=4)
+    stats = server.wait_idle(timeout=10)
+    assert not server.engine.has_unfinished_requests()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    monkeypatch.setattr(sampler, "launch", real_launch)
+    assert server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices
