@@ -43,13 +43,13 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
 }
 
 ops() {
-    run 240 gpu_dsa_decode python3 bench/gpu_dsa_decode.py
-    run 300 gpu_linear_attention python3 bench/gpu_linear_attention.py
+    run 300 gpu_dsa_decode python3 bench/gpu_dsa_decode.py
+    run 270 gpu_linear_attention python3 bench/gpu_linear_attention.py
 }
 
 model() {
-    run 280 gpu_e2e python3 bench/gpu_e2e.py --prefill-lens 8192,131072 --out-dir "$OUT_DIR"
-    run 280 gpu_long_context python3 bench/gpu_long_context.py --out-dir "$OUT_DIR"
+    run 300 gpu_e2e python3 bench/gpu_e2e.py --prefill-lens 8192,131072 --skip-eager --out-dir "$OUT_DIR"
+    run 260 gpu_long_context python3 bench/gpu_long_context.py --out-dir "$OUT_DIR"
 }
 
 case "$PART" in
