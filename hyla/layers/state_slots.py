@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 
 from hyla.forward_batch import ForwardBatch, LayerCache
-from hyla.ops.short_conv import causal_conv1d, slot_kernel_runs_on
+from hyla.ops.gpu import triton_runs_on
+from hyla.ops.short_conv import causal_conv1d
 
 DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -36,7 +37,7 @@ def short_conv_step(
     writes the new states back to their slots. Returns [T, C]. A pure decode step where the
     Triton kernel runs (CUDA) reads and writes the slots in place in one launch."""
     pool = cache["conv_state"]
-    if _is_pure_decode(batch) and slot_kernel_runs_on(pool):
+    if _is_pure_decode(batch) and triton_runs_on(pool):
         from hyla.ops.short_conv import kernels
 
         return kernels.conv_update_slots(mixed, weight, None, pool, batch.state_indices, "silu")

@@ -83,7 +83,7 @@ def test_layer_decode_step_kernel_vs_torch(kind: str, monkeypatch: pytest.Monkey
         outs = [runner.step({i: inputs(1, seed=20 + 3 * s + i) for i in range(3)}) for s in (0, 1)]
         states = [runner.state(i, name).clone() for i in range(3) for name in runner.caches[0]]
         results.append((outs, states))
-    assert len(calls) == 2 and state_slots.slot_kernel_runs_on(torch.zeros(1))
+    assert len(calls) == 2 and state_slots.triton_runs_on(torch.zeros(1))
     (outs_a, states_a), (outs_b, states_b) = results
     for step_a, step_b in zip(outs_a, outs_b, strict=True):
         for i in range(3):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from hyla.ops.activation import reference
-from hyla.ops.gpu import use_triton
+from hyla.ops.gpu import needs_grad, use_triton
 
 __all__ = ["silu_and_mul"]
 
@@ -25,8 +25,7 @@ def kernel_supports(x: torch.Tensor) -> bool:
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[..., :I]) * x[..., I:]: [..., 2I] -> [..., I] in x's dtype; see
     `reference.silu_and_mul` (errors as there)."""
-    needs_grad = torch.is_grad_enabled() and x.requires_grad
-    if use_triton(x) and not needs_grad and kernel_supports(x):
+    if use_triton(x) and not needs_grad(x) and kernel_supports(x):
         from hyla.ops.activation import kernels
 
         return kernels.silu_and_mul(x)

@@ -26,7 +26,6 @@ applies the scale after the dot product. Without it, keys are bf16/fp16/fp32 as 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -40,6 +39,7 @@ from hyla.ops.dsa_indexer.select import (
     topk_columns_reference,
 )
 from hyla.ops.dsa_indexer.topk import radix_topk_columns
+from hyla.ops.gpu import triton_runs_on
 
 # The int64 key buffer holds at most this many entries (1 GiB); rows are chunked to fit.
 MAX_KEY_ELEMENTS = 1 << 27
@@ -221,15 +221,11 @@ def keys_to_topk(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.
     (`select.topk_columns_reference`): torch.topk, or when set, the Triton radix select from
     RADIX_MIN_COLS columns on, else the two-stage segmented torch.topk from SEGMENTED_MIN_COLS."""
     radix = RADIX_MIN_COLS is not None and keys.shape[1] >= RADIX_MIN_COLS
-    if topk > 0 and radix and _triton_runs_on(keys):
+    if topk > 0 and radix and triton_runs_on(keys):
         return radix_topk_columns(keys, row_pos, topk)
     if topk > 0 and SEGMENTED_MIN_COLS is not None and keys.shape[1] >= SEGMENTED_MIN_COLS:
         return segmented_topk_columns(keys, row_pos, topk)
     return topk_columns_reference(keys, row_pos, topk)
-
-
-def _triton_runs_on(t: torch.Tensor) -> bool:
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def lightning_indexer_topk(

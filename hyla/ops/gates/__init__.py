@@ -8,15 +8,13 @@ from __future__ import annotations
 import torch
 
 from hyla.ops.gates import reference
-from hyla.ops.gpu import use_triton
+from hyla.ops.gpu import needs_grad, use_triton
 
 __all__ = ["gdn_gates", "kda_gates"]
 
 
 def _use_kernel(*tensors: torch.Tensor) -> bool:
-    # the kernels have no backward: a graph that needs gradients keeps the reference
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return use_triton(tensors[0]) and not needs_grad
+    return use_triton(tensors[0]) and not needs_grad(*tensors)
 
 
 def kda_gates(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hyla.ops.gpu import use_triton
+from hyla.ops.gpu import needs_grad, use_triton
 from hyla.ops.norm import reference
 
 __all__ = ["fused_add_rms_norm", "gated_rms_norm", "rms_norm"]
@@ -52,9 +52,7 @@ def gated_rms_norm(
     """RMSNorm of x times `act(gate)`; see `reference.gated_rms_norm` (shapes, dtypes, errors).
     CUDA tensors use one Triton kernel (`gated_kernels`) when it supports the arguments and no
     gradient is needed (it has no backward)."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or gate.requires_grad
-                                               or weight.requires_grad)  # fmt: skip
-    if use_triton(x) and not needs_grad:
+    if use_triton(x) and not needs_grad(x, gate, weight):
         from hyla.ops.norm import gated_kernels
 
         if gated_kernels.supports(x, gate, weight, weight_in_fp32):
