@@ -12,18 +12,11 @@ so run this file on its own:
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
 
-PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not torch.cuda.is_available() and not PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from tests.gpu.test_dsa_gpu import (  # noqa: E402
+from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
+from tests.gpu.test_dsa_gpu import (
     TINY,
     check_dense_selection,
     check_indexer,
@@ -31,11 +24,7 @@ from tests.gpu.test_dsa_gpu import (  # noqa: E402
     check_sparse_mla,
 )
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: see test_dsa_gpu.py"),
-    pytest.mark.skipif(PRELOADED, reason="triton imported without TRITON_INTERPRET: run alone"),
-]
+pytestmark = interpreter.marks("test_dsa_gpu.py")
 
 SEQ_LENS, QUERY_LENS = [1, 5, 40, 70, 33], [1, 5, 6, 1, 2]
 

@@ -11,23 +11,14 @@ by up to 1 bf16 ulp); test_gates_gpu.py checks the compiled path on a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
 
-PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not torch.cuda.is_available() and not PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from tests.gpu.test_gates_gpu import SHAPES, check_gdn, check_kda  # noqa: E402
+from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
+from tests.gpu.test_gates_gpu import SHAPES, check_gdn, check_kda
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: see test_gates_gpu.py"),
-    pytest.mark.skipif(PRELOADED, reason="triton imported without TRITON_INTERPRET: run alone"),
+    *interpreter.marks("test_gates_gpu.py"),
     # numpy warns about the lanes of the branches that tl.where then discards
     pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning"),
     pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning"),  # log1p, u = 1

@@ -4,24 +4,13 @@ or triton imported earlier without the flag: run this file on its own)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
 
-PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not torch.cuda.is_available() and not PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
+from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
+from tests.gpu.test_moe_gpu import check_gemv
 
-from tests.gpu.test_moe_gpu import check_gemv  # noqa: E402
-
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: see test_moe_gpu.py"),
-    pytest.mark.skipif(PRELOADED, reason="triton imported without TRITON_INTERPRET: run alone"),
-]
+pytestmark = interpreter.marks("test_moe_gpu.py")
 
 
 @pytest.mark.parametrize("T", [1, 3])

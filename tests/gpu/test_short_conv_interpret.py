@@ -6,24 +6,13 @@ flag: run this file on its own)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
 
-PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not torch.cuda.is_available() and not PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
+from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
+from tests.gpu.test_short_conv_gpu import ACTIVATIONS, check_conv_update_slots
 
-from tests.gpu.test_short_conv_gpu import ACTIVATIONS, check_conv_update_slots  # noqa: E402
-
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: see *_gpu.py"),
-    pytest.mark.skipif(PRELOADED, reason="triton imported without TRITON_INTERPRET: run alone"),
-]
+pytestmark = interpreter.marks("test_short_conv_gpu.py")
 
 
 @pytest.mark.parametrize("N", [1, 3, 17])

@@ -11,24 +11,13 @@ and when triton was imported before this module without the flag; run this file 
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import pytest
 import torch
 
-PRELOADED = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-if not torch.cuda.is_available() and not PRELOADED:
-    os.environ["TRITON_INTERPRET"] = "1"
+from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
+from tests.ops.dsa_keys import random_scores, sort_keys
 
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton"),
-    pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: see test_dsa_gpu.py"),
-    pytest.mark.skipif(PRELOADED, reason="triton imported without TRITON_INTERPRET: run alone"),
-]
-
-from tests.ops.dsa_keys import random_scores, sort_keys  # noqa: E402
+pytestmark = interpreter.marks("test_dsa_gpu.py")
 
 
 def check(scores: torch.Tensor, row_pos: list[int], topk: int) -> torch.Tensor:
