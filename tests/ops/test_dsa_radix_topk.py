@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hyla.ops.dsa_indexer.select import topk_columns_reference
 from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
 from tests.ops.dsa_keys import random_scores, sort_keys
 
@@ -26,7 +27,7 @@ def check(scores: torch.Tensor, row_pos: list[int], topk: int) -> torch.Tensor:
     pos = torch.tensor(row_pos, dtype=torch.int64)
     keys = sort_keys(scores, pos)
     got = radix.radix_topk_columns(keys, pos, topk)
-    want = radix.topk_columns_reference(keys, pos, topk)
+    want = topk_columns_reference(keys, pos, topk)
     assert got.dtype == torch.int32 and got.shape == (len(row_pos), topk)
     assert torch.equal(got, want)
     return got

@@ -1,6 +1,6 @@
 """Top-k of the lightning indexer's int64 sort keys by a Triton radix select:
-`radix_topk_columns`, the result of `select.topk_columns_reference` (torch.topk, the definition;
-re-exported here); CUDA-graph safe.
+`radix_topk_columns`, the result of `select.topk_columns_reference` (torch.topk, the
+definition); CUDA-graph safe.
 
 A row's keys (see `kernels.py`) are unique when visible and all equal INVISIBLE otherwise:
 
@@ -30,12 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hyla.ops.dsa_indexer.select import (  # noqa: F401 - re-exported
-    INVISIBLE,
-    LOW31,
-    columns_of,
-    topk_columns_reference,
-)
+from hyla.ops.dsa_indexer.select import INVISIBLE
 
 _MIN_VISIBLE = -(1 << 62)
 _KEY_BITS = 63  # a visible key minus _MIN_VISIBLE
