@@ -277,12 +277,14 @@ def long_rows(
 @pytest.mark.parametrize("num_rows", [1, 16])
 def test_radix_topk_1m_columns_equals_torch_topk(num_rows: int, monkeypatch) -> None:
     from hyla.ops.dsa_indexer import kernels, topk
+    from hyla.ops.dsa_indexer.select import segmented_topk_columns, topk_columns_reference
 
     monkeypatch.setattr(kernels, "RADIX_MIN_COLS", 16384)  # off by default
     keys, row_pos = long_rows(num_rows, seed=num_rows)
-    want = topk.topk_columns_reference(keys, row_pos, 2048)
+    want = topk_columns_reference(keys, row_pos, 2048)
     assert torch.equal(topk.radix_topk_columns(keys, row_pos, 2048), want)
     assert torch.equal(kernels.keys_to_topk(keys, row_pos, 2048), want)  # dispatches to radix
+    assert torch.equal(segmented_topk_columns(keys, row_pos, 2048), want)
 
 
 @pytest.mark.parametrize("method", ["radix", "segmented"])
