@@ -154,7 +154,7 @@ def sparse_fns(s: Setup, p: dict) -> dict:
 
     return {
         "index_scores": index_scores,
-        "topk": lambda: idx_topk.topk_columns_reference(key_buf, row_pos, s.topk),
+        "topk": lambda: idx_select.topk_columns_reference(key_buf, row_pos, s.topk),
         "radix_topk": lambda: idx_topk.radix_topk_columns(key_buf, row_pos, s.topk),
         "segmented_topk": lambda: idx_select.segmented_topk_columns(key_buf, row_pos, s.topk),
         "indexer": indexer,
