@@ -1,10 +1,11 @@
 """KDA and Gated DeltaNet on CUDA: hyla's public ops (and the layer-level slot step) vs fla-core
 called directly on the same tensors, in one run on one GPU.
 
-    PYTHONPATH=. python3 bench/gpu_linear_attention.py
+    PYTHONPATH=. python3 bench/gpu_linear_attention.py [--prefill-only]
 
 Prefill: chunk ops, 32 value heads x 128 (KDA H = 32, GDN H = 16 as in Qwen3-Next), bf16 inputs,
-fp32 gates and states, T = 8K / 32K / 128K tokens as N = 1 or 8 sequences (random lengths).
+fp32 gates and states, T = 8K / 32K / 128K tokens as N = 1 or 8 sequences (random lengths);
+each case is measured in 3 interleaved rounds (fla, hyla, fla, ...), the median of each side kept.
 Decode: one token for each of B = 1 / 16 / 64 / 256 sequences whose states sit at random slots
 of a 512-slot fp32 pool. Variants:
 
@@ -26,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -44,6 +46,7 @@ PREFILL_T = (8192, 32768, 131072)
 PREFILL_N = (1, 8)
 DECODE_B = (1, 16, 64, 256)
 NUM_SLOTS = 512
+PREFILL_ROUNDS = 3  # interleaved fla/hyla measurements per prefill case
 TIME_BUDGET_S = 200.0  # cases left when this much has passed are recorded as skipped
 RESULTS = Path("bench/results/gpu_linear_attention_h200.json")
 
@@ -102,11 +105,16 @@ def bench_prefill(kind: str, T: int, N: int, gen: torch.Generator) -> dict:
     def hyla() -> None:
         hyla_op(*args, x["cu"].clone(), h0, use_qk_l2norm=True, inplace_state=True)
 
+    # Interleaved rounds (fla, hyla, fla, hyla, ...), the median of each side: one slow stretch
+    # of the machine (clocks, a neighbour) moved single measurements by up to 2x.
     rep = 30 if T > 50_000 else 60
-    t_fla, t_hyla = _us(fla, rep), _us(hyla, rep)
+    rounds = [(_us(fla, rep), _us(hyla, rep)) for _ in range(PREFILL_ROUNDS)]
+    t_fla = statistics.median(f for f, _ in rounds)
+    t_hyla = statistics.median(h for _, h in rounds)
     return {
         "op": kind, "T": T, "N": N, "fla_us": t_fla, "hyla_us": t_hyla,
         "hyla_over_fla": t_hyla / t_fla, "fla_Mtok_per_s": T / t_fla, "hyla_Mtok_per_s": T / t_hyla,
+        "rounds_us": rounds,
     }  # fmt: skip
 
 
@@ -182,7 +190,7 @@ def main() -> None:
     print(f"D2D copy: {bandwidth / 1e12:.2f} TB/s read+write")
     prefill, decode, skipped = [], [], []
     with torch.inference_mode():
-        for kind in ("kda", "gdn"):
+        for kind in ("kda", "gdn") if "--prefill-only" not in sys.argv else ():
             for B in DECODE_B:
                 r = bench_decode(kind, B, gen, bandwidth)
                 decode.append(r)
@@ -208,7 +216,7 @@ def main() -> None:
                     )
                     torch.cuda.empty_cache()
     doc = {
-        "command": "PYTHONPATH=. python3 bench/gpu_linear_attention.py",
+        "command": " ".join(["PYTHONPATH=. python3 bench/gpu_linear_attention.py", *sys.argv[1:]]),
         "commit": _commit(),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
