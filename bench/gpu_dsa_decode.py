@@ -26,6 +26,8 @@ once for 16 x 1M tokens (19.3 GB latents + 4.3 GB keys) and sliced per point.
       total_graph    `total` captured in one CUDA graph and replayed (device lengths, as the
                      engine's captured decode steps run it): no launch or host time
       dense_einsum_graph  `dense_einsum` replayed from a CUDA graph likewise
+      topk_graph, radix_topk_graph, segmented_topk_graph   the three top-k forms replayed
+      total_graph_radix   `total_graph` with the radix top-k (RADIX_MIN_COLS = 1)
     speedup = dense_einsum / total (and dense_sdpa / total); speedup_graph = the graph pair
     bytes  = indexer keys of the whole context + min(L, k) selected latents + queries
              (q_index, weights, q_nope, q_rope); kv_b weights (33.5 MB) are not counted
@@ -166,9 +168,19 @@ def sparse_fns(s: Setup, p: dict) -> dict:
     }
 
 
-def graph_timed(fn) -> float | str:
+def graph_timed(fn, radix_min_cols: int | None = None) -> float | str:
     """Median ms of replaying `fn` captured in a CUDA graph (warmed up on a side stream
-    first); "capture failed: ..." when it cannot be captured; `timed(fn)` off CUDA."""
+    first); "capture failed: ..." when it cannot be captured; `timed(fn)` off CUDA.
+    `radix_min_cols` replaces `kernels.RADIX_MIN_COLS` while `fn` is warmed up and captured."""
+    default = idx_k.RADIX_MIN_COLS
+    idx_k.RADIX_MIN_COLS = radix_min_cols if radix_min_cols is not None else default
+    try:
+        return _graph_timed(fn)
+    finally:
+        idx_k.RADIX_MIN_COLS = default
+
+
+def _graph_timed(fn) -> float | str:
     if not torch.cuda.is_available():
         return timed(fn)
     stream = torch.cuda.Stream()
@@ -250,9 +262,13 @@ def bytes_read(batch: int, context: int, topk: int) -> int:
 def run_point(s: Setup, batch: int, context: int, bw: float, dense: bool) -> dict:
     p = s.point(batch, context)
     res: dict = {"batch": batch, "context": context}
-    for name, fn in sparse_fns(s, p).items():
+    fns = sparse_fns(s, p)
+    for name, fn in fns.items():
         res[name] = timed(fn)
+    for name in ("topk", "radix_topk", "segmented_topk"):
+        res[f"{name}_graph"] = graph_timed(fns[name])
     res["total_graph"] = graph_timed(captured_total(s, p))
+    res["total_graph_radix"] = graph_timed(captured_total(s, p), radix_min_cols=1)
     if dense:
         res.update(dense_times(s, p))
     total_s = res["total"] * 1e-3
@@ -278,12 +294,16 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="sweep tunables at 128K and 1M")
     parser.add_argument("--smoke", action="store_true", help="CPU/interpreter bug check")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--contexts", default=None, help="comma-separated, e.g. 131072,1048576")
+    parser.add_argument("--batches", default=None, help="comma-separated, e.g. 1")
     args = parser.parse_args()
     knobs = apply_knobs()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     contexts, batches, topk = CONTEXTS, BATCHES, TOPK
     if args.smoke:
         contexts, batches, topk = [256, 1024], [1, 2], 128
+    contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else contexts
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else batches
     bw = copy_bandwidth(device)
     s = Setup(max(batches), max(contexts), device, topk)
     print(f"D2D copy {bw / 1e12:.2f} TB/s; knobs {knobs}")
