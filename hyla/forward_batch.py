@@ -124,6 +124,31 @@ def index_tensor(values: list[int], device: torch.device | str) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
+@dataclass(frozen=True)
+class DeviceTokens:
+    """Input tokens of a step that are still on the device (async scheduling): entry `dst[i]`
+    of the step's flat input ids takes `tokens[src[i]]`, the token the previous step sampled
+    (the host holds a placeholder there until that step's results are read).
+
+    Attributes:
+        tokens: [m] int64 on the step device, the previous step's sampled tokens by row.
+        dst: indices into the step's input ids (token order of the packed batch).
+        src: rows of `tokens`, one per `dst` entry.
+    """
+
+    tokens: torch.Tensor
+    dst: tuple[int, ...]
+    src: tuple[int, ...]
+
+    def apply(self, input_ids: torch.Tensor) -> None:
+        """Write the device tokens into `input_ids` ([T] int64, the step's device) in place,
+        queued on the current stream (no host wait)."""
+        if not self.dst:
+            return
+        idx = index_tensor([*self.dst, *self.src], input_ids.device).view(2, -1)
+        input_ids.index_copy_(0, idx[0], self.tokens.index_select(0, idx[1]))
+
+
 def allocate_caches(
     config: ModelConfig,
     num_blocks: int,

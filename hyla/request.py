@@ -253,6 +253,11 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
 
+# The value of a token sampled by a step still running on the device (async scheduling):
+# never a vocabulary id, never compared as a stop token (only a length stop applies to it).
+PLACEHOLDER_TOKEN = -1
+
+
 @dataclass(eq=False)
 class Request:
     """One sequence as the scheduler sees it.
@@ -260,6 +265,8 @@ class Request:
     `all_token_ids` = prompt + generated; `num_computed_tokens` of them are in the cache. After a
     preemption `num_computed_tokens` drops to 0 and the whole sequence is recomputed.
     `num_cached_tokens`: prompt tokens served from the prefix cache at its first admission.
+    `num_placeholders`: trailing tokens sampled by a step still running on the device (async
+    scheduling), appended as PLACEHOLDER_TOKEN until `fill_placeholder` writes their values.
     """
 
     request_id: str
@@ -275,6 +282,7 @@ class Request:
     num_preemptions: int = 0
     stop_reason: str | int | None = None
     num_cached_tokens: int = 0
+    num_placeholders: int = 0
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -307,9 +315,26 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose values are on the host (all but the placeholders)."""
+        return len(self.all_token_ids) - self.num_placeholders
+
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if token_id == PLACEHOLDER_TOKEN:
+            self.num_placeholders += 1
+
+    def fill_placeholder(self, token_id: int) -> None:
+        """Write the value of the (one) trailing placeholder token.
+
+        Raises: ValueError when the request has no placeholder."""
+        if self.num_placeholders != 1:
+            raise ValueError(f"{self.request_id!r}: {self.num_placeholders} placeholders, not 1")
+        self.output_token_ids[-1] = token_id
+        self.all_token_ids[-1] = token_id
+        self.num_placeholders = 0
 
 
 def check_token_stop(request: Request) -> RequestStatus | None:
@@ -322,7 +347,7 @@ def check_token_stop(request: Request) -> RequestStatus | None:
         return None
     last = request.output_token_ids[-1]
     params = request.params
-    if request.num_output_tokens >= params.min_tokens:
+    if request.num_output_tokens >= params.min_tokens and last != PLACEHOLDER_TOKEN:
         if not params.ignore_eos and last in request.eos_token_ids:
             request.stop_reason = None
             return RequestStatus.FINISHED_STOPPED

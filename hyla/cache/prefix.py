@@ -50,13 +50,17 @@ def extend_block_hashes(
     token_ids: Sequence[int],
     block_size: int,
     extra_keys: Callable[[int], tuple] | None = None,
+    num_tokens: int | None = None,
 ) -> list[int]:
     """Append to `hashes` the chained hashes of the full blocks of `token_ids` it lacks.
 
-    `extra_keys(j)`, when given, returns the extra keys of block j. Returns `hashes`.
+    `extra_keys(j)`, when given, returns the extra keys of block j; `num_tokens` (default all)
+    limits the blocks to the first tokens (the others' values are not known yet). Returns
+    `hashes`.
     """
     parent = hashes[-1] if hashes else ROOT_HASH
-    for j in range(len(hashes), len(token_ids) // block_size):
+    end = len(token_ids) if num_tokens is None else num_tokens
+    for j in range(len(hashes), end // block_size):
         extra = extra_keys(j) if extra_keys is not None else ()
         parent = hash_block(parent, token_ids[j * block_size : (j + 1) * block_size], extra)
         hashes.append(parent)
@@ -124,9 +128,12 @@ class PrefixCache:
         self.checkpoints.drop(block_hash)
 
     def hashes(self, req: Request) -> list[int]:
-        """Chained hashes of the full blocks of `req`'s tokens (cached per request)."""
+        """Chained hashes of the full blocks of `req`'s known tokens (cached per request; a
+        block holding a placeholder token is hashed once its value is written)."""
         hashes = self._hashes.setdefault(req.request_id, [])
-        return extend_block_hashes(hashes, req.all_token_ids, self.block_size)
+        return extend_block_hashes(
+            hashes, req.all_token_ids, self.block_size, num_tokens=req.num_known_tokens
+        )
 
     def _num_matching_blocks(self, hashes: list[int], limit: int, in_flight: bool) -> int:
         j = 0
@@ -201,9 +208,12 @@ class PrefixCache:
         not yet checkpointed. Returns the checkpoint id (written after this step) or None."""
         if not self.stride or end <= 0 or end % self.stride:
             return None
-        key = self.hashes(req)[end // self.block_size - 1]
-        if self.checkpoints.lookup(key) is not None:
-            return None
+        hashes = self.hashes(req)
+        # A block ending in a placeholder token has no hash yet: reserve anyway, `commit` keys
+        # the checkpoint once the value is known (or frees it when the key already has one).
+        if len(hashes) >= end // self.block_size:
+            if self.checkpoints.lookup(hashes[end // self.block_size - 1]) is not None:
+                return None
         c = self.checkpoints.allocate()
         if c is not None:
             self._pending[req.request_id] = (end, c)

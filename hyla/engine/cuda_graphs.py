@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from hyla.config import ModelConfig
-from hyla.forward_batch import ForwardBatch, LayerCache
+from hyla.forward_batch import DeviceTokens, ForwardBatch, LayerCache
 from hyla.models.hybrid import HybridModel
 from hyla.ops.moe.kernels import sync_free
 
@@ -233,9 +233,10 @@ class DecodeGraphs:
             return None
         return size, bucket
 
-    def run(self, step: DecodeInputs) -> torch.Tensor:
+    def run(self, step: DecodeInputs, device_tokens: DeviceTokens | None = None) -> torch.Tensor:
         """Run one decode step: hidden states [N, D] (a view of the graph's output, valid until
-        the next step). Raises ValueError when the step does not fit (`can_run`)."""
+        the next step); `device_tokens` replace input ids still on the device. Raises
+        ValueError when the step does not fit (`can_run`)."""
         key = self._key(step.num_seqs, step.positions)  # positions = context lengths
         if key is None or min(step.positions) <= 0:
             raise ValueError(f"decode graphs: batch of {step.num_seqs} rows does not fit")
@@ -243,6 +244,8 @@ class DecodeGraphs:
         if static is None:
             static = self.steps[key] = self._build(*key)
         static.load(step)
+        if device_tokens is not None:
+            device_tokens.apply(static.input_ids)
         if static.graph is None:
             hidden = self._forward(static)
         else:

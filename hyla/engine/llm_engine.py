@@ -34,10 +34,12 @@ from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
-from hyla.engine.sampler import Sampler, SamplingRow, make_generator
+from hyla.engine.sampler import PendingSample, Sampler, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
+from hyla.forward_batch import DeviceTokens
 from hyla.models.hybrid import HybridModel
 from hyla.request import (
+    PLACEHOLDER_TOKEN,
     InvalidRequestError,
     QueueFullError,
     Request,
@@ -45,6 +47,7 @@ from hyla.request import (
     RequestStatus,
     SamplingParams,
     SamplingParamsError,
+    check_token_stop,
 )
 from hyla.scheduler import Scheduler, SchedulerOutput
 
@@ -141,7 +144,11 @@ class LLMEngine:
         self._lock = threading.RLock()
         async_output = engine_config.async_output
         self.async_output = device.type == "cuda" if async_output is None else async_output
+        async_scheduling = engine_config.async_scheduling
+        self.async_scheduling = self.async_output if async_scheduling is None else async_scheduling
         self._deferred: dict[str, int] = {}  # sampled tokens whose output is not built yet
+        self._inflight: _InflightStep | None = None  # launched; its tokens not on the host yet
+        self.num_inflight_steps = 0  # steps left running while the next one was scheduled
 
     @classmethod
     def from_path(cls, path: str | None = None, **overrides: Any) -> LLMEngine:
@@ -254,6 +261,7 @@ class LLMEngine:
         group = self._groups.get(request_id)
         if group is None:
             return
+        self._complete_inflight()  # its last token ends it first, as in the synchronous engine
         self._flush_deferred(group)
         for seq in group.sequences:
             if not seq.is_finished:
@@ -332,6 +340,8 @@ class LLMEngine:
         with self._lock:
             self._expire_timeouts()
             out = self.scheduler.schedule()
+            if out.is_empty:
+                self._complete_inflight()
             outputs = None if out.is_empty else self._run(out)
             if outputs is None:
                 outputs = self._deferred_outputs()
@@ -360,14 +370,23 @@ class LLMEngine:
             pos = group.next_prompt_logprob_position()
             if pos is not None and seq.index == 0:
                 plp[rid] = pos
-        result = self.runner.execute(out, requests, self.cache, plp)
+        device_tokens = None
+        if self._inflight is not None:
+            device_tokens = self._device_tokens(out, requests)
+            if device_tokens is None:  # a row reads an in-flight token otherwise: wait for it
+                self._complete_inflight()
+        result = self.runner.execute(out, requests, self.cache, plp, device_tokens)
         pending = None
         if result.sample_ids:
             rows = [self._sampling_row(rid) for rid in result.sample_ids]
             pending = self.sampler.launch(result.logits, rows)
+        self._complete_inflight()  # the previous step's tokens; the device runs this one
         outputs = self._deferred_outputs() if self.async_output else None
         for rid, entries in result.prompt_logprobs.items():
             self._seq_owner[rid].prompt_logprobs.extend(entries)
+        if self.async_scheduling and pending is not None and pending.device_tokens is not None:
+            self._launch_inflight(out, result.sample_ids, requests, pending)
+            return outputs
         sampled: dict[str, int] = {}
         if pending is not None:
             # Requests stopped by a stop string while this step ran (async_output): their row
@@ -390,6 +409,71 @@ class LLMEngine:
         else:
             self._process_tokens(sampled)
         return outputs
+
+    # -- async scheduling: a step in flight while the next one is scheduled ------------------
+
+    def _device_tokens(
+        self, out: SchedulerOutput, requests: dict[str, Request]
+    ) -> DeviceTokens | None:
+        """The input ids of `out` still on the device (the in-flight step's tokens, each a
+        one-token decode of its placeholder), or None when a scheduled row reads an in-flight
+        token in another way (a preempted sequence recomputed: the value is needed on the host
+        first)."""
+        inflight = self._inflight
+        assert inflight is not None and inflight.pending.device_tokens is not None
+        dst: list[int] = []
+        src: list[int] = []
+        start = 0
+        for rid, n in out.num_scheduled_tokens.items():
+            req = requests[rid]
+            if req.num_placeholders:
+                row = inflight.rows.get(rid)
+                if n != 1 or req.num_computed_tokens != req.num_tokens - 1 or row is None:
+                    return None
+                dst.append(start)
+                src.append(row)
+            start += n
+        return DeviceTokens(inflight.pending.device_tokens, tuple(dst), tuple(src))
+
+    def _launch_inflight(
+        self,
+        out: SchedulerOutput,
+        sample_ids: list[str],
+        requests: dict[str, Request],
+        pending: PendingSample,
+    ) -> None:
+        """Leave the step running: each running sampled request gets a placeholder token (so
+        the next `schedule()` sees it; a length stop applies now), read in `_complete_inflight`."""
+        running = [rid for rid in sample_ids if requests[rid].status is RequestStatus.RUNNING]
+        self.scheduler.update(out, dict.fromkeys(running, PLACEHOLDER_TOKEN))
+        rows = {rid: i for i, rid in enumerate(sample_ids)}
+        self._inflight = _InflightStep(
+            {rid: rows[rid] for rid in running}, {rid: requests[rid] for rid in running}, pending
+        )
+        self.num_inflight_steps += 1
+
+    def _complete_inflight(self) -> None:
+        """Wait for the in-flight step's tokens: fill the placeholders, apply the token stops
+        the placeholder could not (EOS, stop token ids), record logprobs; the tokens join the
+        deferred ones (detokenized by the next `_deferred_outputs`)."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is None:
+            return
+        skip = set(range(len(inflight.pending.rows))) - set(inflight.rows.values())
+        sample = inflight.pending.result(skip)
+        sampled: dict[str, int] = {}
+        for rid, i in inflight.rows.items():
+            req = inflight.requests[rid]
+            req.fill_placeholder(sample.token_ids[i])
+            status = check_token_stop(req)
+            if status is not None and not req.is_finished:
+                self.scheduler.finish(rid, status)
+            elif status is RequestStatus.FINISHED_STOPPED:  # ended by length at the placeholder:
+                req.status = status  # EOS wins, as when both are checked on the same token
+            sampled[rid] = sample.token_ids[i]
+            self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
+        self._stamp_token_times(sampled)
+        self._deferred.update(sampled)
 
     def _deferred_outputs(self) -> list[RequestOutput]:
         """Detokenize the tokens sampled by the last step (when deferred), then the outputs of
@@ -454,6 +538,16 @@ class LLMEngine:
             outputs.append(group.output())
         self._dirty.clear()
         return outputs
+
+
+@dataclass
+class _InflightStep:
+    """A launched step whose tokens are still on the device: `rows` maps each request that got
+    a placeholder token to its row of `pending`, `requests` holds those requests."""
+
+    rows: dict[str, int]
+    requests: dict[str, Request]
+    pending: PendingSample
 
 
 def resolve_device(config: EngineConfig) -> EngineConfig:

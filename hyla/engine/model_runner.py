@@ -26,7 +26,12 @@ from hyla.engine.cuda_graphs import CaptureFailed, DecodeGraphs, DecodeInputs
 from hyla.engine.memory import CachePlan
 from hyla.engine.sampler import top_logprobs
 from hyla.engine.state_copies import copy_state_rows, state_tensors
-from hyla.forward_batch import allocate_caches, build_forward_batch, index_tensor
+from hyla.forward_batch import (
+    DeviceTokens,
+    allocate_caches,
+    build_forward_batch,
+    index_tensor,
+)
 from hyla.models.hybrid import HybridModel
 from hyla.request import Request
 from hyla.scheduler import SchedulerOutput
@@ -82,6 +87,7 @@ class ModelRunner:
         requests: dict[str, Request],
         cache: CacheManager,
         prompt_logprob_from: dict[str, int] | None = None,
+        device_tokens: DeviceTokens | None = None,
     ) -> RunnerOutput:
         """Run one packed forward over `out.num_scheduled_tokens`.
 
@@ -91,6 +97,7 @@ class ModelRunner:
             cache: block tables and state slots by request id.
             prompt_logprob_from: request id -> first position whose prediction is wanted
                 (requests asking for prompt logprobs only).
+            device_tokens: input ids to take from the device (placeholders on the host).
         Returns: the logits of the sampled rows and the new prompt-logprob entries.
         """
         copy_state_rows(self.state_tensors, out.state_restores)  # cached prefix -> own slot
@@ -106,7 +113,7 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(query_lens, context_lens):
             step = decode_inputs(tokens, context_lens, tables, slots, self.block_size)
             try:
-                hidden = self.graphs.run(step)
+                hidden = self.graphs.run(step, device_tokens)
             except CaptureFailed:  # the graphs are off now: this step and the next run eagerly
                 hidden = None
         if hidden is None:
@@ -120,6 +127,8 @@ class ModelRunner:
                 device=self.device,
             )
             input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            if device_tokens is not None:
+                device_tokens.apply(input_ids)
             hidden = self.model(input_ids, batch.positions, batch)
         copy_state_rows(self.state_tensors, out.state_saves)  # slot at k*stride -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)

@@ -141,8 +141,9 @@ class Sampler:
         logits = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
-        greedy = _greedy_values(logits, raw_logprobs, plain, len(rows))
-        return PendingSample(self, logits, raw_logprobs, rows, plain, greedy)
+        greedy, tokens = _greedy_values(logits, raw_logprobs, plain, len(rows))
+        on_device = tokens if len(plain) == len(rows) else None
+        return PendingSample(self, logits, raw_logprobs, rows, plain, greedy, on_device)
 
     def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
         p = row.params
@@ -159,12 +160,13 @@ class Sampler:
 
 def _greedy_values(
     logits: torch.Tensor, raw_logprobs: torch.Tensor, plain: list[int], num_rows: int
-) -> tuple[torch.Tensor, torch.cuda.Event | None] | None:
+) -> tuple[tuple[torch.Tensor, torch.cuda.Event | None] | None, torch.Tensor | None]:
     """The plain greedy rows' tokens and raw logprobs as one [2, len(plain)] float64 host
     tensor (ids < 2^53: exact), copied without waiting on a GPU (then with the event that marks
-    the copy done); one argmax over those rows and one copy, not one read-back per row."""
+    the copy done); one argmax over those rows and one copy, not one read-back per row. Also
+    returns the tokens on the logits' device ([len(plain)] int64), or None without plain rows."""
     if not plain:
-        return None
+        return None, None
     if len(plain) < num_rows:
         idx = index_tensor(plain, logits.device)
         logits, raw_logprobs = logits.index_select(0, idx), raw_logprobs.index_select(0, idx)
@@ -172,11 +174,11 @@ def _greedy_values(
     lps = raw_logprobs.gather(1, tokens[:, None])[:, 0]
     values = torch.stack([tokens.double(), lps.double()])
     if values.device.type != "cuda":
-        return values, None
+        return (values, None), tokens
     host = values.to("cpu", non_blocking=True)  # pinned: the copy is queued, not waited for
     event = torch.cuda.Event()
     event.record()
-    return host, event
+    return (host, event), tokens
 
 
 @dataclass
@@ -189,6 +191,9 @@ class PendingSample:
     rows: list[SamplingRow]
     plain: list[int]  # the plain greedy rows, sampled on the device
     greedy: tuple[torch.Tensor, torch.cuda.Event | None] | None
+    # [n] int64 on the logits' device when every row is plain greedy (the next step's input
+    # ids can be taken from it before the host has them: async scheduling), else None
+    device_tokens: torch.Tensor | None = None
 
     @torch.inference_mode()
     def result(self, skip: Collection[int] = ()) -> SamplerOutput:

@@ -64,24 +64,33 @@ def drive(engine: LLMEngine, requests: dict, abort_at: dict[int, list[str]] | No
     return final, stream
 
 
+# (async_output, async_scheduling): the synchronous engine first, the one compared against
+MODES = ((False, False), (True, False), (True, True))
+
+
 def compare(model, path, script: Script, **engine_kw) -> list[LLMEngine]:
-    """Run `script` with async_output off and on; assert equal finals and no leaks. Returns
-    the two engines."""
+    """Run `script` synchronously, with async_output, and with async_output + async
+    scheduling; assert equal finals and no leaks. Returns the three engines."""
     finals, streams, engines = [], [], []
-    for async_output in (False, True):
-        engine = make_engine(model, path, async_output=async_output, **engine_kw)
+    for async_output, async_scheduling in MODES:
+        engine = make_engine(
+            model, path, async_output=async_output, async_scheduling=async_scheduling, **engine_kw
+        )
         assert engine.async_output is async_output
+        assert engine.async_scheduling is async_scheduling
         with one_torch_thread():
             final, stream = script(engine)
         assert_all_free(engine)
-        assert not engine._deferred
+        assert not engine._deferred and engine._inflight is None
+        assert not any(r.num_placeholders for r in engine.scheduler.requests.values())
         finals.append(final)
         streams.append(stream)
         engines.append(engine)
-    sync, deferred = finals
-    assert sync.keys() == deferred.keys()
-    for rid in sync:
-        assert_identical(sync[rid], deferred[rid])
+    sync = finals[0]
+    for other in finals[1:]:
+        assert sync.keys() == other.keys()
+        for rid in sync:
+            assert_identical(sync[rid], other[rid])
     for stream, final in zip(streams, finals, strict=True):
         assert_stream_prefixes(stream, final)
     return engines
@@ -206,6 +215,7 @@ def test_preemption_matches_sync(models, family):
     engines = compare(model, path, lambda e: drive(e, requests), num_blocks=8, max_model_len=64,
                       enable_prefix_caching=False)  # fmt: skip
     assert all(e.get_stats().num_preemptions > 0 for e in engines)
+    assert engines[2].num_inflight_steps > 0
 
 
 def test_outputs_come_one_step_later(models):
@@ -213,8 +223,10 @@ def test_outputs_come_one_step_later(models):
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     prompt = prompt_ids(5, 50, model.config.vocab_size)
     counts = []
-    for async_output in (False, True):
-        engine = make_engine(model, path, async_output=async_output)
+    for async_output, async_scheduling in MODES:
+        engine = make_engine(
+            model, path, async_output=async_output, async_scheduling=async_scheduling
+        )
         engine.add_request("x", prompt, params)
         per_step = []
         while engine.has_unfinished_requests():
@@ -222,4 +234,4 @@ def test_outputs_come_one_step_later(models):
         counts.append(per_step)
         assert_all_free(engine)
     assert counts[0] == [[1], [2], [3]]
-    assert counts[1] == [[], [1], [2], [3]]
+    assert counts[1] == counts[2] == [[], [1], [2], [3]]

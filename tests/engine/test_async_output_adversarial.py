@@ -59,13 +59,19 @@ def _stop_step(model, path) -> int:
             step += 1
 
 
+def _pending(engine: LLMEngine, rid: str) -> bool:
+    """`rid`'s last token is not processed yet: deferred, or still on the device."""
+    inflight = engine._inflight
+    return rid in engine._deferred or (inflight is not None and rid in inflight.rows)
+
+
 def _abort(engine: LLMEngine) -> None:
-    assert ("stop#0" in engine._deferred) == engine.async_output  # stop string not seen yet
+    assert _pending(engine, "stop#0") == engine.async_output  # stop string not seen yet
     engine.abort_request(["stop", "stop_incl"])
 
 
 def _expire(engine: LLMEngine) -> None:
-    assert ("stop#0" in engine._deferred) == engine.async_output
+    assert _pending(engine, "stop#0") == engine.async_output
     for rid in ("stop", "stop_incl"):
         group = engine._groups.get(rid)  # gone from the synchronous engine
         if group is not None:

@@ -60,23 +60,27 @@ class Recorder:
     """Wraps `DecodeGraphs.run` to record each static step's (rows, context lengths)."""
 
     def __init__(self, graphs: DecodeGraphs) -> None:
-        self.graphs, self.steps = graphs, []
+        self.graphs, self.steps, self.num_device_tokens = graphs, [], 0
         self._run = graphs.run
         graphs.run = self.run
 
-    def run(self, step):
+    def run(self, step, device_tokens=None):
         self.steps.append((step.num_seqs, list(step.positions)))
-        return self._run(step)
+        if device_tokens is not None:
+            self.num_device_tokens += len(device_tokens.dst)
+        return self._run(step, device_tokens)
 
 
 def compare(
     model, script: Script, sizes=(1, 2, 4), **engine_kw
 ) -> tuple[dict[str, RequestOutput], Recorder, LLMEngine]:
     """Run `script` on a plain and on a static engine; assert the same outputs and no leaks.
-    Returns the static engine's outputs, its recorder and the static engine."""
+    The static engine runs as on CUDA: async output and async scheduling (a greedy decode
+    step's input ids come from the previous step's tokens on the device). Returns the static
+    engine's outputs, its recorder and the static engine."""
     results, recorder, engine = [], None, None
     for static in (False, True):
-        engine = make_engine(model, **engine_kw)
+        engine = make_engine(model, async_output=static, async_scheduling=static, **engine_kw)
         if static:
             runner = engine.runner
             runner.graphs = DecodeGraphs(
@@ -150,6 +154,7 @@ def test_prefix_hit_after_finished_request(models, family):
     )  # fmt: skip
     assert [out[r].num_cached_tokens for r in "abcde"] == [0, 64, 48, 64, 80]
     assert (1, [48]) in rec.steps and (1, [79]) in rec.steps  # c's 1-token step; a's save
+    assert rec.num_device_tokens > 0  # a's save step decoded a token still on the device
 
 
 # -- prompt logprobs and 1-token prefill chunks ----------------------------------------------
