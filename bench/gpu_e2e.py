@@ -6,7 +6,8 @@ loader, so both engines run the very same weights on the same GPU in the same pr
 
     decode   hyla's offline engine (greedy, ignore_eos, fixed output length) at batch 1/16/64:
              tokens/s, step time, and model-bandwidth utilisation, with CUDA graphs (the
-             default) and again eagerly (the same engine with its graphs set aside)
+             default) and again eagerly (the same engine with its graphs set aside), and with
+             async scheduling off (each step scheduled after the last one's tokens arrive)
                  MBU = bytes one decode step must read / step time / measured D2D bandwidth
              bytes = weights (routed experts: only the expected distinct experts the batch
              hits, uniform routing) + MLA latent cache of the batch's contexts + recurrent and
@@ -130,14 +131,19 @@ def run_engine(
     sync(device)
     t1 = time.perf_counter()
     decode_steps = 0
+    final: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
-        engine.step()
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out.outputs[0].token_ids
         decode_steps += 1
     sync(device)
     t2 = time.perf_counter()
+    tokens = [final.get(f"{tag}-{i}") for i in range(len(prompts))]
     return dict(
-        prefill_s=t1 - t0, prefill_steps=prefill_steps, decode_s=t2 - t1, decode_steps=decode_steps
-    )
+        prefill_s=t1 - t0, prefill_steps=prefill_steps, decode_s=t2 - t1,
+        decode_steps=decode_steps, tokens=tokens,
+    )  # fmt: skip
 
 
 # ---- this benchmark --------------------------------------------------------------------------
@@ -214,15 +220,24 @@ def hyla_engine(path: str, args: argparse.Namespace) -> LLMEngine:
 
 
 def hyla_decode(
-    engine: LLMEngine, args: argparse.Namespace, bandwidth: float, eager: bool = False
+    engine: LLMEngine,
+    args: argparse.Namespace,
+    bandwidth: float,
+    eager: bool = False,
+    sync_scheduling: bool = False,
 ) -> list[dict]:
     """Decode rows per batch size; `eager` runs them without the engine's CUDA graphs (the
-    same engine, graphs set aside), as the in-run baseline of what the graphs buy."""
+    same engine, graphs set aside), as the in-run baseline of what the graphs buy;
+    `sync_scheduling` with async scheduling off (each step scheduled after the previous one's
+    tokens reached the host), the in-run baseline of what async scheduling buys."""
     rows = []
-    graphs = engine.runner.graphs
+    graphs, async_scheduling = engine.runner.graphs, engine.async_scheduling
     if eager:
         engine.runner.graphs = None
+    if sync_scheduling:
+        engine.async_scheduling = False
     tag = "eager" if eager else ("graphs" if graphs is not None else "eager")
+    tag += "_sync_sched" if sync_scheduling else ""
     try:
         for b in args.batches:
             prompts = random_prompts(b, args.prompt_len, args.vocab, seed=b)
@@ -233,12 +248,12 @@ def hyla_decode(
             moved = decode_bytes(engine.model, b, args.prompt_len + args.decode_tokens / 2)
             row = dict(batch=b, mode=tag, decode_steps=t["decode_steps"], step_ms=1e3 * step_s,
                        tokens_per_s=b / step_s, bytes_per_step=moved,
-                       mbu=moved["total"] / step_s / bandwidth)  # fmt: skip
+                       mbu=moved["total"] / step_s / bandwidth, tokens=t["tokens"])  # fmt: skip
             rows.append(row)
-            print(f"hyla decode ({tag:6s}) B={b:3d}: {row['tokens_per_s']:9.1f} tok/s  step "
+            print(f"hyla decode ({tag:17s}) B={b:3d}: {row['tokens_per_s']:9.1f} tok/s  step "
                   f"{row['step_ms']:7.2f} ms  MBU {100 * row['mbu']:5.1f}%")  # fmt: skip
     finally:
-        engine.runner.graphs = graphs
+        engine.runner.graphs, engine.async_scheduling = graphs, async_scheduling
     return rows
 
 
@@ -306,6 +321,9 @@ def run(args: argparse.Namespace) -> dict:
           flush=True)  # fmt: skip
     decode = hyla_decode(engine, args, bandwidth)
     eager = [] if args.skip_eager else hyla_decode(engine, args, bandwidth, eager=True)
+    sync_sched = []
+    if engine.async_scheduling and not args.skip_sync_scheduling:
+        sync_sched = hyla_decode(engine, args, bandwidth, sync_scheduling=True)
     prefill = hyla_prefill(engine, args)
     baseline = [] if args.skip_hf else hf_decode(hf, args)
     ratios = {
@@ -318,8 +336,22 @@ def run(args: argparse.Namespace) -> dict:
     }
     for key, value in ratios.items():
         print(f"hyla / transformers {key}: {value:.2f}x")
+    sched_gain = {
+        f"decode_B{a['batch']}": o["step_ms"] / a["step_ms"]
+        for a, o in zip(decode, sync_sched, strict=False)
+    }
+    # the same greedy tokens with and without async scheduling (and eagerly: argmax ties aside)
+    same_tokens = {
+        f"decode_B{a['batch']}": a["tokens"] == o["tokens"]
+        for a, o in zip(decode, sync_sched, strict=False)
+    }
+    for row in decode + eager + sync_sched:
+        del row["tokens"]
+    print(f"greedy tokens equal with and without async scheduling: {same_tokens}")
     for key, value in graph_gain.items():
         print(f"CUDA graphs / eager {key}: {value:.2f}x")
+    for key, value in sched_gain.items():
+        print(f"async scheduling / sync scheduling {key}: {value:.2f}x")
     mbu1 = next((d["mbu"] for d in decode if d["batch"] == 1), None)
     return dict(
         copy_bandwidth_bytes_per_s=bandwidth,
@@ -334,6 +366,9 @@ def run(args: argparse.Namespace) -> dict:
         hyla_decode=decode,
         hyla_decode_eager=eager,
         cuda_graph_speedup=graph_gain,
+        hyla_decode_sync_scheduling=sync_sched,
+        async_scheduling_speedup=sched_gain,
+        async_scheduling_same_tokens=same_tokens,
         hyla_prefill=prefill,
         transformers_decode=baseline,
         speedup_vs_transformers=ratios,
@@ -359,6 +394,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=int, default=8)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-eager", action="store_true", help="no eager (graph-less) decode rows")
+    p.add_argument("--skip-sync-scheduling", action="store_true",
+                   help="no decode rows with async scheduling off")  # fmt: skip
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--heads", type=int, default=16)
