@@ -27,6 +27,9 @@ once for 16 x 1M tokens (19.3 GB latents + 4.3 GB keys) and sliced per point.
                      engine's captured decode steps run it): no launch or host time
       dense_einsum_graph  `dense_einsum` replayed from a CUDA graph likewise
       topk_graph, radix_topk_graph, segmented_topk_graph   the three top-k forms replayed
+      topk_unsorted, topk_float32 (+ _graph)   probes for a faster long-row top-k: torch.topk
+                     of the keys without sorting the k best, and of float32 scores (not exact:
+                     ties), same k
       total_graph_radix   `total_graph` with the radix top-k (RADIX_MIN_COLS = 1)
     speedup = dense_einsum / total (and dense_sdpa / total); speedup_graph = the graph pair
     bytes  = indexer keys of the whole context + min(L, k) selected latents + queries
@@ -154,9 +157,14 @@ def sparse_fns(s: Setup, p: dict) -> dict:
     def sparse_mla(sel=selected):
         return mla_k.sparse_mla(p["q_nope"], p["q_rope"], *mla_args, sel, s.kv_b, scale)
 
+    index_scores()
+    k = min(s.topk, context)
+    scores32 = (key_buf >> 31).float()  # the scores the keys order, as float32 (probe only)
     return {
         "index_scores": index_scores,
         "topk": lambda: idx_select.topk_columns_reference(key_buf, row_pos, s.topk),
+        "topk_unsorted": lambda: torch.topk(key_buf, k, dim=1, sorted=False),
+        "topk_float32": lambda: torch.topk(scores32, k, dim=1),
         "radix_topk": lambda: idx_topk.radix_topk_columns(key_buf, row_pos, s.topk),
         "segmented_topk": lambda: idx_select.segmented_topk_columns(key_buf, row_pos, s.topk),
         "indexer": indexer,
@@ -265,7 +273,7 @@ def run_point(s: Setup, batch: int, context: int, bw: float, dense: bool) -> dic
     fns = sparse_fns(s, p)
     for name, fn in fns.items():
         res[name] = timed(fn)
-    for name in ("topk", "radix_topk", "segmented_topk"):
+    for name in ("topk", "radix_topk", "segmented_topk", "topk_unsorted", "topk_float32"):
         res[f"{name}_graph"] = graph_timed(fns[name])
     res["total_graph"] = graph_timed(captured_total(s, p))
     res["total_graph_radix"] = graph_timed(captured_total(s, p), radix_min_cols=1)
