@@ -125,7 +125,7 @@ class DSAttention(MLAttention):
             topk_indices = lightning_indexer_topk(
                 index_q, index_w, cache["index_keys"], batch.block_tables, batch.cu_seqlens,
                 batch.seq_lens_tensor, k, self.indexer.softmax_scale,
-                max_seq_len=batch.max_seq_len,
+                max_seq_len=batch.max_seq_len, static_shapes=batch.static_shapes,
             )  # fmt: skip
         return sparse_mla(
             proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,

@@ -111,3 +111,20 @@ def test_keys_to_topk_and_indexer_use_radix_above_threshold(
     monkeypatch.setattr(kernels, "radix_topk_columns", lambda *a: calls.append(1) or radix(*a))
     check_indexer([1, 5, 40, 70, 33], [1, 5, 6, 1, 2], 16, torch.float32, "cpu", ties=True)
     assert calls  # max(seq_lens) = 70 >= 40: the radix path ran
+
+
+def test_captured_steps_use_radix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`static_shapes` (a captured decode step) takes the radix select whatever the length,
+    with the torch.topk result; an eager call of the same rows does not."""
+    from hyla.ops.dsa_indexer import kernels, topk
+
+    calls = []
+    radix = topk.radix_topk_columns
+    monkeypatch.setattr(kernels, "radix_topk_columns", lambda *a: calls.append(1) or radix(*a))
+    scores = random_scores(3, 300, "ties", torch.Generator().manual_seed(7))
+    pos = torch.tensor([299, 40, 7], dtype=torch.int64)
+    keys = sort_keys(scores, pos)
+    want = topk_columns_reference(keys, pos, 16)
+    assert torch.equal(kernels.keys_to_topk(keys, pos, 16), want) and not calls
+    assert torch.equal(kernels.keys_to_topk(keys, pos, 16, static_shapes=True), want)
+    assert calls

@@ -11,9 +11,12 @@ table, and writes each score as an int64 *sort key* whose order is (score, -colu
 `torch.topk(key, k)` (sorted) then yields the best scores first and, among exactly equal scores,
 the lower column first: the reference's stable descending sort. The column is recovered from the
 low 31 bits; ranks >= the row's visible count become -1 (the reference's padding rule).
-`topk.radix_topk_columns` (a Triton radix select, same result) can replace torch.topk from
-RADIX_MIN_COLS columns on; it is off by default: on the H200 it measured 0.52 ms per call at
-every length (torch.topk: 0.38 ms for one 1M-column row, 0.14 ms at 8K; equal at 16 x 1M).
+`topk.radix_topk_columns` (a Triton radix select, same result, ~10 launches) replaces
+torch.topk in captured decode steps (`static_shapes`): replayed from a CUDA graph on the H200 it
+took 0.066-0.079 ms for one row of 8K-1M columns (torch.topk 0.081-0.249 ms) and 0.073-0.350 ms
+for 16 rows (torch.topk 0.091-0.523 ms); launched eagerly it is slower at small sizes (0.27 ms
+at 8K: launch-bound), so eager steps keep torch.topk unless RADIX_MIN_COLS is set
+(bench/results/gpu_dsa_decode_h200.json, columns radix_topk_graph / topk_graph).
 
 Row t of sequence i sits at position p = seq_lens[i] - q_i + j and sees columns 0 .. p; the row
 -> (sequence, position) map is built on the device from `cu_seqlens` (no host sync). Rows are
@@ -48,12 +51,14 @@ BLOCK_N = 128  # key columns per program
 BLOCK_T_PREFILL = 16  # query rows per program when some sequence has several new tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
-# From this many key columns on, the top-k is `topk.radix_topk_columns`; None: never (measured
-# slower than torch.topk on the H200, bench/results/gpu_dsa_decode_radix_h200.json).
+# Eager steps: from this many key columns on, the top-k is `topk.radix_topk_columns`; None:
+# only in captured steps (eager it measured slower than torch.topk below 512K columns on the
+# H200; prefill-sized row counts are unmeasured).
 RADIX_MIN_COLS: int | None = None
+RADIX_MAX_ROWS = 65535  # the radix select's grid limit
 # From this many key columns on, `select.segmented_topk_columns` (two torch.topk stages over
-# segments of the row); None: never (not yet measured on a GPU: bench/gpu_dsa_decode.py's
-# segmented_topk column against its topk column decides).
+# segments of the row); None: never (measured slower than one torch.topk on the H200 at every
+# length, eager and in graphs: bench/results/gpu_dsa_decode_h200.json, segmented_topk columns).
 SEGMENTED_MIN_COLS: int | None = None
 
 
@@ -216,11 +221,15 @@ def _rows_per_chunk(num_rows: int, num_cols: int, block_t: int) -> int:
     return min(num_rows, rows, 65535 * block_t)
 
 
-def keys_to_topk(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
+def keys_to_topk(
+    keys: torch.Tensor, row_pos: torch.Tensor, topk: int, static_shapes: bool = False
+) -> torch.Tensor:
     """[Tc, L] int64 sort keys, [Tc] positions -> [Tc, topk] int32 columns, -1 padded
-    (`select.topk_columns_reference`): torch.topk, or when set, the Triton radix select from
-    RADIX_MIN_COLS columns on, else the two-stage segmented torch.topk from SEGMENTED_MIN_COLS."""
-    radix = RADIX_MIN_COLS is not None and keys.shape[1] >= RADIX_MIN_COLS
+    (`select.topk_columns_reference`): the Triton radix select in captured steps
+    (`static_shapes`) or from RADIX_MIN_COLS columns on, else the two-stage segmented
+    torch.topk from SEGMENTED_MIN_COLS when set, else torch.topk."""
+    radix = static_shapes or (RADIX_MIN_COLS is not None and keys.shape[1] >= RADIX_MIN_COLS)
+    radix = radix and keys.shape[0] <= RADIX_MAX_ROWS
     if topk > 0 and radix and triton_runs_on(keys):
         return radix_topk_columns(keys, row_pos, topk)
     if topk > 0 and SEGMENTED_MIN_COLS is not None and keys.shape[1] >= SEGMENTED_MIN_COLS:
@@ -240,14 +249,17 @@ def lightning_indexer_topk(
     index_key_scale: torch.Tensor | None = None,
     *,
     max_seq_len: int | None = None,
+    static_shapes: bool = False,
 ) -> torch.Tensor:
-    """Causal lightning-indexer top-k, Triton scores + int64-key `torch.topk` (CUDA tensors).
+    """Causal lightning-indexer top-k, Triton scores + int64-key top-k (CUDA tensors).
 
     Args: as `reference.lightning_indexer_topk`, plus
         index_key_scale: [P, B] float32 per-token scale when `index_key_cache` is fp8
             (torch.float8_e4m3fn), else None.
         seq_lens may also be an [N] int device tensor; then `max_seq_len` (host bound on it)
             sizes the score columns and nothing reads the lengths back (CUDA-graph capture).
+        static_shapes: a captured decode step (warm-up and capture alike): the top-k is the
+            radix select (`keys_to_topk`); the result is the same.
     Returns: [T, k] int32 token positions, best first, equal scores lower index first, -1
         padded where fewer than k tokens are visible (same as the reference up to fp32 rounding
         of the scores: the head sum runs in a different order).
@@ -268,7 +280,9 @@ def lightning_indexer_topk(
             q, weights, index_key_cache, index_key_scale, block_tables, row_seq, row_pos,
             keys[:n], start, softmax_scale, block_t, write_keys=True,
         )  # fmt: skip
-        out[start : start + n] = keys_to_topk(keys[:n], row_pos[start : start + n], topk)
+        out[start : start + n] = keys_to_topk(
+            keys[:n], row_pos[start : start + n], topk, static_shapes
+        )
     return out
 
 
