@@ -43,6 +43,21 @@ class Router(nn.Module):
             )
         else:
             self.e_score_correction_bias = None
+        self._weight_fp32: tuple[tuple, torch.Tensor] | None = None
+
+    def weight_fp32(self) -> torch.Tensor:
+        """`weight` [E, D] as float32 (sigmoid routing's logits dtype): the parameter itself when
+        it is float32, else a copy kept until the parameter changes (a cast per step would read
+        and write the whole router weight at every layer: 11 MB for DeepSeek-V3's 256 x 7168).
+        A CUDA graph captured after the first call reads the copy made then. With autograd on
+        for the weight (training) the cast is differentiable and not kept."""
+        w = self.weight
+        if w.dtype == torch.float32 or (w.requires_grad and torch.is_grad_enabled()):
+            return w.float()
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if self._weight_fp32 is None or self._weight_fp32[0] != key:
+            self._weight_fp32 = (key, w.detach().float())
+        return self._weight_fp32[1]
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states: [T, D] -> (topk_weights [T, k], topk_ids [T, k] int64).
@@ -53,7 +68,7 @@ class Router(nn.Module):
         if moe.scoring == "softmax":
             logits = nn.functional.linear(hidden_states, self.weight)
             return route_softmax(logits, moe.num_experts_per_tok, moe.norm_topk_prob)
-        logits = nn.functional.linear(hidden_states.float(), self.weight.float())
+        logits = nn.functional.linear(hidden_states.float(), self.weight_fp32())
         return route_sigmoid(
             logits,
             self.e_score_correction_bias,

@@ -165,3 +165,25 @@ def test_moe_rows_independent_of_batch() -> None:
         full = moe(x)
         for t in (0, 5, 32):
             torch.testing.assert_close(moe(x[t : t + 1])[0], full[t], rtol=1e-6, atol=1e-6)
+
+
+def test_router_fp32_weight_copy_follows_the_weight() -> None:
+    """A bf16 router keeps one float32 copy of its weight for sigmoid routing: the same values
+    as a cast, replaced when the weight is written (load_state_dict, in-place edits), and not
+    used where autograd needs the cast itself."""
+    config = config_from_hf(FAMILIES["kimi_linear"][0].to_dict())
+    moe = MoE(config, layer_idx=1).to(torch.bfloat16).eval()
+    _randomize(moe)
+    gate = moe.gate
+    with torch.no_grad():
+        first = gate.weight_fp32()
+        assert torch.equal(first, gate.weight.float()) and gate.weight_fp32() is first
+        gate.weight.mul_(-1)  # an in-place write bumps the parameter's version
+        assert torch.equal(gate.weight_fp32(), gate.weight.float())
+        state = {k: torch.randn_like(v) for k, v in moe.state_dict().items()}
+        moe.load_state_dict(state)
+        assert torch.equal(gate.weight_fp32(), state["gate.weight"].float())
+    x = torch.randn(5, D, dtype=torch.bfloat16)
+    weights, _ = gate(x)  # grad enabled, weight requires grad: a differentiable cast
+    weights.float().sum().backward()
+    assert gate.weight.grad is not None and gate.weight.grad.abs().sum() > 0
