@@ -5,7 +5,8 @@ called directly on the same tensors, in one run on one GPU.
 
 Prefill: chunk ops, 32 value heads x 128 (KDA H = 32, GDN H = 16 as in Qwen3-Next), bf16 inputs,
 fp32 gates and states, T = 8K / 32K / 128K tokens as N = 1 or 8 sequences (random lengths);
-each case is measured in 3 interleaved rounds (fla, hyla, fla, ...), the median of each side kept.
+each case is measured in 3 interleaved rounds (fla, hyla, fla, ...), the median of each side kept;
+a third side calls fla with `cu_seqlens_cpu` as hyla does (isolates that argument's effect).
 Decode: one token for each of B = 1 / 16 / 64 / 256 sequences whose states sit at random slots
 of a 512-slot fp32 pool. Variants:
 
@@ -105,16 +106,24 @@ def bench_prefill(kind: str, T: int, N: int, gen: torch.Generator) -> dict:
     def hyla() -> None:
         hyla_op(*args, x["cu"].clone(), h0, use_qk_l2norm=True, inplace_state=True)
 
+    cu_host = cu_long.cpu()
+
+    def fla_host_offsets() -> None:  # fla as hyla calls it: with the host copy of cu_seqlens
+        q, k, v, g, beta = rows
+        fla_op(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+               use_qk_l2norm_in_kernel=True, cu_seqlens=cu_long.clone(),
+               cu_seqlens_cpu=cu_host.clone())  # fmt: skip
+
     # Interleaved rounds (fla, hyla, fla, hyla, ...), the median of each side: one slow stretch
     # of the machine (clocks, a neighbour) moved single measurements by up to 2x.
     rep = 30 if T > 50_000 else 60
-    rounds = [(_us(fla, rep), _us(hyla, rep)) for _ in range(PREFILL_ROUNDS)]
-    t_fla = statistics.median(f for f, _ in rounds)
-    t_hyla = statistics.median(h for _, h in rounds)
+    fns = (fla, hyla, fla_host_offsets)
+    rounds = [tuple(_us(fn, rep) for fn in fns) for _ in range(PREFILL_ROUNDS)]
+    t_fla, t_hyla, t_fla_host = (statistics.median(r[i] for r in rounds) for i in range(3))
     return {
         "op": kind, "T": T, "N": N, "fla_us": t_fla, "hyla_us": t_hyla,
         "hyla_over_fla": t_hyla / t_fla, "fla_Mtok_per_s": T / t_fla, "hyla_Mtok_per_s": T / t_hyla,
-        "rounds_us": rounds,
+        "fla_host_offsets_us": t_fla_host, "rounds_us": rounds,
     }  # fmt: skip
 
 
@@ -212,7 +221,8 @@ def main() -> None:
                     print(
                         f"prefill {kind} T={T:6d} N={N}: fla {r['fla_us']:9.1f} us "
                         f"({r['fla_Mtok_per_s']:.2f} M tok/s) | hyla {r['hyla_us']:9.1f} us "
-                        f"({r['hyla_over_fla']:.3f}x)"
+                        f"({r['hyla_over_fla']:.3f}x) | fla + host cu_seqlens "
+                        f"{r['fla_host_offsets_us']:9.1f} us"
                     )
                     torch.cuda.empty_cache()
     doc = {
