@@ -339,6 +339,10 @@ class LLMEngine:
         """
         with self._lock:
             self._expire_timeouts()
+            if self._inflight is not None and any(
+                self.cache.save_evicts_blindly(r) for r in self._inflight.requests.values()
+            ):
+                self._complete_inflight()  # the checkpoint key must be known to plan its save
             out = self.scheduler.schedule()
             if out.is_empty:
                 self._complete_inflight()
