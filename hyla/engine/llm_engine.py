@@ -450,6 +450,8 @@ class LLMEngine:
         the next `schedule()` sees it; a length stop applies now), read in `_complete_inflight`."""
         running = [rid for rid in sample_ids if requests[rid].status is RequestStatus.RUNNING]
         self.scheduler.update(out, dict.fromkeys(running, PLACEHOLDER_TOKEN))
+        if not running:  # all ended meanwhile (stop strings, EOS): no token left to read
+            return
         rows = {rid: i for i, rid in enumerate(sample_ids)}
         self._inflight = _InflightStep(
             {rid: rows[rid] for rid in running}, {rid: requests[rid] for rid in running}, pending

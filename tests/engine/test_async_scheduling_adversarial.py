@@ -6,7 +6,10 @@ tiny kimi_linear model (see test_async_output for the shared harness `compare`):
   checkpointed by the first run; the block ending there ends in a placeholder, so its key is
   unknown when the save is planned. With every free checkpoint keyed, reserving one evicts a
   cached checkpoint (another prompt's), which the synchronous engine keeps: a later request
-  of that other prompt must still hit it (same `num_cached_tokens` in every mode).
+  of that other prompt must still hit it (same `num_cached_tokens` in every mode);
+- the last running request ends by a stop string seen while its next (greedy) step runs: that
+  step has no row left to read, and must not stay in flight on an idle engine (holding the
+  step's logits and tokens; `compare` checks `_inflight` is None at the end).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import pytest
 
 from hyla.request import SamplingParams
 from tests.engine.engine_util import load, prompt_ids, run_all, save_checkpoint
-from tests.engine.test_async_output import compare
+from tests.engine.test_async_output import compare, drive, stop_requests
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +54,15 @@ def test_repeat_across_checkpointed_boundary_keeps_other_checkpoints(kimi):
     compare(model, path, script, enable_prefix_caching=True, state_checkpoint_stride=16,
             num_state_checkpoints=2)  # fmt: skip
     assert cached == [16, 16, 16]
+
+
+def test_stop_string_of_last_request_leaves_nothing_in_flight(kimi):
+    model, path = kimi
+
+    def script(engine):
+        final, stream = drive(engine, {"stop": stop_requests(engine)["stop"]})
+        assert final["stop"].outputs[0].finish_reason == "stop"
+        return final, stream
+
+    engines = compare(model, path, script)
+    assert engines[2].num_inflight_steps > 0
