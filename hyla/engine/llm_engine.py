@@ -339,10 +339,8 @@ class LLMEngine:
         """
         with self._lock:
             self._expire_timeouts()
-            if self._inflight is not None and any(
-                self.cache.save_evicts_blindly(r) for r in self._inflight.requests.values()
-            ):
-                self._complete_inflight()  # the checkpoint key must be known to plan its save
+            if self._save_needs_inflight_tokens():
+                self._complete_inflight()
             out = self.scheduler.schedule()
             if out.is_empty:
                 self._complete_inflight()
@@ -438,6 +436,16 @@ class LLMEngine:
                 src.append(row)
             start += n
         return DeviceTokens(inflight.pending.device_tokens, tuple(dst), tuple(src))
+
+    def _save_needs_inflight_tokens(self) -> bool:
+        """A running request's next decode ends a checkpoint stride at its placeholder and
+        planning that save now would evict a cached checkpoint, maybe for a key that already has
+        one (`CacheManager.save_evicts_blindly`): its value must be read first."""
+        inflight = self._inflight
+        return inflight is not None and any(
+            req.status is RequestStatus.RUNNING and self.cache.save_evicts_blindly(req)
+            for req in inflight.requests.values()
+        )
 
     def _launch_inflight(
         self,

@@ -10,6 +10,11 @@ tiny kimi_linear model (see test_async_output for the shared harness `compare`):
 - the last running request ends by a stop string seen while its next (greedy) step runs: that
   step has no row left to read, and must not stay in flight on an idle engine (holding the
   step's logits and tokens; `compare` checks `_inflight` is None at the end).
+
+Coverage beyond test_async_output (passing): multi-turn continuations of generated text with
+state checkpoints, in all three hybrid families. The checkpoints inside generated text are
+planned while the block ending there still holds a placeholder and keyed at commit; the next
+turn must hit them exactly as in the synchronous engine.
 """
 
 from __future__ import annotations
@@ -22,10 +27,22 @@ from tests.engine.test_async_output import compare, drive, stop_requests
 
 
 @pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    path = tmp_path_factory.mktemp("kimi_linear")
-    save_checkpoint("kimi_linear", path)
-    return load(path), path
+def models(tmp_path_factory):
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            path = tmp_path_factory.mktemp(family)
+            save_checkpoint(family, path)
+            cache[family] = (load(path), path)
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture
+def kimi(models):
+    return models("kimi_linear")
 
 
 def _greedy(max_tokens: int) -> SamplingParams:
@@ -66,3 +83,28 @@ def test_stop_string_of_last_request_leaves_nothing_in_flight(kimi):
 
     engines = compare(model, path, script)
     assert engines[2].num_inflight_steps > 0
+
+
+@pytest.mark.parametrize("family", ["kimi_linear", "qwen3_next", "deepseek_v32"])
+def test_multi_turn_hits_checkpoints_saved_at_placeholders(models, family):
+    model, path = models(family)
+    vocab = model.config.vocab_size
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=1)
+    cached: list[tuple[int, ...]] = []
+
+    def script(engine):
+        prompt = prompt_ids(9, 5, vocab)
+        engine.add_request("t1", prompt, params)
+        final = run_all(engine)
+        second = prompt + final["t1"].outputs[0].token_ids + prompt_ids(3, 6, vocab)
+        engine.add_request("t2", second, params)
+        engine.add_request("t2b", second[:20], params)
+        final.update(run_all(engine))
+        engine.add_request("t3", second + final["t2"].outputs[0].token_ids + [9], params)
+        final.update(run_all(engine))
+        cached.append(tuple(final[r].num_cached_tokens for r in ("t2", "t2b", "t3")))
+        return final, []
+
+    engines = compare(model, path, script, enable_prefix_caching=True, state_checkpoint_stride=16)
+    assert engines[2].num_inflight_steps > 0
+    assert cached[0] == cached[1] == cached[2] and cached[0][2] >= 64
