@@ -210,6 +210,12 @@ class CheckpointPool:
     def lookup(self, key: int) -> int | None:
         return self.cached.get(key)
 
+    @property
+    def allocate_evicts(self) -> bool:
+        """`allocate` would evict a cached checkpoint (every unreferenced one is keyed)."""
+        c = next(iter(self._free), None)
+        return c is not None and self.keys[c] is not None
+
     def allocate(self) -> int | None:
         """A referenced, unkeyed checkpoint (evicting the least recently used), or None."""
         if not self._free:

@@ -159,6 +159,12 @@ class CacheManager:
         if self.prefix is not None:
             self.prefix.plan_save(req, end)
 
+    def save_evicts_blindly(self, req: Request) -> bool:
+        """Saving `req`'s next checkpoint would evict one before its key is known (see
+        `PrefixCache.save_evicts_blindly`); False without checkpoints."""
+        prefix = self.prefix
+        return prefix is not None and prefix.stride > 0 and prefix.save_evicts_blindly(req)
+
     def cancel_save(self, request_id: str) -> None:
         if self.prefix is not None:
             self.prefix.cancel_save(request_id)

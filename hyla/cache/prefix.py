@@ -219,6 +219,18 @@ class PrefixCache:
             self._pending[req.request_id] = (end, c)
         return c
 
+    def save_evicts_blindly(self, req: Request) -> bool:
+        """`req`'s next decode ends a stride at its placeholder token and reserving the
+        checkpoint there would evict a cached one: `plan_save` cannot tell yet whether the key
+        is already checkpointed (the synchronous engine evicts nothing then), so the caller
+        should write the value first."""
+        return (
+            self.stride > 0
+            and req.num_placeholders > 0
+            and req.num_tokens % self.stride == 0
+            and self.checkpoints.allocate_evicts
+        )
+
     def cancel_save(self, request_id: str) -> None:
         pending = self._pending.pop(request_id, None)
         if pending is not None:

@@ -339,6 +339,8 @@ class LLMEngine:
         """
         with self._lock:
             self._expire_timeouts()
+            if self._save_needs_inflight_tokens():
+                self._complete_inflight()
             out = self.scheduler.schedule()
             if out.is_empty:
                 self._complete_inflight()
@@ -435,6 +437,16 @@ class LLMEngine:
             start += n
         return DeviceTokens(inflight.pending.device_tokens, tuple(dst), tuple(src))
 
+    def _save_needs_inflight_tokens(self) -> bool:
+        """A running request's next decode ends a checkpoint stride at its placeholder and
+        planning that save now would evict a cached checkpoint, maybe for a key that already has
+        one (`CacheManager.save_evicts_blindly`): its value must be read first."""
+        inflight = self._inflight
+        return inflight is not None and any(
+            req.status is RequestStatus.RUNNING and self.cache.save_evicts_blindly(req)
+            for req in inflight.requests.values()
+        )
+
     def _launch_inflight(
         self,
         out: SchedulerOutput,
@@ -446,6 +458,8 @@ class LLMEngine:
         the next `schedule()` sees it; a length stop applies now), read in `_complete_inflight`."""
         running = [rid for rid in sample_ids if requests[rid].status is RequestStatus.RUNNING]
         self.scheduler.update(out, dict.fromkeys(running, PLACEHOLDER_TOKEN))
+        if not running:  # all ended meanwhile (stop strings, EOS): no token left to read
+            return
         rows = {rid: i for i, rid in enumerate(sample_ids)}
         self._inflight = _InflightStep(
             {rid: rows[rid] for rid in running}, {rid: requests[rid] for rid in running}, pending
