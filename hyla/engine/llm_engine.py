@@ -377,6 +377,10 @@ class LLMEngine:
             device_tokens = self._device_tokens(out, requests)
             if device_tokens is None:  # a row reads an in-flight token otherwise: wait for it
                 self._complete_inflight()
+                for rid in [r for r in out.num_scheduled_tokens if requests[r].is_finished]:
+                    del out.num_scheduled_tokens[rid]  # ended by that token: cache released
+                if out.is_empty:
+                    return None
         result = self.runner.execute(out, requests, self.cache, plp, device_tokens)
         pending = None
         if result.sample_ids:

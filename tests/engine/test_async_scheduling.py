@@ -65,3 +65,24 @@ def test_async_scheduling_needs_async_output():
     with pytest.raises(ConfigError, match="async_scheduling"):
         EngineConfig.from_kwargs(async_output=False, async_scheduling=True)
     assert EngineConfig.from_kwargs(async_scheduling=True).async_scheduling is True
+
+
+def test_rows_ended_while_waiting_before_a_launch_are_dropped(kimi, monkeypatch):
+    """The fallback when a scheduled row cannot take its input from the device (the engine
+    reads the in-flight tokens before building the step): forced at every step, requests that
+    those tokens end (stop token ids) leave the already scheduled step instead of running on
+    released cache; outputs equal the synchronous engine's."""
+    from hyla.engine.llm_engine import LLMEngine
+
+    model, path = kimi
+    vocab = model.config.vocab_size
+    prompt = prompt_ids(12, 41, vocab)
+    tokens = _greedy_tokens(model, path, prompt, 8)
+    greedy = dict(temperature=0, ignore_eos=True)
+    requests = {
+        "mid": (prompt, SamplingParams(max_tokens=8, stop_token_ids=[tokens[3]], **greedy)),
+        "other": (prompt_ids(7, 42, vocab), SamplingParams(max_tokens=12, **greedy)),
+    }
+    monkeypatch.setattr(LLMEngine, "_device_tokens", lambda self, out, requests: None)
+    engines = compare(model, path, lambda e: drive(e, requests))
+    assert engines[2].num_inflight_steps > 0
