@@ -111,14 +111,17 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _guard(create_chat_completion(ctx, body, request))
+        # the engine checks the rendered prompt; the client sent `messages`
+        return await _guard(create_chat_completion(ctx, body, request), prompt_param="messages")
 
 
-async def _guard(coro: Any) -> Response:
+async def _guard(coro: Any, prompt_param: str = "prompt") -> Response:
     try:
         return await coro
     except Exception as e:
         err = to_api_error(e)
+        if err.param == "prompt":
+            err.param = prompt_param
         raise err from e
 
 

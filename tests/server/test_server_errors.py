@@ -50,6 +50,13 @@ def test_prompt_longer_than_context_names_both_numbers(server):
     assert str(MAX_CONTEXT + 44) in err["message"] and str(MAX_CONTEXT) in err["message"]
 
 
+def test_chat_longer_than_context_names_messages(server):
+    long = [{"role": "user", "content": "word " * (4 * MAX_CONTEXT)}]
+    err = _chat_error(server, 400, messages=long)
+    assert err["param"] == "messages"  # the field the client sent, not the rendered prompt
+    assert str(MAX_CONTEXT) in err["message"]
+
+
 def test_prompt_plus_max_tokens_over_context(server):
     err = _completion_error(server, 400, prompt=[5] * 200, max_tokens=100)
     assert err["param"] == "max_tokens"
