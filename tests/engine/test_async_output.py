@@ -20,29 +20,13 @@ from hyla.engine.llm_engine import LLMEngine
 from hyla.request import RequestOutput, SamplingParams
 from tests.engine.engine_util import (
     assert_all_free,
-    load,
     make_engine,
     one_torch_thread,
     prompt_ids,
-    save_checkpoint,
 )
 
 FAMILIES = ["kimi_linear", "deepseek_v32", "qwen3_next"]
 Script = Callable[[LLMEngine], tuple[dict[str, RequestOutput], list[RequestOutput]]]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = {}
-
-    def get(family: str):
-        if family not in cache:
-            path = tmp_path_factory.mktemp(family)
-            save_checkpoint(family, path)
-            cache[family] = (load(path), path)
-        return cache[family]
-
-    return get
 
 
 def drive(engine: LLMEngine, requests: dict, abort_at: dict[int, list[str]] | None = None):
@@ -137,8 +121,8 @@ def sampling_mix(vocab: int) -> dict:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_sampling_mix_matches_sync(models, family):
-    model, path = models(family)
+def test_sampling_mix_matches_sync(checkpoints, family):
+    model, path = checkpoints(family)
     vocab = model.config.vocab_size
     compare(model, path, lambda e: drive(e, sampling_mix(vocab)), max_num_batched_tokens=8)
 
@@ -166,8 +150,8 @@ def stop_requests(engine: LLMEngine) -> dict:
 
 
 @pytest.mark.parametrize("family", ["kimi_linear", "deepseek_v32"])
-def test_stop_strings_and_tokens_match_sync(models, family):
-    model, path = models(family)
+def test_stop_strings_and_tokens_match_sync(checkpoints, family):
+    model, path = checkpoints(family)
 
     def script(engine):
         requests = stop_requests(engine)
@@ -180,8 +164,8 @@ def test_stop_strings_and_tokens_match_sync(models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_aborts_with_pending_tokens_match_sync(models, family):
-    model, path = models(family)
+def test_aborts_with_pending_tokens_match_sync(checkpoints, family):
+    model, path = checkpoints(family)
     vocab = model.config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     requests = {f"r{i}": (prompt_ids(4 + i, 20 + i, vocab), params) for i in range(5)}
@@ -190,8 +174,8 @@ def test_aborts_with_pending_tokens_match_sync(models, family):
 
 
 @pytest.mark.parametrize("family", ["kimi_linear", "deepseek_v32"])
-def test_prefix_hits_match_sync(models, family):
-    model, path = models(family)
+def test_prefix_hits_match_sync(checkpoints, family):
+    model, path = checkpoints(family)
     vocab = model.config.vocab_size
     shared = prompt_ids(40, 30, vocab)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -207,8 +191,8 @@ def test_prefix_hits_match_sync(models, family):
 
 
 @pytest.mark.parametrize("family", ["kimi_linear", "qwen3_next"])
-def test_preemption_matches_sync(models, family):
-    model, path = models(family)
+def test_preemption_matches_sync(checkpoints, family):
+    model, path = checkpoints(family)
     vocab = model.config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     requests = {f"r{i}": (prompt_ids(20 + i, 110 + i, vocab), params) for i in range(3)}
@@ -218,8 +202,8 @@ def test_preemption_matches_sync(models, family):
     assert engines[2].num_inflight_steps > 0
 
 
-def test_outputs_come_one_step_later(models):
-    model, path = models("kimi_linear")
+def test_outputs_come_one_step_later(checkpoints):
+    model, path = checkpoints("kimi_linear")
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     prompt = prompt_ids(5, 50, model.config.vocab_size)
     counts = []

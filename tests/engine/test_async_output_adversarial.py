@@ -14,20 +14,11 @@ import pytest
 from hyla.engine.llm_engine import LLMEngine
 from hyla.request import RequestOutput, SamplingParams
 from tests.engine.engine_util import (
-    load,
     make_engine,
     one_torch_thread,
     prompt_ids,
-    save_checkpoint,
 )
 from tests.engine.test_async_output import compare, drive, stop_requests
-
-
-@pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    path = tmp_path_factory.mktemp("kimi_linear")
-    save_checkpoint("kimi_linear", path)
-    return load(path), path
 
 
 def _run(engine: LLMEngine, requests: dict, act_at: int, act) -> dict[str, RequestOutput]:

@@ -13,15 +13,8 @@ import pytest
 
 from hyla.config import ConfigError, EngineConfig
 from hyla.request import SamplingParams
-from tests.engine.engine_util import load, make_engine, prompt_ids, run_all, save_checkpoint
+from tests.engine.engine_util import make_engine, prompt_ids, run_all
 from tests.engine.test_async_output import compare, drive
-
-
-@pytest.fixture(scope="module")
-def kimi(tmp_path_factory):
-    path = tmp_path_factory.mktemp("kimi_linear")
-    save_checkpoint("kimi_linear", path)
-    return load(path), path
 
 
 def _greedy_tokens(model, path, prompt: list[int], n: int) -> list[int]:

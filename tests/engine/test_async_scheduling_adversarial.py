@@ -22,27 +22,8 @@ from __future__ import annotations
 import pytest
 
 from hyla.request import SamplingParams
-from tests.engine.engine_util import load, prompt_ids, run_all, save_checkpoint
+from tests.engine.engine_util import prompt_ids, run_all
 from tests.engine.test_async_output import compare, drive, stop_requests
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = {}
-
-    def get(family: str):
-        if family not in cache:
-            path = tmp_path_factory.mktemp(family)
-            save_checkpoint(family, path)
-            cache[family] = (load(path), path)
-        return cache[family]
-
-    return get
-
-
-@pytest.fixture
-def kimi(models):
-    return models("kimi_linear")
 
 
 def _greedy(max_tokens: int) -> SamplingParams:
@@ -86,8 +67,8 @@ def test_stop_string_of_last_request_leaves_nothing_in_flight(kimi):
 
 
 @pytest.mark.parametrize("family", ["kimi_linear", "qwen3_next", "deepseek_v32"])
-def test_multi_turn_hits_checkpoints_saved_at_placeholders(models, family):
-    model, path = models(family)
+def test_multi_turn_hits_checkpoints_saved_at_placeholders(checkpoints, family):
+    model, path = checkpoints(family)
     vocab = model.config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=1)
     cached: list[tuple[int, ...]] = []

@@ -25,31 +25,15 @@ from hyla.request import RequestOutput, SamplingParams
 from tests.engine.engine_util import (
     assert_all_free,
     assert_same_completion,
-    load,
     make_engine,
     one_torch_thread,
     prompt_ids,
     run_all,
-    save_checkpoint,
 )
 
 ATOL = 1e-4
 FAMILIES = ["kimi_linear", "deepseek_v32", "qwen3_next"]
 Script = Callable[[LLMEngine], dict[str, RequestOutput]]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    cache = {}
-
-    def get(family: str):
-        if family not in cache:
-            path = tmp_path_factory.mktemp(family)
-            save_checkpoint(family, path)
-            cache[family] = load(path)
-        return cache[family]
-
-    return get
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
@@ -126,7 +110,7 @@ def add_all(engine: LLMEngine, requests: dict[str, tuple[list[int], SamplingPara
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_prefix_hit_after_finished_request(models, family):
+def test_prefix_hit_after_finished_request(checkpoints, family):
     """A second request shares a long prefix with a finished first one: it is admitted at a
     cached prefix (restoring a state checkpoint on the hybrid model) and decodes statically; a
     third one's prompt is the cached prefix plus one token (a 1-token step right after the
@@ -149,7 +133,7 @@ def test_prefix_hit_after_finished_request(models, family):
         return final
 
     out, rec, _ = compare(
-        models(family), script, enable_prefix_caching=True, state_checkpoint_stride=16,
+        checkpoints(family)[0], script, enable_prefix_caching=True, state_checkpoint_stride=16,
         max_num_batched_tokens=48,  # a's prompt: chunks cut at 48 and 64, checkpoints there
     )  # fmt: skip
     assert [out[r].num_cached_tokens for r in "abcde"] == [0, 64, 48, 64, 80]
@@ -161,7 +145,7 @@ def test_prefix_hit_after_finished_request(models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_prompt_logprobs_in_one_token_chunks(models, family):
+def test_prompt_logprobs_in_one_token_chunks(checkpoints, family):
     """Under a 4-token budget three decoding requests leave one token per step to a prompt that
     wants prompt logprobs: its chunks are single tokens (the first at context 0), so the steps
     are pure-decode-shaped with unsampled prompt rows. The state slots are reused (a first wave
@@ -180,7 +164,7 @@ def test_prompt_logprobs_in_one_token_chunks(models, family):
         return final
 
     out, rec, _ = compare(
-        models(family), script, max_num_batched_tokens=4, max_num_seqs=4,
+        checkpoints(family)[0], script, max_num_batched_tokens=4, max_num_seqs=4,
         enable_prefix_caching=False,
     )  # fmt: skip
     assert len(out["p"].prompt_logprobs) == 7
@@ -191,7 +175,7 @@ def test_prompt_logprobs_in_one_token_chunks(models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_one_token_prompt_on_a_reused_slot(models, family):
+def test_one_token_prompt_on_a_reused_slot(checkpoints, family):
     """A 1-token prompt is a pure-decode-shaped step at context 0 whose state slot was used
     before: it must start from the zero state (it runs eagerly), its decodes run static."""
 
@@ -203,7 +187,7 @@ def test_one_token_prompt_on_a_reused_slot(models, family):
         final.update(run_all(engine))
         return final
 
-    _, rec, _ = compare(models(family), script, max_num_seqs=2, enable_prefix_caching=False)
+    _, rec, _ = compare(checkpoints(family)[0], script, max_num_seqs=2, enable_prefix_caching=False)
     assert all(0 not in ctx for _, ctx in rec.steps) and (2, [1, 1]) in rec.steps
 
 
@@ -211,7 +195,7 @@ def test_one_token_prompt_on_a_reused_slot(models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_seeded_parallel_sampling(models, family):
+def test_seeded_parallel_sampling(checkpoints, family):
     """n / best_of sequences with their own seeded generators, plus an unseeded request on the
     engine's generator: the same logits give the same draws."""
     params = [
@@ -226,7 +210,7 @@ def test_seeded_parallel_sampling(models, family):
             engine.add_request(f"s{i}", prompt_ids(11 + 4 * i, seed=60 + i), p)
         return run_all(engine)
 
-    out, rec, _ = compare(models(family), script, sizes=(1, 2, 4, 8))
+    out, rec, _ = compare(checkpoints(family)[0], script, sizes=(1, 2, 4, 8))
     assert len(out["s0"].outputs) == 2 and len(out["s1"].outputs) == 2
     assert {n for n, _ in rec.steps} == {6}  # 3 + 2 + 1 sequences, padded to 8
 
@@ -235,7 +219,7 @@ def test_seeded_parallel_sampling(models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_abort_mid_decode_then_add(models, family):
+def test_abort_mid_decode_then_add(checkpoints, family):
     """Aborts shrink the batch across buckets (5 -> 3 -> 1) and new requests grow it again."""
 
     def script(engine):
@@ -256,7 +240,7 @@ def test_abort_mid_decode_then_add(models, family):
         final.update(run_all(engine))
         return final
 
-    out, rec, _ = compare(models(family), script, sizes=(1, 2, 4, 8))
+    out, rec, _ = compare(checkpoints(family)[0], script, sizes=(1, 2, 4, 8))
     assert {out[r].outputs[0].finish_reason for r in ("r0", "r1", "r3", "r4")} == {"abort"}
     assert {n for n, _ in rec.steps} >= {5, 3, 1, 4}
 
@@ -265,7 +249,7 @@ def test_abort_mid_decode_then_add(models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_context_crosses_the_256_bucket_under_max_model_len(models, family):
+def test_context_crosses_the_256_bucket_under_max_model_len(checkpoints, family):
     """A 250-token prompt decoding 12 tokens crosses the 256 bucket into the capped bucket
     (max_model_len 300); a short request shares the batch, and a third one, added later,
     ends exactly at max_model_len (its last step computes position 298, in the last block of
@@ -282,7 +266,7 @@ def test_context_crosses_the_256_bucket_under_max_model_len(models, family):
         return run_all(engine)
 
     out, rec, engine = compare(
-        models(family), script, max_model_len=300, max_num_batched_tokens=512,
+        checkpoints(family)[0], script, max_model_len=300, max_num_batched_tokens=512,
         enable_prefix_caching=False,
     )  # fmt: skip
     assert {bucket for _, bucket in engine.runner.graphs.steps} == {256, 300}
@@ -291,7 +275,7 @@ def test_context_crosses_the_256_bucket_under_max_model_len(models, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_more_requests_than_the_largest_size(models, family):
+def test_more_requests_than_the_largest_size(checkpoints, family):
     """Sizes (1, 2) with 5 requests of different lengths: the 5-, 4- and 3-row steps run
     eagerly, then the static path takes over as requests finish (2 rows, then 1)."""
 
@@ -300,12 +284,12 @@ def test_more_requests_than_the_largest_size(models, family):
                          for i in range(5)})  # fmt: skip
         return run_all(engine)
 
-    _, rec, _ = compare(models(family), script, sizes=(1, 2))
+    _, rec, _ = compare(checkpoints(family)[0], script, sizes=(1, 2))
     assert {n for n, _ in rec.steps} == {1, 2}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_preemption_and_recompute(models, family):
+def test_preemption_and_recompute(checkpoints, family):
     """A tiny block pool preempts requests mid-decode; they recompute and decode again."""
 
     def script(engine):
@@ -313,7 +297,7 @@ def test_preemption_and_recompute(models, family):
         return run_all(engine)
 
     _, _, engine = compare(
-        models(family), script, num_blocks=8, max_model_len=64, enable_prefix_caching=False
+        checkpoints(family)[0], script, num_blocks=8, max_model_len=64, enable_prefix_caching=False
     )
     assert engine.get_stats().num_preemptions > 0
 
@@ -321,11 +305,11 @@ def test_preemption_and_recompute(models, family):
 # -- the static step itself ----------------------------------------------------------------
 
 
-def test_unpadded_single_row_updates_its_own_slot(models):
+def test_unpadded_single_row_updates_its_own_slot(checkpoints):
     """A batch of one in the size-1 bucket (no padding row) writes the sequence's state slot,
     not row 0: the static step's host slots are placeholders (`[0]`), so the CPU in-place
     decode on a contiguous slot range must not trust them."""
-    model = models("kimi_linear")
+    model = checkpoints("kimi_linear")[0]
     block = 4
     caches = allocate_caches(model.config, 8, block, 5)
     for layer in caches:
@@ -349,10 +333,10 @@ def test_unpadded_single_row_updates_its_own_slot(models):
     torch.testing.assert_close(hidden, plain, rtol=1e-4, atol=1e-5)
 
 
-def test_fresh_sequences_do_not_run_static(models):
+def test_fresh_sequences_do_not_run_static(checkpoints):
     """A 1-token step at context 0 must start from the zero state, which a static step (whose
     host context lengths are placeholders) cannot tell: `can_run` sends it to the eager step."""
-    model = models("kimi_linear")
+    model = checkpoints("kimi_linear")[0]
     caches = allocate_caches(model.config, 8, 4, 5)
     graphs = DecodeGraphs(model, caches, 4, (1, 2), capture=False)
     assert graphs.can_run([1, 1], [3, 7]) and not graphs.can_run([1, 1], [3, 0])
