@@ -73,6 +73,16 @@ def _load_engine(model: str | None, engine_options: dict[str, Any]) -> Any:
         _fail(str(e))
 
 
+def _check_port(host: str, port: int) -> None:
+    """Fail cleanly (exit 2) when `host:port` cannot be bound (in use, no such interface)."""
+    from hyla.server.launch import bind_socket
+
+    try:
+        bind_socket(host, port).close()
+    except OSError as e:
+        _fail(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
+
+
 def serve(
     model: str | None = typer.Argument(None, metavar="[MODEL]", help=MODEL_HELP,
                                        show_default=False),
@@ -81,7 +91,8 @@ def serve(
     api_key: str | None = typer.Option(None, envvar="HYLA_API_KEY",
                                        help="Require 'Authorization: Bearer <key>' on /v1/*."),
     served_model_name: str | None = typer.Option(
-        None, help="Model name clients send (default: the checkpoint directory's name)."),
+        None, help="Model name clients send (default: the checkpoint directory's name; "
+        "'default' for the embedded model)."),
     max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies get 413."),
     drain_timeout: float = typer.Option(30.0, min=0.0,
                                         help="Seconds to finish requests on SIGTERM."),
@@ -94,6 +105,7 @@ def serve(
     from hyla.server.launch import make_server, run_until_signal
 
     options = engine_options or {}
+    _check_port(host, port)  # before loading the model, which can take minutes
     engine = _load_engine(model, options)
     async_engine = AsyncEngine(engine, request_timeout=options.get("request_timeout"))
     name = served_model_name or engine.model_name

@@ -69,6 +69,21 @@ def test_bad_engine_option_is_a_clean_error(checkpoint):
     assert "block_size" in result.output
 
 
+def test_serve_on_a_busy_port_fails_before_loading(checkpoint, monkeypatch):
+    import socket
+
+    from hyla import cli
+
+    monkeypatch.setattr(cli, "_load_engine", lambda *a: pytest.fail("loaded the model"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = runner.invoke(app, ["serve", str(checkpoint), "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"--port {port}" in result.output and "cannot listen" in result.output
+
+
 def test_generate_streams_text(checkpoint):
     result = runner.invoke(app, ["generate", str(checkpoint), "Hello", "--max-tokens", "5",
                                  "--kv-cache-memory", str(16 << 20)])
