@@ -32,11 +32,11 @@ from hyla.cache.manager import CacheManager
 from hyla.config import ConfigError, EngineConfig, ModelConfig
 from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
+from hyla.engine.inflight import InflightStep
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
 from hyla.engine.sampler import PendingSample, Sampler, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
-from hyla.forward_batch import DeviceTokens
 from hyla.models.hybrid import HybridModel
 from hyla.request import (
     PLACEHOLDER_TOKEN,
@@ -147,7 +147,7 @@ class LLMEngine:
         async_scheduling = engine_config.async_scheduling
         self.async_scheduling = self.async_output if async_scheduling is None else async_scheduling
         self._deferred: dict[str, int] = {}  # sampled tokens whose output is not built yet
-        self._inflight: _InflightStep | None = None  # launched; its tokens not on the host yet
+        self._inflight: InflightStep | None = None  # launched; its tokens not on the host yet
         self.num_inflight_steps = 0  # steps left running while the next one was scheduled
 
     @classmethod
@@ -339,7 +339,7 @@ class LLMEngine:
         """
         with self._lock:
             self._expire_timeouts()
-            if self._save_needs_inflight_tokens():
+            if self._inflight is not None and self._inflight.save_needs_values(self.cache):
                 self._complete_inflight()
             out = self.scheduler.schedule()
             if out.is_empty:
@@ -374,7 +374,7 @@ class LLMEngine:
                 plp[rid] = pos
         device_tokens = None
         if self._inflight is not None:
-            device_tokens = self._device_tokens(out, requests)
+            device_tokens = self._inflight.device_tokens(out, requests)
             if device_tokens is None:  # a row reads an in-flight token otherwise: wait for it
                 self._complete_inflight()
                 for rid in [r for r in out.num_scheduled_tokens if requests[r].is_finished]:
@@ -418,39 +418,6 @@ class LLMEngine:
 
     # -- async scheduling: a step in flight while the next one is scheduled ------------------
 
-    def _device_tokens(
-        self, out: SchedulerOutput, requests: dict[str, Request]
-    ) -> DeviceTokens | None:
-        """The input ids of `out` still on the device (the in-flight step's tokens, each a
-        one-token decode of its placeholder), or None when a scheduled row reads an in-flight
-        token in another way (a preempted sequence recomputed: the value is needed on the host
-        first)."""
-        inflight = self._inflight
-        assert inflight is not None and inflight.pending.device_tokens is not None
-        dst: list[int] = []
-        src: list[int] = []
-        start = 0
-        for rid, n in out.num_scheduled_tokens.items():
-            req = requests[rid]
-            if req.num_placeholders:
-                row = inflight.rows.get(rid)
-                if n != 1 or req.num_computed_tokens != req.num_tokens - 1 or row is None:
-                    return None
-                dst.append(start)
-                src.append(row)
-            start += n
-        return DeviceTokens(inflight.pending.device_tokens, tuple(dst), tuple(src))
-
-    def _save_needs_inflight_tokens(self) -> bool:
-        """A running request's next decode ends a checkpoint stride at its placeholder and
-        planning that save now would evict a cached checkpoint, maybe for a key that already has
-        one (`CacheManager.save_evicts_blindly`): its value must be read first."""
-        inflight = self._inflight
-        return inflight is not None and any(
-            req.status is RequestStatus.RUNNING and self.cache.save_evicts_blindly(req)
-            for req in inflight.requests.values()
-        )
-
     def _launch_inflight(
         self,
         out: SchedulerOutput,
@@ -465,7 +432,7 @@ class LLMEngine:
         if not running:  # all ended meanwhile (stop strings, EOS): no token left to read
             return
         rows = {rid: i for i, rid in enumerate(sample_ids)}
-        self._inflight = _InflightStep(
+        self._inflight = InflightStep(
             {rid: rows[rid] for rid in running}, {rid: requests[rid] for rid in running}, pending
         )
         self.num_inflight_steps += 1
@@ -556,16 +523,6 @@ class LLMEngine:
             outputs.append(group.output())
         self._dirty.clear()
         return outputs
-
-
-@dataclass
-class _InflightStep:
-    """A launched step whose tokens are still on the device: `rows` maps each request that got
-    a placeholder token to its row of `pending`, `requests` holds those requests."""
-
-    rows: dict[str, int]
-    requests: dict[str, Request]
-    pending: PendingSample
 
 
 def resolve_device(config: EngineConfig) -> EngineConfig:

@@ -65,7 +65,7 @@ def test_rows_ended_while_waiting_before_a_launch_are_dropped(kimi, monkeypatch)
     reads the in-flight tokens before building the step): forced at every step, requests that
     those tokens end (stop token ids) leave the already scheduled step instead of running on
     released cache; outputs equal the synchronous engine's."""
-    from hyla.engine.llm_engine import LLMEngine
+    from hyla.engine.inflight import InflightStep
 
     model, path = kimi
     vocab = model.config.vocab_size
@@ -76,6 +76,6 @@ def test_rows_ended_while_waiting_before_a_launch_are_dropped(kimi, monkeypatch)
         "mid": (prompt, SamplingParams(max_tokens=8, stop_token_ids=[tokens[3]], **greedy)),
         "other": (prompt_ids(7, 42, vocab), SamplingParams(max_tokens=12, **greedy)),
     }
-    monkeypatch.setattr(LLMEngine, "_device_tokens", lambda self, out, requests: None)
+    monkeypatch.setattr(InflightStep, "device_tokens", lambda self, out, requests: None)
     engines = compare(model, path, lambda e: drive(e, requests))
     assert engines[2].num_inflight_steps > 0
