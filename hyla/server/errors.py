@@ -97,6 +97,12 @@ def _is_union_tag(part: str) -> bool:
     return part in _UNION_TAGS or "[" in part
 
 
+def _union_member(error: dict) -> str | None:
+    """The union member (`int`, `float`, ...) a validation error is about, if any."""
+    loc = error.get("loc", ())
+    return str(loc[-1]) if loc and _is_union_tag(str(loc[-1])) else None
+
+
 def _union_tags(errors: list[dict]) -> list[str]:
     tags = []
     for e in errors:
@@ -118,8 +124,11 @@ def validation_error_response(errors: list[dict]) -> JSONResponse:
     param = _validation_param(tuple(first.get("loc", ())))
     same = [e for e in errors if _validation_param(tuple(e.get("loc", ()))) == param]
     tags = _union_tags(same)
-    if len(tags) > 1:
-        value = first.get("input")
+    value = first.get("input")
+    own = [e for e in same if _union_member(e) == type(value).__name__]
+    if len(tags) > 1 and own:  # the member of the value's own type says what is wrong with it
+        detail = f"{own[0].get('msg', 'invalid')}, got {value!r:.40}"
+    elif len(tags) > 1:
         detail = f"expected {' | '.join(tags)}, got {type(value).__name__} {value!r:.40}"
     else:
         detail = first.get("msg", "invalid")

@@ -57,6 +57,17 @@ def test_chat_longer_than_context_names_messages(server):
     assert str(MAX_CONTEXT) in err["message"]
 
 
+@pytest.mark.parametrize("value", ["Infinity", "NaN"])
+def test_non_finite_number_says_finite(server, value):
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0.5})
+    body = body.replace("0.5", value)  # JSON has no literal for these: Python's json reads them
+    r = httpx.post(f"{server.url}/v1/completions", content=body,
+                   headers={"Content-Type": "application/json"})  # fmt: skip
+    err = r.json()["error"]
+    assert r.status_code == 422 and err["param"] == "temperature"
+    assert "finite" in err["message"], err["message"]
+
+
 def test_prompt_plus_max_tokens_over_context(server):
     err = _completion_error(server, 400, prompt=[5] * 200, max_tokens=100)
     assert err["param"] == "max_tokens"
