@@ -86,7 +86,9 @@ def config_options(*classes: type, exclude: tuple[str, ...] = ()) -> list[Option
             if kind is None or f.name in specs or f.name in exclude:
                 continue
             default = _default_of(f)
-            help_text = f"{_field_help(cls, f.name)} (default: {default})"
+            help_text = _field_help(cls, f.name)
+            if "default" not in help_text:  # the help text may say it better ("by fraction")
+                help_text += f" (default: {default})"
             panel = f"{cls.__name__.removesuffix('Config')} options"
             specs[f.name] = OptionSpec(f.name, kind, default, help_text, panel)
     return list(specs.values())

@@ -565,16 +565,33 @@ class EngineConfig:
 
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    max_model_len: int | None = None
-    dtype: str | None = None
+    max_model_len: int | None = field(
+        default=None,
+        metadata={"help": "Longest sequence, prompt + output (default: the model's context)."},
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata={"help": "float32, bfloat16 or float16 (default: the checkpoint's dtype)."},
+    )
     device: str = field(
         default="auto",
         metadata={"help": "Torch device: cpu, cuda, cuda:N, or auto (cuda when available)."},
     )
-    seed: int = 0
-    tokenizer: str | None = None
-    request_timeout: float | None = None
-    max_queue_len: int | None = None
+    seed: int = field(
+        default=0, metadata={"help": "Seed of the sampler of requests without their own seed."}
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer directory (default: the checkpoint directory)."},
+    )
+    request_timeout: float | None = field(
+        default=None,
+        metadata={"help": 'Seconds before a request ends with reason "timeout" (default: none).'},
+    )
+    max_queue_len: int | None = field(
+        default=None,
+        metadata={"help": "Most waiting requests; more get 503 (default: unbounded)."},
+    )
     enforce_eager: bool = field(
         default=False,
         metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
