@@ -18,6 +18,8 @@ Allocation is all-or-nothing: `allocate` either grants what was asked or changes
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from hyla.cache.block_pool import BlockPool, SlotPool
 from hyla.cache.prefix import PrefixCache, PrefixHit
 from hyla.request import Request
@@ -159,11 +161,10 @@ class CacheManager:
         if self.prefix is not None:
             self.prefix.plan_save(req, end)
 
-    def save_evicts_blindly(self, req: Request) -> bool:
-        """Saving `req`'s next checkpoint would evict one before its key is known (see
-        `PrefixCache.save_evicts_blindly`); False without checkpoints."""
-        prefix = self.prefix
-        return prefix is not None and prefix.stride > 0 and prefix.save_evicts_blindly(req)
+    def save_evicts_blindly(self, requests: Iterable[Request]) -> bool:
+        """Saving the next checkpoint of one of `requests` would evict one before its key is
+        known (see `PrefixCache.save_evicts_blindly`); False without checkpoints."""
+        return self.prefix is not None and self.prefix.save_evicts_blindly(requests)
 
     def cancel_save(self, request_id: str) -> None:
         if self.prefix is not None:

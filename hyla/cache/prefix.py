@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hyla.cache.block_pool import BlockPool, CheckpointPool
@@ -219,16 +219,15 @@ class PrefixCache:
             self._pending[req.request_id] = (end, c)
         return c
 
-    def save_evicts_blindly(self, req: Request) -> bool:
-        """`req`'s next decode ends a stride at its placeholder token and reserving the
-        checkpoint there would evict a cached one: `plan_save` cannot tell yet whether the key
-        is already checkpointed (the synchronous engine evicts nothing then), so the caller
-        should write the value first."""
-        return (
-            self.stride > 0
-            and req.num_placeholders > 0
-            and req.num_tokens % self.stride == 0
-            and self.checkpoints.allocate_evicts
+    def save_evicts_blindly(self, requests: Iterable[Request]) -> bool:
+        """One of `requests`' next decode ends a stride at its placeholder token and reserving
+        the checkpoint there would evict a cached one: `plan_save` cannot tell yet whether the
+        key is already checkpointed (the synchronous engine evicts nothing then), so the caller
+        should write the value first. O(1) unless every free checkpoint is keyed."""
+        if not self.stride or not self.checkpoints.allocate_evicts:
+            return False
+        return any(
+            req.num_placeholders > 0 and req.num_tokens % self.stride == 0 for req in requests
         )
 
     def cancel_save(self, request_id: str) -> None:

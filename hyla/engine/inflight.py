@@ -51,7 +51,5 @@ class InflightStep:
         """A running request's next decode ends a checkpoint stride at its placeholder and
         planning that save now would evict a cached checkpoint, maybe for a key that already has
         one (`CacheManager.save_evicts_blindly`): the values must be read first."""
-        return any(
-            req.status is RequestStatus.RUNNING and cache.save_evicts_blindly(req)
-            for req in self.requests.values()
-        )
+        running = (r for r in self.requests.values() if r.status is RequestStatus.RUNNING)
+        return cache.save_evicts_blindly(running)
