@@ -106,9 +106,9 @@ def _union_member(error: dict) -> str | None:
 def _union_tags(errors: list[dict]) -> list[str]:
     tags = []
     for e in errors:
-        loc = [str(p) for p in e.get("loc", ())]
-        if loc and _is_union_tag(loc[-1]) and loc[-1] not in tags:
-            tags.append(loc[-1])
+        tag = _union_member(e)
+        if tag is not None and tag not in tags:
+            tags.append(tag)
     return tags
 
 
