@@ -18,7 +18,7 @@ from torch import nn
 from hyla.config import ModelConfig, MoEConfig
 from hyla.layers.linear import Linear
 from hyla.layers.mlp import GatedMLP
-from hyla.ops.linear import Prepacked
+from hyla.ops.linear import Prepacked, linear
 from hyla.ops.moe import moe_experts, route_sigmoid, route_softmax
 
 
@@ -66,9 +66,9 @@ class Router(nn.Module):
         computes them in the hidden dtype and the softmax in float32 (as Qwen3-Next)."""
         moe = self.moe
         if moe.scoring == "softmax":
-            logits = nn.functional.linear(hidden_states, self.weight)
+            logits = linear(hidden_states, self.weight)
             return route_softmax(logits, moe.num_experts_per_tok, moe.norm_topk_prob)
-        logits = nn.functional.linear(hidden_states.float(), self.weight_fp32())
+        logits = linear(hidden_states.float(), self.weight_fp32())
         return route_sigmoid(
             logits,
             self.e_score_correction_bias,

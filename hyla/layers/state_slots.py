@@ -129,10 +129,12 @@ def delta_rule_step(
             return _decode_in_place(recurrent_fn, (q, k, v, g, beta), cache, batch, *in_place)
     state = read_slots(cache, "recurrent_state", batch)  # [N, HV, K, V]
     if lens and (all(n == 1 for n in lens) or all(n > 1 for n in lens)):  # one op, no regrouping
-        fn = recurrent_fn if lens[0] == 1 else chunk_fn
-        o, final = fn(
-            q, k, v, g, beta, batch.cu_seqlens, state, use_qk_l2norm=True, inplace_state=True
-        )
+        args = (q, k, v, g, beta, batch.cu_seqlens, state)
+        if lens[0] == 1:
+            o, final = recurrent_fn(*args, use_qk_l2norm=True, inplace_state=True)
+        else:  # the host offsets spare the op a device sync (see `kda.kernels.chunk_kda`)
+            host = torch.tensor(batch.cu_seqlens_host)
+            o, final = chunk_fn(*args, use_qk_l2norm=True, inplace_state=True, cu_seqlens_cpu=host)
         cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
         return o
     final = state.clone()
@@ -145,18 +147,11 @@ def delta_rule_step(
         if not seqs:
             continue
         rows = _token_rows(bounds, seqs, v.device)
-        sub_cu = torch.tensor([0] + [lens[i] for i in seqs], device=v.device).cumsum(0)
+        sub_cu = torch.tensor([0] + [lens[i] for i in seqs], dtype=torch.int32).cumsum(0)
         idx = torch.tensor(seqs, dtype=torch.long, device=v.device)
-        o_sub, final_sub = fn(
-            q[rows],
-            k[rows],
-            v[rows],
-            g[rows],
-            beta[rows],
-            sub_cu.to(torch.int32),
-            state[idx],
-            use_qk_l2norm=True,
-        )
+        extra = {"cu_seqlens_cpu": sub_cu} if fn is chunk_fn else {}
+        sub = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub_cu.to(v.device), state[idx])
+        o_sub, final_sub = fn(*sub, use_qk_l2norm=True, **extra)
         o[rows] = o_sub
         final[idx] = final_sub
     cache["recurrent_state"].index_copy_(0, batch.state_indices, final)

@@ -14,9 +14,9 @@ from hyla.ops.moe import moe_experts, reference
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def check_gemv(T: int, dtype: torch.dtype, device, dims=(32, 4, 256, 96)) -> float:
-    """`gemv.moe_gemv` vs `kernels._gathered` + `kernels._weighted_sum` on the same device and
-    dtype; returns max |diff| / max |want|."""
+def check_gemv(T: int, dtype: torch.dtype, device, dims=(32, 4, 256, 96), blocks=None) -> float:
+    """`gemv.moe_gemv` (tiles `blocks`, default `pick_blocks`) vs `kernels._gathered` +
+    `kernels._weighted_sum` on the same device and dtype; returns max |diff| / max |want|."""
     from hyla.ops.moe import kernels
     from hyla.ops.moe.gemv import moe_gemv
 
@@ -28,10 +28,27 @@ def check_gemv(T: int, dtype: torch.dtype, device, dims=(32, 4, 256, 96)) -> flo
     ids = torch.stack([torch.randperm(num_experts, generator=gen)[:topk] for _ in range(T)])
     w = torch.rand(T, topk, generator=gen)
     args = [t.to(device) for t in (x, gate_up, down, w, ids)]
-    got = moe_gemv(*args).float().cpu()
+    got = moe_gemv(*args, blocks=blocks).float().cpu()
     y = kernels._gathered(args[0], args[1], args[2], args[4])
     want = kernels._weighted_sum(y, args[3], args[4], dtype).float().cpu()
     return float((got - want).abs().max() / want.abs().max())
+
+
+def check_combine(T: int, E: int, k: int, D: int, dtype: torch.dtype, device) -> float:
+    """`gemv.combine` vs `kernels._select` + `kernels._weighted_sum` on the same device: max
+    |diff| / max |want| (0 on a GPU: the same fp32 products, each rounded to dtype, summed in the
+    same order with each add rounded; the interpreter rounds fp32 -> bf16 toward zero)."""
+    from hyla.ops.moe import kernels
+    from hyla.ops.moe.gemv import combine
+
+    gen = torch.Generator().manual_seed(T * 7 + E)
+    y = torch.randn(E, T, D, generator=gen).to(dtype).to(device)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)]).to(device)
+    w = torch.rand(T, k, generator=gen).to(device)
+    want = kernels._weighted_sum(kernels._select(y, ids), w, ids, dtype)
+    got = combine(y, w, ids, dtype)
+    assert got.dtype == dtype and got.shape == want.shape
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
 
 
 def route_logits(T: int, E: int, kind: str, device, seed: int = 0) -> torch.Tensor:
@@ -109,6 +126,22 @@ def test_gemv_matches_its_pytorch_definition(T: int) -> None:
     assert check_gemv(T, torch.float32, "cuda") <= 1e-5
     assert check_gemv(T, torch.bfloat16, "cuda") <= 3e-2
     assert check_gemv(T, torch.bfloat16, "cuda", dims=(256, 8, 512, 128)) <= 3e-2  # V3.2 E, k
+
+
+@pytest.mark.parametrize("blocks", [(2, 64, 4, 4, 32, 4), (16, 2048, 8, 32, 512, 8)])
+def test_gemv_any_tiles(blocks) -> None:
+    """Tiles that split I and D unevenly and tiles larger than them: the same results."""
+    from hyla.ops.moe.gemv import GemvBlocks
+
+    b = GemvBlocks(*blocks)
+    assert check_gemv(3, torch.float32, "cuda", dims=(16, 3, 200, 72), blocks=b) <= 1e-5
+    assert check_gemv(2, torch.bfloat16, "cuda", dims=(16, 8, 200, 72), blocks=b) <= 3e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_combine_equals_its_pytorch_definition(dtype: torch.dtype) -> None:
+    for T, E, k, D in [(1, 8, 2, 40), (16, 32, 4, 600), (5, 256, 8, 1030)]:
+        assert check_combine(T, E, k, D, dtype, "cuda") == 0.0  # bitwise
 
 
 @pytest.mark.parametrize("T", [1, 5, 64, 300])

@@ -100,3 +100,31 @@ def test_module_copies_drop_the_packed_weights() -> None:
         with torch.no_grad():
             torch.testing.assert_close(clone(x), out, **TOL)
     assert [n for n, _ in layer.named_parameters()] == ["weight", "bias"]
+
+
+def test_one_row_cuda_inputs_go_to_the_gemv(monkeypatch) -> None:
+    """`linear` sends one-row inputs without bias or autograd to the Triton GEMV when triton
+    runs on them (faked here: CI has no triton), everything else to F.linear."""
+    import sys
+    import types
+
+    from hyla.ops.linear import dispatch
+
+    calls = []
+    fake = types.ModuleType("hyla.ops.linear.gemv")
+    fake.supports = lambda x, w: x.shape[-1] == w.shape[1]
+    fake.gemv = lambda x, w: calls.append(tuple(x.shape)) or torch.nn.functional.linear(x, w)
+    monkeypatch.setitem(sys.modules, "hyla.ops.linear.gemv", fake)
+    monkeypatch.setattr(dispatch, "use_triton", lambda x: True)
+    w = torch.randn(6, 4)
+    want = torch.nn.functional.linear
+    for x, bias, routed in [
+        (torch.randn(1, 4), None, True),
+        (torch.randn(1, 1, 4), None, True),
+        (torch.randn(2, 4), None, False),  # two rows: cuBLAS (the GEMV is unmeasured there)
+        (torch.randn(1, 4), torch.randn(6), False),  # a bias
+        (torch.randn(1, 4, requires_grad=True), None, False),  # autograd
+    ]:
+        calls.clear()
+        torch.testing.assert_close(dispatch.linear(x, w, bias), want(x, w, bias))
+        assert bool(calls) == routed, (tuple(x.shape), bias is not None, x.requires_grad)

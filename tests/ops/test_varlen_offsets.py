@@ -66,3 +66,53 @@ def test_fla_chunk_wrapper_plumbing_matches_the_reference():
     assert calls == [64] and final is pool  # updated in place, as asked
     torch.testing.assert_close(o, want_o)
     torch.testing.assert_close(final, want_state)
+
+
+def test_given_host_offsets_are_used_without_a_read_back(monkeypatch):
+    """With `cu_seqlens_cpu` the device tensor is never copied to the host (that copy is the
+    device sync the engine avoids); the host offsets must be a CPU tensor."""
+    import pytest
+
+    offsets = _VarlenOffsets()
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    host = torch.tensor([0, 3, 7], dtype=torch.int32)
+    real_to = torch.Tensor.to
+
+    def no_host_copy(self, *args, **kwargs):
+        assert not (self is cu and args and args[0] == "cpu"), "cu_seqlens was read back"
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", no_host_copy)
+    cu_long, cu_host = offsets(cu, host)
+    assert cu_long.dtype == cu_host.dtype == torch.int64 and cu_host.tolist() == [0, 3, 7]
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="cu_seqlens_cpu"):
+        _VarlenOffsets()(cu, torch.empty(3, dtype=torch.int64, device="meta"))
+
+
+def test_the_layer_step_hands_its_host_offsets_to_the_chunk_op():
+    """`delta_rule_step` passes `batch.cu_seqlens_host` as `cu_seqlens_cpu` to the chunk op
+    (a whole-prefill step and the prefill part of a mixed step), equal to the offsets it gets."""
+    from hyla.forward_batch import build_forward_batch
+    from hyla.layers.state_slots import delta_rule_step
+    from hyla.ops import kda
+
+    seen = []
+
+    def chunk_spy(*args, cu_seqlens_cpu=None, **kwargs):
+        host = None if cu_seqlens_cpu is None else cu_seqlens_cpu.tolist()
+        seen.append((args[5].tolist(), host))
+        return kda.chunk_kda(*args, **kwargs)
+
+    H, K = 2, 4
+    for lens in ([3, 2], [1, 4]):  # all prefill; decode + prefill (the prefill part alone)
+        T = sum(lens)
+        gen = torch.Generator().manual_seed(T)
+        q, k, v = (torch.randn(T, H, K, generator=gen) for _ in range(3))
+        g, beta = -torch.rand(T, H, K, generator=gen), torch.rand(T, H, generator=gen)
+        cache = {"recurrent_state": torch.zeros(4, H, K, K)}
+        n = len(lens)
+        batch = build_forward_batch(lens, [0] * n, [[0]] * n, [0, 2][:n], 16, [cache])
+        seen.clear()
+        delta_rule_step(chunk_spy, kda.recurrent_kda, q, k, v, g, beta, cache, batch)
+        assert seen and all(dev == host for dev, host in seen), seen

@@ -55,9 +55,10 @@ def chunk_gated_delta_rule(
     *,
     chunk_size: int = 16,
     inplace_state: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.chunk_gated_delta_rule`, all sequences' chunks batched. g: [T, HV];
-    `inplace_state` as in `hyla.ops.kda.cpu.chunk_kda`.
+    `inplace_state` and `cu_seqlens_cpu` (unused) as in `hyla.ops.kda.cpu.chunk_kda`.
 
     Raises:
         ValueError: inconsistent shapes, or chunk_size < 1.

@@ -65,9 +65,10 @@ def chunk_gated_delta_rule(
     *,
     chunk_size: int = 64,
     inplace_state: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule in chunks (`reference.chunk_gated_delta_rule`); g: [T, HV], the rest as
-    in `hyla.ops.kda.kernels.chunk_kda`.
+    in `hyla.ops.kda.kernels.chunk_kda` (`cu_seqlens_cpu` too).
 
     Args:
         chunk_size: tiling only; fla supports 16, 32 and 64, any other value runs with 64.
@@ -79,4 +80,4 @@ def chunk_gated_delta_rule(
     inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
     fla_chunk_size = chunk_size if chunk_size in FLA_GDN_CHUNK_SIZES else 64
     return run_fla_chunk(fla_chunk_gdr, inputs, 2, scale, use_qk_l2norm, chunk_size,
-                         fla_chunk_size, inplace_state)  # fmt: skip
+                         fla_chunk_size, inplace_state, cu_seqlens_cpu)  # fmt: skip

@@ -110,12 +110,14 @@ def chunk_kda(
     *,
     chunk_size: int = 16,
     inplace_state: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.chunk_kda` with all sequences' chunks batched (same args and results; fp32
     throughout, chunks of 16 by default).
 
     Args:
         inplace_state: as in `recurrent_kda`.
+        cu_seqlens_cpu: unused here (the signature of `kernels.chunk_kda`).
     Raises:
         ValueError: inconsistent shapes, or chunk_size < 1.
     """

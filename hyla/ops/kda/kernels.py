@@ -259,16 +259,22 @@ class _VarlenOffsets:
     remembered for the last `cu_seqlens` object seen. Every linear layer of a step passes the
     same `batch.cu_seqlens`, so they all hand fla the same two tensors, and fla's chunk plan
     (memoized by tensor identity, `fla.utils.tensor_cache`) is computed once per step instead of
-    once per layer. The host copy costs one device sync per step."""
+    once per layer. The host copy costs one device sync per step unless the caller passes it
+    (`host`, a CPU tensor of the same offsets)."""
 
     def __init__(self) -> None:
         self._key: weakref.ref | None = None
         self._value: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def __call__(self, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, cu_seqlens: torch.Tensor, host: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._key is not None and self._key() is cu_seqlens and self._value is not None:
             return self._value
-        value = (cu_seqlens.long(), cu_seqlens.to("cpu", torch.int64))
+        if host is not None and host.device.type != "cpu":
+            raise ValueError(f"cu_seqlens_cpu: must be a CPU tensor, got {host.device}")
+        host = cu_seqlens.to("cpu", torch.int64) if host is None else host.long()
+        value = (cu_seqlens.long(), host)
         self._key, self._value = weakref.ref(cu_seqlens), value
         return value
 
@@ -286,12 +292,14 @@ def host_offsets(
     initial_state: torch.Tensor | None,
     g_dims: int,
     chunk_size: int,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a chunked call (`reference.check_delta_inputs`) on the host copy of cu_seqlens;
-    returns (cu_seqlens int64 on the device, the host copy), both from `varlen_offsets`."""
+    """Validate a chunked call (`reference.check_delta_inputs`) on the host copy of cu_seqlens
+    (`cu_seqlens_cpu` when given, else read back); returns (cu_seqlens int64 on the device, the
+    host copy), both from `varlen_offsets`."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
-    cu_long, cu_host = varlen_offsets(cu_seqlens)
+    cu_long, cu_host = varlen_offsets(cu_seqlens, cu_seqlens_cpu)
     check_delta_inputs(q, k, v, g, beta, cu_host, initial_state, g_dims)
     return cu_long, cu_host
 
@@ -314,13 +322,14 @@ def run_fla_chunk(
     chunk_size: int,
     fla_chunk_size: int,
     inplace_state: bool,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One fla chunked delta-rule call (`chunk_kda` or `chunk_gated_delta_rule`) on hyla's packed
     inputs (q, k, v, g, beta, cu_seqlens, initial_state): validates them, reshapes to fla's
     [1, T, ...] varlen layout and returns (o in v's dtype, final state; see `final_state`)."""
     q, k, v, g, beta, cu_seqlens, initial_state = inputs
     cu_long, cu_host = host_offsets(
-        q, k, v, g, beta, cu_seqlens, initial_state, g_dims, chunk_size
+        q, k, v, g, beta, cu_seqlens, initial_state, g_dims, chunk_size, cu_seqlens_cpu
     )
     h0 = None if initial_state is None else initial_state.float().contiguous()
     with on_device(v):
@@ -350,6 +359,7 @@ def chunk_kda(
     *,
     chunk_size: int = 64,
     inplace_state: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA in chunks (`reference.chunk_kda`: same arguments and results up to the precision
     noted in the module docstring). Shapes as in `recurrent_kda` (initial_state [N, HV, K, V]).
@@ -359,6 +369,10 @@ def chunk_kda(
             any other value runs with 64.
         inplace_state: a float32 `initial_state` is overwritten with the final state and
             returned (fla computes it out of place; it is copied back).
+        cu_seqlens_cpu: the same offsets as a CPU tensor, when the caller has them (the engine
+            does: `ForwardBatch.cu_seqlens_host`): fla plans its chunks on the host, and without
+            them cu_seqlens is copied back, a device sync per step that stops the host from
+            queueing kernels ahead of the GPU. Not checked against cu_seqlens (that would sync).
     Raises:
         ValueError: inconsistent shapes or cu_seqlens, or chunk_size < 1.
     """
@@ -367,4 +381,4 @@ def chunk_kda(
     inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
     fla_chunk_size = chunk_size if chunk_size in FLA_KDA_CHUNK_SIZES else 64
     return run_fla_chunk(fla_chunk_kda, inputs, 3, scale, use_qk_l2norm, chunk_size,
-                         fla_chunk_size, inplace_state)  # fmt: skip
+                         fla_chunk_size, inplace_state, cu_seqlens_cpu)  # fmt: skip

@@ -1,4 +1,5 @@
-"""Linear projection: `reference.linear` (F.linear, the definition) and the oneDNN path of
+"""Linear projection: `linear` (`dispatch.py`: F.linear = `reference.linear`, the definition,
+or the Triton GEMV of `gemv.py` for one-row CUDA inputs) and the oneDNN path of
 `cpu.py` (weights packed once, for fp32 inference on the CPU): `prepacked_linear`,
 `prepacked_stacked_linear`, and `Prepacked` / `packed_matmul` / `usable` for callers that hold
 many packed matrices (the MoE experts); `stacked.py`: several projections' weights as row blocks
@@ -11,7 +12,7 @@ from hyla.ops.linear.cpu import (
     prepacked_stacked_linear,
     usable,
 )
-from hyla.ops.linear.reference import linear
+from hyla.ops.linear.dispatch import linear
 from hyla.ops.linear.stacked import adjacent_rows, stack_rows
 
 __all__ = [

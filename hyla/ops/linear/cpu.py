@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hyla.ops.linear.reference import linear
+from hyla.ops.linear.dispatch import linear
 from hyla.ops.linear.stacked import adjacent_rows
 
 # Row count oneDNN's weight layout is chosen for; any row count works with it.

@@ -6,9 +6,14 @@ moving them three times) and the weighted sum fused into the second kernel.
     kernel 1, program (pair p = t * k + j, rows i0 .. i0 + BLOCK_I of I):
         g = W_gate[e] x_t, u = W_up[e] x_t      (fp32 sums, each rounded to the hidden dtype)
         h[p] = silu(g) * up                     (rounded as PyTorch rounds each op)
-    kernel 2, program (token t, columns d0 .. d0 + BLOCK_D of D):
-        for the token's experts in ascending id order:  y = W_down[e] h[p]  (rounded)
-            out = out + round(w_p * y)          (each add rounded: `kernels._weighted_sum`)
+    kernel 2, program (token t, columns d0 .. d0 + BLOCK_D of D), all k slots' tiles at once:
+        y_j = W_down[e_j] h[t * k + j]          (fp32 sums, rounded)
+        out = sum of round(w_j * y_j) over the slots in ascending expert id (each add rounded:
+              `kernels._weighted_sum`)
+
+`combine` is kernel 2's weighted sum alone, for the dense form of `kernels.py` (every expert's
+output of every token already computed): one kernel instead of a gather, a multiply, a cast, an
+argsort, a gather and k - 1 adds.
 
 Same arguments and results as `kernels.moe_experts` (`reference.moe_experts` to rounding of the
 fp32 sums); `kernels._gathered` + `kernels._weighted_sum` is the readable definition, and
@@ -17,13 +22,11 @@ tests/gpu/test_moe_gpu.py holds them together. No host sync: capturable in a CUD
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
-
-BLOCK_I = 16  # rows of the gate/up projection per program
-BLOCK_D_DOWN = 16  # output columns per program of the down projection
-BLOCK_K_RED = 256  # reduction chunk (D for gate/up, I for down)
 
 
 @triton.jit
@@ -90,33 +93,92 @@ def _down_sum_kernel(
     pid_d = tl.program_id(1)
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < TOPK
-    ids = tl.load(ids_ptr + t * TOPK + offs_k, mask=mask_k, other=1 << 30)
+    ids = tl.load(ids_ptr + t * TOPK + offs_k, mask=mask_k, other=0).to(tl.int64)
     wts = tl.load(wts_ptr + t * TOPK + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    rank = tl.sum((ids[None, :] < ids[:, None]).to(tl.int32), axis=1)  # ids are distinct
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
+    # every slot's [BLOCK_D, BLOCK_I] tile is loaded at once (a [BLOCK_K, BLOCK_D, BLOCK_I] block):
+    # k times the bytes in flight of a loop over the slots
+    w_rows = w_ptr + ids[:, None, None] * stride_we + offs_d[None, :, None].to(tl.int64) * stride_wr
+    h_rows = h_ptr + (t * TOPK + offs_k)[:, None] * stride_hp
+    acc = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    for i0 in range(0, I, BLOCK_I):
+        offs_i = i0 + tl.arange(0, BLOCK_I)
+        mask_i = offs_i < I
+        h = tl.load(h_rows + offs_i[None, :], mask=mask_k[:, None] & mask_i[None, :], other=0.0)
+        mask = mask_k[:, None, None] & mask_d[None, :, None] & mask_i[None, None, :]
+        wd = tl.load(w_rows + offs_i[None, None, :], mask=mask, other=0.0)
+        acc += tl.sum(wd.to(tl.float32) * h.to(tl.float32)[:, None, :], axis=2)
     dtype = out_ptr.dtype.element_ty
-    out = tl.zeros([BLOCK_D], tl.float32)
-    for r in tl.static_range(TOPK):  # ascending expert id, as the reference sums
-        sel = rank == r
-        j = tl.sum(tl.where(sel, offs_k, 0), axis=0).to(tl.int64)
-        e = tl.sum(tl.where(sel, ids, 0), axis=0).to(tl.int64)
-        w = tl.sum(tl.where(sel, wts, 0.0), axis=0)
-        w_rows = w_ptr + e * stride_we + offs_d[:, None].to(tl.int64) * stride_wr
-        acc = tl.zeros([BLOCK_D], tl.float32)
-        for i0 in range(0, I, BLOCK_I):
-            offs_i = i0 + tl.arange(0, BLOCK_I)
-            mask_i = offs_i < I
-            h = tl.load(h_ptr + (t * TOPK + j) * stride_hp + offs_i, mask=mask_i, other=0.0)
-            mask = mask_d[:, None] & mask_i[None, :]
-            wd = tl.load(w_rows + offs_i[None, :], mask=mask, other=0.0)
-            acc += tl.sum(wd.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
-        term = (acc.to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
-        if r == 0:
-            out = term
-        else:
-            out = (out + term).to(dtype).to(tl.float32)
+    terms = (acc.to(dtype).to(tl.float32) * wts[:, None]).to(dtype).to(tl.float32)
+    out = _sum_ascending(terms, ids, mask_k, TOPK, dtype)
     tl.store(out_ptr + t * stride_ot + offs_d, out.to(dtype), mask=mask_d)
+
+
+@triton.jit
+def _sum_ascending(terms, ids, mask_k, TOPK: tl.constexpr, dtype: tl.constexpr):
+    """sum over the rows of terms [BLOCK_K, BLOCK_D] in ascending id order, each add rounded to
+    dtype (the reference's per-expert `index_add_`); ids distinct among the valid rows."""
+    big = tl.where(mask_k, ids, 1 << 62)
+    rank = tl.sum((big[None, :] < big[:, None]).to(tl.int32), axis=1)
+    out = tl.sum(tl.where((rank == 0)[:, None], terms, 0.0), axis=0)
+    for r in tl.static_range(1, TOPK):
+        term = tl.sum(tl.where((rank == r)[:, None], terms, 0.0), axis=0)
+        out = (out + term).to(dtype).to(tl.float32)
+    return out
+
+
+@triton.jit
+def _combine_kernel(
+    y_ptr,
+    ids_ptr,
+    wts_ptr,
+    out_ptr,
+    D,
+    stride_ye,
+    stride_yt,
+    stride_ot,
+    TOPK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < TOPK
+    ids = tl.load(ids_ptr + t * TOPK + offs_k, mask=mask_k, other=0).to(tl.int64)
+    wts = tl.load(wts_ptr + t * TOPK + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = mask_k[:, None] & (offs_d < D)[None, :]
+    y = tl.load(y_ptr + ids[:, None] * stride_ye + t * stride_yt + offs_d[None, :], mask=mask)
+    dtype = out_ptr.dtype.element_ty
+    terms = (y.to(tl.float32) * wts[:, None]).to(dtype).to(tl.float32)
+    out = _sum_ascending(terms, ids, mask_k, TOPK, dtype)
+    tl.store(out_ptr + t * stride_ot + offs_d, out.to(dtype), mask=offs_d < D)
+
+
+@dataclass(frozen=True)
+class GemvBlocks:
+    """Tile sizes of the two GEMV kernels (tuning only: results do not depend on them beyond
+    the fp32 summation order). gate_up: `gate_rows` rows of I per program, `gate_cols` of D per
+    load; down: `down_rows` output columns of D per program, `down_cols` of I per load."""
+
+    gate_rows: int = 4
+    gate_cols: int = 2048
+    gate_warps: int = 4
+    down_rows: int = 8
+    down_cols: int = 128
+    down_warps: int = 8
+
+
+def pick_blocks(num_tokens: int, inter: int, dim: int) -> GemvBlocks:
+    """The tiles for T = num_tokens tokens of [I, D] experts: the picks of
+    bench/gpu_gemv_sweep.py on the H200 (bench/results/gpu_gemv_sweep_h200.json; within ~5 %
+    of the best tiles it found at each swept shape): 4 rows of I per gate/up program, the whole
+    D <= 2048 per load; 4 down columns per program when T * D < 4096 (more programs), else 8;
+    256 of I per down load for I <= 512, else 128."""
+    return GemvBlocks(
+        down_rows=4 if num_tokens * dim < 4096 else 8, down_cols=256 if inter <= 512 else 128
+    )
 
 
 def moe_gemv(
@@ -125,12 +187,15 @@ def moe_gemv(
     down_proj: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    blocks: GemvBlocks | None = None,
 ) -> torch.Tensor:
     """Routed experts of T tokens, experts read in place (see the module docstring).
 
     Shapes: hidden_states [T, D]; gate_up_proj [E, 2I, D]; down_proj [E, D, I] (last dims
-    contiguous); topk_weights [T, k] float; topk_ids [T, k] int, distinct within a row.
+    contiguous); topk_weights [T, k] float; topk_ids [T, k] int, distinct within a row;
+    `blocks` overrides `pick_blocks` (the tuning bench).
     Returns: [T, D] in hidden_states' dtype.
+    Raises: ValueError when an expert weight's last dim is not contiguous.
     """
     num_tokens, topk = topk_ids.shape
     inter, dim = down_proj.shape[2], hidden_states.shape[1]
@@ -139,19 +204,55 @@ def moe_gemv(
         return out
     if gate_up_proj.stride(-1) != 1 or down_proj.stride(-1) != 1:
         raise ValueError("moe_gemv: expert weights need a contiguous last dim")
+    b = blocks or pick_blocks(num_tokens, inter, dim)
     x = hidden_states.contiguous()
     ids = topk_ids.contiguous()
     wts = topk_weights.contiguous()
     h = hidden_states.new_empty(num_tokens * topk, inter)
-    _gate_up_kernel[(num_tokens * topk, triton.cdiv(inter, BLOCK_I))](
+    _gate_up_kernel[(num_tokens * topk, triton.cdiv(inter, b.gate_rows))](
         x, gate_up_proj, ids, h, dim, inter,
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), h.stride(0),
-        TOPK=topk, BLOCK_I=BLOCK_I, BLOCK_D=BLOCK_K_RED, num_warps=4,
+        TOPK=topk, BLOCK_I=b.gate_rows, BLOCK_D=min(b.gate_cols, _pow2(dim)),
+        num_warps=b.gate_warps,
     )  # fmt: skip
-    _down_sum_kernel[(num_tokens, triton.cdiv(dim, BLOCK_D_DOWN))](
+    _down_sum_kernel[(num_tokens, triton.cdiv(dim, b.down_rows))](
         h, down_proj, ids, wts, out, dim, inter,
         h.stride(0), down_proj.stride(0), down_proj.stride(1), out.stride(0),
-        TOPK=topk, BLOCK_K=max(2, triton.next_power_of_2(topk)), BLOCK_D=BLOCK_D_DOWN,
-        BLOCK_I=BLOCK_K_RED, num_warps=4,
+        TOPK=topk, BLOCK_K=_pow2(topk), BLOCK_D=b.down_rows,
+        BLOCK_I=min(b.down_cols, _pow2(inter)), num_warps=b.down_warps,
     )  # fmt: skip
     return out
+
+
+COMBINE_BLOCK_D = 512  # output columns per program of `combine`
+
+
+def combine(
+    y: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """`kernels._weighted_sum(y[topk_ids, t], ...)` in one kernel: each token's k expert outputs
+    read from the dense [E, T, D] outputs of all experts, weighted, rounded to `dtype` and summed
+    in ascending expert order (each add rounded).
+
+    Shapes: y [E, T, D] (last dim contiguous); topk_weights [T, k] float; topk_ids [T, k] int,
+    distinct within a row. Returns: [T, D] in `dtype`.
+    Raises: ValueError when y's last dim is not contiguous.
+    """
+    num_tokens, topk = topk_ids.shape
+    dim = y.shape[2]
+    out = torch.empty(num_tokens, dim, dtype=dtype, device=y.device)
+    if y.stride(-1) != 1:
+        raise ValueError("combine: y needs a contiguous last dim")
+    if num_tokens == 0 or dim == 0:
+        return out
+    ids, wts = topk_ids.contiguous(), topk_weights.contiguous()
+    grid = (num_tokens, triton.cdiv(dim, COMBINE_BLOCK_D))
+    _combine_kernel[grid](
+        y, ids, wts, out, dim, y.stride(0), y.stride(1), out.stride(0),
+        TOPK=topk, BLOCK_K=_pow2(topk), BLOCK_D=COMBINE_BLOCK_D,
+    )  # fmt: skip
+    return out
+
+
+def _pow2(n: int) -> int:
+    return max(2, triton.next_power_of_2(n))

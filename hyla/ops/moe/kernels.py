@@ -13,7 +13,8 @@ Forms, picked from host ints (T tokens, k slots, E experts, P = T * k pairs):
                     (`index_select` on the fused [E, ...] weights) and runs one batched GEMV;
                     bytes ~ 3 P experts (read, write, read), no FLOP wasted
   T E <= 8192       dense: every expert over every token (two bmm over [E, T, *]), then each
-                    token keeps its k experts' outputs; bytes ~ E experts read once, E / k
+                    token keeps its k experts' outputs (with triton: `gemv.combine`, one kernel
+                    for the selection and the weighted sum); bytes ~ E experts read once, E / k
                     times the FLOPs (bounded by the T E limit)
   otherwise         `cpu.moe_experts` (prefill: its sync is amortised over many tokens)
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from hyla.ops.activation import silu_and_mul
 from hyla.ops.gpu import use_triton
 from hyla.ops.moe.cpu import moe_experts as grouped_moe_experts
 
@@ -67,7 +69,12 @@ def moe_experts(
     if 3 * num_pairs <= num_experts:
         y = _gathered(hidden_states, gate_up_proj, down_proj, topk_ids)
     elif sync_free(num_tokens, topk, num_experts):
-        y = _dense(hidden_states, gate_up_proj, down_proj, topk_ids)
+        y = _dense(hidden_states, gate_up_proj, down_proj)
+        if use_triton(hidden_states):
+            from hyla.ops.moe.gemv import combine
+
+            return combine(y, topk_weights, topk_ids, hidden_states.dtype)
+        y = _select(y, topk_ids)
     else:
         return grouped_moe_experts(
             hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, packed=packed
@@ -88,16 +95,18 @@ def _gathered(
     return torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(T, k, -1)
 
 
-def _dense(
-    x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor
-) -> torch.Tensor:
-    """[T, k, D]: every expert over every token, then each token's k chosen outputs."""
+def _dense(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+    """[E, T, D]: every expert over every token (two bmm; `silu_and_mul` between them)."""
     num_experts = gate_up_proj.shape[0]
     rows = x.unsqueeze(0).expand(num_experts, -1, -1)  # [E, T, D]
-    gate, up = torch.bmm(rows, gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]
-    y = torch.bmm(F.silu(gate) * up, down_proj.transpose(1, 2))  # [E, T, D]
-    tokens = torch.arange(x.shape[0], device=x.device).unsqueeze(1)  # [T, 1]
-    return y[topk_ids, tokens]  # [T, k, D]
+    gate_up = torch.bmm(rows, gate_up_proj.transpose(1, 2))  # [E, T, 2I]
+    return torch.bmm(silu_and_mul(gate_up), down_proj.transpose(1, 2))
+
+
+def _select(y: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """[T, k, D]: each token's k chosen outputs of the dense [E, T, D] outputs."""
+    tokens = torch.arange(y.shape[1], device=y.device).unsqueeze(1)  # [T, 1]
+    return y[topk_ids, tokens]
 
 
 def _weighted_sum(

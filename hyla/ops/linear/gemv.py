@@ -1,0 +1,112 @@
+"""Triton GEMV for decode-sized linear projections: out = x W^T for x of 1 to `MAX_ROWS` rows, the
+weight streamed once by programs that each own `BLOCK_N` output columns (all rows of x at once).
+
+    program n0 (columns n0 .. n0 + BLOCK_N of N):
+        for d0 in 0, BLOCK_D, ..:  acc[m, n] += sum_d x[m, d0 + d] * W[n, d0 + d]   (fp32)
+        out[m, n] = round(acc[m, n])
+
+Same result as `reference.linear` (F.linear, no bias) up to the order of the fp32 sums. cuBLAS
+picks tile shapes made for larger M; at one row its kernels reached ~35 % of the H200's copy
+bandwidth in the decode profile (bench/results/gpu_profile_decode_*). No host sync: capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 4  # rows of x the kernel takes (its [rows, BLOCK_N, BLOCK_D] product lives in registers)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    M,
+    N,
+    D,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        mask_d = offs_d < D
+        w = tl.load(w_rows + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        x = tl.load(x_rows + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    out = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@dataclass(frozen=True)
+class GemvTiles:
+    """Tile sizes of `gemv` (tuning only): `cols` output columns per program, `depth` of D per
+    load, `warps` per program."""
+
+    cols: int = 4
+    depth: int = 2048
+    warps: int = 4
+
+
+def pick_tiles(rows: int, out_features: int, in_features: int) -> GemvTiles:
+    """The tiles for an [rows, in_features] x [out_features, in_features]^T product: the picks
+    of bench/gpu_gemv_sweep.py on the H200 (bench/results/gpu_gemv_sweep_h200.json: 4 columns
+    and the whole D <= 2048 per load won on most shapes; one column per program below 512
+    outputs, where 4 would leave most SMs idle)."""
+    return GemvTiles(cols=4 if out_features >= 512 else 1, depth=2048, warps=4)
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when `gemv` takes (x, weight): 1 to MAX_ROWS rows (x flattened to 2-D), fp16/bf16/
+    fp32 of one dtype, unit-stride last dims, the same device."""
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    return (
+        0 < rows <= MAX_ROWS
+        and weight.dim() == 2
+        and weight.shape[1] == x.shape[-1]
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and x.stride(-1) == 1
+        and weight.stride(-1) == 1
+        and x.device == weight.device
+    )
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = None) -> torch.Tensor:
+    """x W^T (`reference.linear` without bias) for a few rows.
+
+    Args:
+        x: [..., D] with 1 to MAX_ROWS rows in all; weight: [N, D], x's dtype, unit-stride rows;
+        tiles: overrides `pick_tiles` (the tuning bench).
+    Returns: [..., N] in x's dtype.
+    Raises: ValueError when `supports(x, weight)` is false.
+    """
+    if not supports(x, weight):
+        raise ValueError(f"gemv: unsupported x {tuple(x.shape)} {x.dtype} / weight "
+                         f"{tuple(weight.shape)} {weight.dtype} "
+                         f"(1-{MAX_ROWS} rows, one dtype)")  # fmt: skip
+    n, d = weight.shape
+    x2 = x.reshape(-1, d)
+    out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
+    t = tiles or pick_tiles(x2.shape[0], n, d)
+    _gemv_kernel[(triton.cdiv(n, t.cols),)](
+        x2, weight, out, x2.shape[0], n, d, x2.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=max(1, triton.next_power_of_2(x2.shape[0])), BLOCK_N=t.cols,
+        BLOCK_D=min(t.depth, triton.next_power_of_2(d)), num_warps=t.warps,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], n)
