@@ -27,7 +27,9 @@ the step. Such a batch has `static_shapes=True`; its host lists (`query_lens`, `
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -65,6 +67,9 @@ class ForwardBatch:
         max_seq_len: host int >= every sequence's length (the true maximum in an eager step,
             the context bucket of a captured one); sizes buffers and split counts.
         static_shapes: the host lists are capture-time placeholders (see the module docstring).
+        per_pass: values computed once per forward pass from the batch alone and shared by its
+            layers (`shared`); `HybridModel.forward` empties it at the start of every pass, so a
+            captured pass recomputes them inside the graph and never reads a warm-up's tensors.
     """
 
     positions: torch.Tensor
@@ -80,6 +85,14 @@ class ForwardBatch:
     seq_lens_tensor: torch.Tensor | None = None
     max_seq_len: int = 0
     static_shapes: bool = False
+    per_pass: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def shared(self, key: object, compute: Callable[[], Any]) -> Any:
+        """`compute()` once per forward pass under `key` (a function of this batch only: e.g.
+        each row's sequence and position, the same for every attention layer of the pass)."""
+        if key not in self.per_pass:
+            self.per_pass[key] = compute()
+        return self.per_pass[key]
 
     def __post_init__(self) -> None:
         if self.seq_lens_tensor is None:  # from the host lists (no device read)

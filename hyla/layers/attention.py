@@ -20,6 +20,7 @@ from hyla.forward_batch import ForwardBatch
 from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rotary import RotaryEmbedding
+from hyla.ops.dsa_indexer.rows import row_positions
 from hyla.ops.gpu import use_triton
 from hyla.ops.gqa import paged_gqa, paged_gqa_bounded
 from hyla.ops.mla import mla_absorbed_batched, mla_expanded, mla_paged
@@ -190,9 +191,13 @@ class MLAttention(nn.Module):
         latent_cache = batch.caches[self.layer_idx]["latent"]
         write_paged(latent_cache, batch.slot_mapping, proj.latent)
         if use_triton(hidden_states) or batch.static_shapes:  # lengths from the device
+            num_rows = hidden_states.shape[0]
+            rows = batch.shared(("row_positions", num_rows), lambda: row_positions(
+                batch.cu_seqlens, batch.seq_lens_tensor, num_rows))  # fmt: skip
             out = mla_paged(
                 proj.q_nope, proj.q_rope, latent_cache, batch.block_tables, batch.cu_seqlens,
                 batch.seq_lens_tensor, batch.max_seq_len, self.kv_b_proj.weight, self.scale,
+                rows=rows,
             )  # fmt: skip
             return self.o_proj(out.flatten(1))
         out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)

@@ -19,6 +19,7 @@ from hyla.config import ModelConfig, MoEConfig
 from hyla.layers.linear import Linear
 from hyla.layers.mlp import GatedMLP
 from hyla.ops.linear import Prepacked, linear
+from hyla.ops.linear.dispatch import linear_fp32
 from hyla.ops.moe import moe_experts, route_sigmoid, route_softmax
 
 
@@ -68,7 +69,7 @@ class Router(nn.Module):
         if moe.scoring == "softmax":
             logits = linear(hidden_states, self.weight)
             return route_softmax(logits, moe.num_experts_per_tok, moe.norm_topk_prob)
-        logits = linear(hidden_states.float(), self.weight_fp32())
+        logits = linear_fp32(hidden_states, self.weight_fp32())
         return route_sigmoid(
             logits,
             self.e_score_correction_bias,

@@ -120,7 +120,8 @@ class DSAttention(MLAttention):
         k = self.index_topk
         if batch.max_seq_len <= k:
             num_rows = proj.q_nope.shape[0]
-            topk_indices = dense_topk_indices(batch.cu_seqlens, batch.seq_lens_tensor, k, num_rows)
+            topk_indices = batch.shared(("dense_topk", k, num_rows), lambda: dense_topk_indices(
+                batch.cu_seqlens, batch.seq_lens_tensor, k, num_rows))  # fmt: skip
         else:
             topk_indices = lightning_indexer_topk(
                 index_q, index_w, cache["index_keys"], batch.block_tables, batch.cu_seqlens,

@@ -101,6 +101,7 @@ class HybridModel(nn.Module):
         """input_ids [T] int64, positions [T] int64 -> final-normed hidden states [T, D] in the
         model dtype. Linear layers update their state slots and attention-like layers write
         their paged cache in place (`batch.caches`, see `hyla.forward_batch`)."""
+        batch.per_pass.clear()  # a new pass: nothing computed for an earlier one is reused
         delta, residual = None, self.embed_tokens(input_ids)
         for layer in self.layers:
             delta, residual = layer(delta, residual, positions, batch)

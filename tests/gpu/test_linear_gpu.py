@@ -12,17 +12,20 @@ import torch.nn.functional as F
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def check_gemv(rows: int, n: int, d: int, dtype: torch.dtype, device, tiles=None) -> float:
+def check_gemv(
+    rows: int, n: int, d: int, dtype: torch.dtype, device, tiles=None, w_dtype=None
+) -> float:
     """`gemv.gemv` vs float64 F.linear; returns max |diff| / max |want| (the inputs are
-    rounded to `dtype` first, so only the fp32 sums and the output rounding differ)."""
+    rounded to `dtype` (the weight to `w_dtype`, default dtype) first, so only the fp32 sums
+    and the output rounding differ)."""
     from hyla.ops.linear import gemv
 
     gen = torch.Generator().manual_seed(rows * 1000 + n + d)
     x = torch.randn(rows, d, generator=gen).to(dtype)
-    w = (torch.randn(n, d, generator=gen) / d**0.5).to(dtype)
+    w = (torch.randn(n, d, generator=gen) / d**0.5).to(w_dtype or dtype)
     want = F.linear(x.double(), w.double())
     got = gemv.gemv(x.to(device), w.to(device), tiles)
-    assert got.shape == (rows, n) and got.dtype == dtype
+    assert got.shape == (rows, n) and got.dtype == torch.promote_types(x.dtype, w.dtype)
     return float((got.double().cpu() - want).abs().max() / want.abs().max())
 
 
@@ -35,6 +38,11 @@ BOUNDS = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 2e-3}
 @pytest.mark.parametrize("n, d", [(6144, 2048), (16, 2048), (2048, 128), (1000, 7168), (33, 70)])
 def test_gemv_matches_float64(rows, dtype, n, d) -> None:
     assert check_gemv(rows, n, d, dtype, "cuda") <= BOUNDS[dtype]
+
+
+def test_bf16_rows_times_a_float32_weight() -> None:
+    """A sigmoid router's logits: bf16 x, float32 weight -> float32 sums of x's exact values."""
+    assert check_gemv(1, 256, 7168, torch.bfloat16, "cuda", w_dtype=torch.float32) <= 1e-5
 
 
 @pytest.mark.parametrize("tiles", [(1, 512, 4), (8, 2048, 8), (3, 100, 4)])
@@ -53,7 +61,7 @@ def test_gemv_rejects_what_it_cannot_take() -> None:
     from hyla.ops.linear import gemv
 
     w = torch.randn(8, 16, device="cuda")
-    bad = [torch.randn(5, 16, device="cuda"), torch.randn(1, 16, device="cuda").half(),
+    bad = [torch.randn(5, 16, device="cuda"), torch.randn(1, 16, device="cuda").double(),
            torch.randn(2, 32, device="cuda")[:, ::2], torch.randn(1, 8, device="cuda")]  # fmt: skip
     for x in bad:
         assert not gemv.supports(x, w)

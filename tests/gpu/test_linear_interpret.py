@@ -23,3 +23,7 @@ def test_gemv_uneven_tiles() -> None:
     from hyla.ops.linear.gemv import GemvTiles
 
     assert check_gemv(2, 9, 70, torch.float32, "cpu", GemvTiles(4, 32, 4)) <= 1e-5
+
+
+def test_gemv_mixed_dtypes() -> None:
+    assert check_gemv(1, 12, 70, torch.bfloat16, "cpu", w_dtype=torch.float32) <= 1e-5

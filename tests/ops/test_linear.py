@@ -128,3 +128,26 @@ def test_one_row_cuda_inputs_go_to_the_gemv(monkeypatch) -> None:
         calls.clear()
         torch.testing.assert_close(dispatch.linear(x, w, bias), want(x, w, bias))
         assert bool(calls) == routed, (tuple(x.shape), bias is not None, x.requires_grad)
+
+
+def test_router_logits_skip_the_cast_at_one_row(monkeypatch) -> None:
+    """`linear_fp32` (sigmoid routers' float32 logits) hands a one-row bf16 x to the GEMV as it
+    is (the kernel sums in fp32), other inputs to F.linear(x.float(), w)."""
+    import sys
+    import types
+
+    from hyla.ops.linear import dispatch
+
+    calls = []
+    fake = types.ModuleType("hyla.ops.linear.gemv")
+    fake.supports = lambda x, w: x.shape[-1] == w.shape[1]
+    fake.gemv = lambda x, w: calls.append(x.dtype) or torch.nn.functional.linear(x.float(), w)
+    monkeypatch.setitem(sys.modules, "hyla.ops.linear.gemv", fake)
+    monkeypatch.setattr(dispatch, "use_triton", lambda x: True)
+    w = torch.randn(6, 4)
+    for x, routed in [(torch.randn(1, 4).bfloat16(), True), (torch.randn(3, 4).bfloat16(), False)]:
+        calls.clear()
+        got = dispatch.linear_fp32(x, w)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, torch.nn.functional.linear(x.float(), w))
+        assert calls == ([torch.bfloat16] if routed else [])

@@ -66,6 +66,8 @@ def gather_rows_bounded(
     seq_lens: Sequence[int] | torch.Tensor,
     max_seq_len: int,
     num_rows: int,
+    *,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Each packed row's entries of each paged cache at positions 0 .. max_seq_len - 1 of its
     sequence: the gather of the bounded (device-length) references of MLA, GQA and the indexer.
@@ -73,11 +75,11 @@ def gather_rows_bounded(
     Args:
         caches: [P, B, ...] each; block_tables: [N, >= ceil(max_seq_len / B)] int32;
         cu_seqlens: [N + 1] int32; seq_lens: as `row_positions`; max_seq_len: host bound L;
-        num_rows: T.
+        num_rows: T; rows: `row_positions(cu_seqlens, seq_lens, num_rows)` when the caller has it.
     Returns: (entries: [T, L, ...] per cache in its dtype, unmasked: positions past a row's
         own may hold anything, NaN included; visible: [T, L] bool, position <= the row's).
     """
-    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     block = caches[0].shape[1]
     pos = torch.arange(max_seq_len, device=cu_seqlens.device)
     slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]

@@ -15,11 +15,30 @@ GEMV_ROWS = 1  # rows sent to the GEMV (see the module docstring)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`reference.linear`: x [..., D_in], weight [D_out, D_in], bias [D_out] or None ->
-    [..., D_out] in x's dtype (the GEMV's fp32 sums may differ from cuBLAS's in order only)."""
-    if bias is None and use_triton(x) and x.numel() <= GEMV_ROWS * x.shape[-1]:
+    """`reference.linear`: x [..., D_in], weight [D_out, D_in] in x's dtype, bias [D_out] or
+    None -> [..., D_out] in x's dtype (the GEMV's fp32 sums may differ from cuBLAS's in order
+    only)."""
+    if bias is None and x.dtype == weight.dtype and _gemv_takes(x, weight):
         from hyla.ops.linear import gemv
 
-        if gemv.supports(x, weight) and not needs_grad(x, weight):
-            return gemv.gemv(x, weight)
+        return gemv.gemv(x, weight)
     return reference.linear(x, weight, bias)
+
+
+def linear_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`reference.linear(x.float(), weight)` for a float32 weight [D_out, D_in] (router logits):
+    [..., D_in] of any float dtype -> [..., D_out] float32. One-row CUDA inputs skip the cast
+    kernel: the GEMV reads x's values and sums in fp32."""
+    if weight.dtype == torch.float32 and _gemv_takes(x, weight):
+        from hyla.ops.linear import gemv
+
+        return gemv.gemv(x, weight)
+    return reference.linear(x.float(), weight)
+
+
+def _gemv_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    if not (use_triton(x) and x.numel() <= GEMV_ROWS * x.shape[-1]) or needs_grad(x, weight):
+        return False
+    from hyla.ops.linear import gemv
+
+    return gemv.supports(x, weight)

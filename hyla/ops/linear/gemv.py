@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROWS = 4  # rows of x the kernel takes (its [rows, BLOCK_N, BLOCK_D] product lives in registers)
 
 
@@ -73,14 +74,14 @@ def pick_tiles(rows: int, out_features: int, in_features: int) -> GemvTiles:
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """True when `gemv` takes (x, weight): 1 to MAX_ROWS rows (x flattened to 2-D), fp16/bf16/
-    fp32 of one dtype, unit-stride last dims, the same device."""
+    fp32 each, unit-stride last dims, the same device."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     return (
         0 < rows <= MAX_ROWS
         and weight.dim() == 2
         and weight.shape[1] == x.shape[-1]
-        and x.dtype == weight.dtype
-        and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and x.dtype in FLOATS
+        and weight.dtype in FLOATS
         and x.stride(-1) == 1
         and weight.stride(-1) == 1
         and x.device == weight.device
@@ -91,18 +92,20 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = None) 
     """x W^T (`reference.linear` without bias) for a few rows.
 
     Args:
-        x: [..., D] with 1 to MAX_ROWS rows in all; weight: [N, D], x's dtype, unit-stride rows;
-        tiles: overrides `pick_tiles` (the tuning bench).
-    Returns: [..., N] in x's dtype.
+        x: [..., D] with 1 to MAX_ROWS rows in all; weight: [N, D], unit-stride rows (a float32
+            weight with a bf16 x is `F.linear(x.float(), weight)`: the kernel reads x's values
+            and sums in fp32 either way); tiles: overrides `pick_tiles` (the tuning bench).
+    Returns: [..., N] in the promoted dtype of x and weight.
     Raises: ValueError when `supports(x, weight)` is false.
     """
     if not supports(x, weight):
         raise ValueError(f"gemv: unsupported x {tuple(x.shape)} {x.dtype} / weight "
                          f"{tuple(weight.shape)} {weight.dtype} "
-                         f"(1-{MAX_ROWS} rows, one dtype)")  # fmt: skip
+                         f"(1-{MAX_ROWS} rows, fp16/bf16/fp32)")  # fmt: skip
     n, d = weight.shape
     x2 = x.reshape(-1, d)
-    out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
+    out_dtype = torch.promote_types(x.dtype, weight.dtype)
+    out = torch.empty(x2.shape[0], n, dtype=out_dtype, device=x.device)
     t = tiles or pick_tiles(x2.shape[0], n, d)
     _gemv_kernel[(triton.cdiv(n, t.cols),)](
         x2, weight, out, x2.shape[0], n, d, x2.stride(0), weight.stride(0), out.stride(0),

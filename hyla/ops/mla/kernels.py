@@ -22,12 +22,14 @@ def mla_paged(
     max_seq_len: int,
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """See `hyla.ops.mla.paged.mla_paged` ([T, H, Dv] in q's dtype); no host sync."""
     num_rows, num_heads, dn = q_nope.shape
     w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
     q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R] (strided)
-    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     o_lat = dense_latent_attention(
         q_lat, q_rope, latent_cache, block_tables, row_seq, row_pos, max_seq_len, scale
     )

@@ -32,6 +32,8 @@ def mla_paged(
     max_seq_len: int,
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal MLA of every packed row over its sequence's paged latents.
 
@@ -44,19 +46,16 @@ def mla_paged(
             step's.
         max_seq_len: host int >= every seq_lens entry (sizes buffers and the split count only).
         kv_b_weight: [H * (Dn + Dv), R]; scale: softmax scale.
+        rows: `hyla.ops.dsa_indexer.rows.row_positions(cu_seqlens, seq_lens, T)` when the caller
+            already has it (shared by a pass's layers); computed here when None.
     Returns: [T, H, Dv] in q's dtype; softmax in float32.
     """
+    args = (q_nope, q_rope, latent_cache, block_tables, cu_seqlens, seq_lens, max_seq_len)
     if use_triton(q_nope):
         from hyla.ops.mla import kernels
 
-        return kernels.mla_paged(
-            q_nope, q_rope, latent_cache, block_tables, cu_seqlens, seq_lens, max_seq_len,
-            kv_b_weight, scale,
-        )  # fmt: skip
-    return mla_paged_reference(
-        q_nope, q_rope, latent_cache, block_tables, cu_seqlens, seq_lens, max_seq_len,
-        kv_b_weight, scale,
-    )  # fmt: skip
+        return kernels.mla_paged(*args, kv_b_weight, scale, rows=rows)
+    return mla_paged_reference(*args, kv_b_weight, scale, rows=rows)
 
 
 def mla_paged_reference(
@@ -69,6 +68,8 @@ def mla_paged_reference(
     max_seq_len: int,
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`mla_paged` in PyTorch (any device): each row's keys gathered to [T, max_seq_len, R + Dr]
     and masked past its position; invisible slots may hold anything (NaN included)."""
@@ -76,7 +77,7 @@ def mla_paged_reference(
     w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
     rank = w_uk.shape[-1]
     (latents,), visible = gather_rows_bounded(
-        [latent_cache], block_tables, cu_seqlens, seq_lens, max_seq_len, num_rows
+        [latent_cache], block_tables, cu_seqlens, seq_lens, max_seq_len, num_rows, rows=rows
     )  # [T, L, R + Dr], [T, L]
     latents = latents.to(q_nope.dtype).masked_fill(~visible[..., None], 0.0)
     query = torch.cat([absorb_query(q_nope, w_uk), q_rope], dim=-1)  # [T, H, R + Dr]

@@ -39,7 +39,7 @@ BLOCK_N = 32  # selected tokens per inner step
 NUM_WARPS = 8
 NUM_STAGES = 2
 PROGRAMS_PER_SM = 2  # decode: split the top-k list until about this many programs per SM
-MIN_IDX_PER_SPLIT = 256  # ... but not below this many indices per split (partials cost traffic)
+MIN_IDX_PER_SPLIT = 64  # ... but not below this many indices per split (partials cost traffic)
 _LOG2E = 1.4426950408889634
 
 
