@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hyla.forward_batch import index_tensor
+from hyla.ops.greedy import greedy_logprobs
 from hyla.request import SamplingParams
 
 
@@ -139,11 +140,10 @@ class Sampler:
         if logits.shape[0] != len(rows):
             raise ValueError(f"rows: {len(rows)} rows for {logits.shape[0]} logits")
         logits = logits.float()
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
         plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
-        greedy, tokens = _greedy_values(logits, raw_logprobs, plain, len(rows))
+        greedy, tokens = _greedy_values(logits, plain, len(rows))
         on_device = tokens if len(plain) == len(rows) else None
-        return PendingSample(self, logits, raw_logprobs, rows, plain, greedy, on_device)
+        return PendingSample(self, logits, rows, plain, greedy, on_device)
 
     def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
         p = row.params
@@ -159,19 +159,18 @@ class Sampler:
 
 
 def _greedy_values(
-    logits: torch.Tensor, raw_logprobs: torch.Tensor, plain: list[int], num_rows: int
+    logits: torch.Tensor, plain: list[int], num_rows: int
 ) -> tuple[tuple[torch.Tensor, torch.cuda.Event | None] | None, torch.Tensor | None]:
     """The plain greedy rows' tokens and raw logprobs as one [2, len(plain)] float64 host
     tensor (ids < 2^53: exact), copied without waiting on a GPU (then with the event that marks
-    the copy done); one argmax over those rows and one copy, not one read-back per row. Also
-    returns the tokens on the logits' device ([len(plain)] int64), or None without plain rows."""
+    the copy done); one `greedy_logprobs` over those rows (on CUDA one kernel) and one copy,
+    not one read-back per row. Also returns the tokens on the logits' device ([len(plain)]
+    int64), or None without plain rows."""
     if not plain:
         return None, None
     if len(plain) < num_rows:
-        idx = index_tensor(plain, logits.device)
-        logits, raw_logprobs = logits.index_select(0, idx), raw_logprobs.index_select(0, idx)
-    tokens = torch.argmax(logits, dim=-1)  # the first maximum, as the per-row argmax
-    lps = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+        logits = logits.index_select(0, index_tensor(plain, logits.device))
+    tokens, lps = greedy_logprobs(logits)  # the first maximum, as the per-row argmax
     values = torch.stack([tokens.double(), lps.double()])
     if values.device.type != "cuda":
         return (values, None), tokens
@@ -187,13 +186,21 @@ class PendingSample:
 
     sampler: Sampler
     logits: torch.Tensor  # [n, V] float32
-    raw_logprobs: torch.Tensor  # [n, V] float32
     rows: list[SamplingRow]
     plain: list[int]  # the plain greedy rows, sampled on the device
     greedy: tuple[torch.Tensor, torch.cuda.Event | None] | None
     # [n] int64 on the logits' device when every row is plain greedy (the next step's input
     # ids can be taken from it before the host has them: async scheduling), else None
     device_tokens: torch.Tensor | None = None
+    _raw_logprobs: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def raw_logprobs(self) -> torch.Tensor:
+        """[n, V] float32 log_softmax of the logits, computed on first use (only rows sampled on
+        the host or asking for top logprobs read it; plain greedy rows got theirs at launch)."""
+        if self._raw_logprobs is None:
+            self._raw_logprobs = torch.log_softmax(self.logits, dim=-1)
+        return self._raw_logprobs
 
     @torch.inference_mode()
     def result(self, skip: Collection[int] = ()) -> SamplerOutput:
