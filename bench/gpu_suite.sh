@@ -4,7 +4,7 @@
 # others' time. Logs and result JSONs go to OUT_DIR (default bench/results). Needs a CUDA machine
 # with torch, triton, and fla-core + einops (`pip install -e ".[gpu]"`).
 #   bash bench/gpu_suite.sh tests [OUT_DIR]   # all of tests/gpu, files in parallel (~7 min)
-#   bash bench/gpu_suite.sh ops [OUT_DIR]     # 4a DSA decode, 4b KDA/GDN vs fla (~8 min)
+#   bash bench/gpu_suite.sh ops [OUT_DIR]     # 4a DSA decode, GEMV tiles, 4b KDA/GDN vs fla (~9 min)
 #   bash bench/gpu_suite.sh model [OUT_DIR]   # 4c end to end, 4d one 1M-token prompt (~8 min)
 #   bash bench/gpu_suite.sh all [OUT_DIR]     # the three in a row (a machine without limits)
 # On a lent machine (whose .git is stale) prefix HYLA_COMMIT=<the commit you sent>, and carry
@@ -32,7 +32,8 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
     local pytest="python3 -m pytest -q -p no:cacheprovider -rs -s" la=tests/gpu/test_linear_attention_gpu.py
     run 420 gpu_tests_kernels $pytest tests/gpu/test_dsa_gpu.py tests/gpu/test_norm_paged_gpu.py \
         tests/gpu/test_kernel_strides.py tests/gpu/test_moe_gpu.py tests/gpu/test_short_conv_gpu.py \
-        tests/gpu/test_gates_gpu.py tests/gpu/test_activation_gpu.py > /dev/null &
+        tests/gpu/test_gates_gpu.py tests/gpu/test_activation_gpu.py tests/gpu/test_linear_gpu.py \
+        tests/gpu/test_greedy_gpu.py > /dev/null &
     run 420 gpu_tests_graphs $pytest tests/gpu/test_cuda_graphs_gpu.py > /dev/null &
     run 420 gpu_tests_la_kda $pytest $la -k "chunk and kda and not 100k" > /dev/null &
     run 420 gpu_tests_la_gdn $pytest $la -k "chunk and gdn and not 100k" > /dev/null &
@@ -44,6 +45,7 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
 
 ops() {
     run 300 gpu_dsa_decode python3 bench/gpu_dsa_decode.py
+    run 240 gpu_gemv_sweep python3 bench/gpu_gemv_sweep.py --out-dir "$OUT_DIR"
     run 270 gpu_linear_attention python3 bench/gpu_linear_attention.py
 }
 
