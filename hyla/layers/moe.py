@@ -18,9 +18,15 @@ from torch import nn
 from hyla.config import ModelConfig, MoEConfig
 from hyla.layers.linear import Linear
 from hyla.layers.mlp import GatedMLP
-from hyla.ops.linear import Prepacked, linear
+from hyla.ops.linear import Prepacked, adjacent_rows, linear
 from hyla.ops.linear.dispatch import linear_fp32
-from hyla.ops.moe import moe_experts, route_sigmoid, route_softmax
+from hyla.ops.moe import (
+    fuses_shared,
+    moe_experts,
+    moe_experts_and_shared,
+    route_sigmoid,
+    route_softmax,
+)
 
 
 def shared_width(moe: MoEConfig) -> int:
@@ -133,6 +139,12 @@ class MoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: [T, D] -> [T, D] in the same dtype."""
         topk_weights, topk_ids = self.gate(hidden_states)
+        fused = self._fused_shared(hidden_states, topk_ids)
+        if fused is not None:  # decode rows on CUDA: the shared expert inside the routed GEMVs
+            e = self.experts
+            return moe_experts_and_shared(
+                hidden_states, e.gate_up_proj, e.down_proj, topk_weights, topk_ids, *fused
+            )
         out = self.experts(hidden_states, topk_weights, topk_ids)
         if self.shared_experts is not None:
             shared = self.shared_experts(hidden_states)
@@ -140,3 +152,19 @@ class MoE(nn.Module):
                 shared = torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared
             out = out + shared
         return out
+
+    def _fused_shared(
+        self, hidden_states: torch.Tensor, topk_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(shared gate_up [2I, D], down [D, I]) when `fuses_shared` holds for this call (an
+        ungated shared expert whose gate and up weights are stacked: `stack_projections`)."""
+        mlp = self.shared_experts
+        if mlp is None or self.shared_expert_gate is not None or torch.is_grad_enabled():
+            return None
+        gate_up = adjacent_rows([m.weight for m in mlp.stacked_projections()])
+        if gate_up is None:
+            return None
+        e, down = self.experts, mlp.down_proj.weight
+        if fuses_shared(hidden_states, e.gate_up_proj, e.down_proj, topk_ids, gate_up, down):
+            return gate_up, down
+        return None

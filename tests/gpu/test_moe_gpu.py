@@ -34,6 +34,31 @@ def check_gemv(T: int, dtype: torch.dtype, device, dims=(32, 4, 256, 96), blocks
     return float((got - want).abs().max() / want.abs().max())
 
 
+def check_gemv_shared(T: int, dtype: torch.dtype, device, dims=(16, 3, 200, 72)) -> float:
+    """`gemv.moe_gemv(..., shared=)` vs the routed PyTorch form plus the shared expert run as
+    separate ops (F.linear, silu_and_mul's reference) on the same device: max rel. diff."""
+    import torch.nn.functional as F
+
+    from hyla.ops.activation import reference as act
+    from hyla.ops.moe import kernels
+    from hyla.ops.moe.gemv import moe_gemv
+
+    num_experts, topk, dim, inter = dims
+    gen = torch.Generator().manual_seed(T + 11)
+    x = torch.randn(T, dim, generator=gen).to(dtype)
+    gate_up = (torch.randn(num_experts, 2 * inter, dim, generator=gen) / dim**0.5).to(dtype)
+    down = (torch.randn(num_experts, dim, inter, generator=gen) / inter**0.5).to(dtype)
+    s_gate_up = (torch.randn(2 * inter, dim, generator=gen) / dim**0.5).to(dtype)
+    s_down = (torch.randn(dim, inter, generator=gen) / inter**0.5).to(dtype)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:topk] for _ in range(T)])
+    w = torch.rand(T, topk, generator=gen)
+    a = [t.to(device) for t in (x, gate_up, down, w, ids, s_gate_up, s_down)]
+    got = moe_gemv(*a[:5], shared=(a[5], a[6])).float().cpu()
+    routed = kernels._weighted_sum(kernels._gathered(a[0], a[1], a[2], a[4]), a[3], a[4], dtype)
+    want = (routed + F.linear(act.silu_and_mul(F.linear(a[0], a[5])), a[6])).float().cpu()
+    return float((got - want).abs().max() / want.abs().max())
+
+
 def check_combine(T: int, E: int, k: int, D: int, dtype: torch.dtype, device) -> float:
     """`gemv.combine` vs `kernels._select` + `kernels._weighted_sum` on the same device: max
     |diff| / max |want| (0 on a GPU: the same fp32 products, each rounded to dtype, summed in the
@@ -136,6 +161,31 @@ def test_gemv_any_tiles(blocks) -> None:
     b = GemvBlocks(*blocks)
     assert check_gemv(3, torch.float32, "cuda", dims=(16, 3, 200, 72), blocks=b) <= 1e-5
     assert check_gemv(2, torch.bfloat16, "cuda", dims=(16, 8, 200, 72), blocks=b) <= 3e-2
+
+
+@pytest.mark.parametrize("T", [1, 2, 5])
+def test_gemv_with_a_shared_expert(T: int) -> None:
+    assert check_gemv_shared(T, torch.float32, "cuda") <= 1e-5
+    assert check_gemv_shared(T, torch.bfloat16, "cuda") <= 3e-2
+    assert check_gemv_shared(T, torch.bfloat16, "cuda", dims=(256, 8, 7168, 2048)) <= 3e-2
+
+
+def test_shared_weights_that_do_not_fit_are_refused() -> None:
+    from hyla.ops.moe.gemv import moe_gemv, shared_fits
+
+    gate_up, down = torch.randn(4, 16, 8, device="cuda"), torch.randn(4, 8, 8, device="cuda")
+    x, ids = torch.randn(1, 8, device="cuda"), torch.tensor([[0, 1]], device="cuda")
+    w = torch.rand(1, 2, device="cuda")
+    bad = [
+        (torch.randn(12, 8), torch.randn(8, 6)),  # narrower than the routed experts
+        (torch.randn(16, 8).half(), torch.randn(8, 8).half()),  # another dtype
+        (torch.randn(16, 16)[:, :8], torch.randn(8, 8)),  # rows spaced differently
+    ]
+    for sg, sd in bad:
+        sg, sd = sg.cuda(), sd.cuda()
+        assert not shared_fits(gate_up, down, sg, sd)
+        with pytest.raises(ValueError, match="shared"):
+            moe_gemv(x, gate_up, down, w, ids, shared=(sg, sd))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

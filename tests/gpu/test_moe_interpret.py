@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
-from tests.gpu.test_moe_gpu import check_combine, check_gemv
+from tests.gpu.test_moe_gpu import check_combine, check_gemv, check_gemv_shared
 
 pytestmark = interpreter.marks("test_moe_gpu.py")
 
@@ -32,3 +32,41 @@ def test_combine(dtype: torch.dtype) -> None:
     bound = 0.0 if dtype == torch.float32 else 2.0**-6
     assert check_combine(3, 8, 3, 40, dtype, "cpu") <= bound
     assert check_combine(2, 16, 4, 600, dtype, "cpu") <= bound  # two column blocks
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_gemv_with_a_shared_expert(T: int) -> None:
+    assert check_gemv_shared(T, torch.float32, "cpu", dims=(8, 3, 40, 24)) <= 1e-5
+
+
+def test_moe_layer_fuses_its_shared_expert(monkeypatch) -> None:
+    """The MoE layer's decode path with the shared expert inside the GEMV kernels (use_triton
+    sent to the interpreter) equals the layer run op by op (fp32)."""
+    from hyla.layers.moe import MoE
+    from hyla.models.registry import config_from_hf
+    from hyla.ops import moe as moe_ops
+    from tests.hf_tiny import tiny_hf_config
+
+    config = config_from_hf(tiny_hf_config("kimi_linear").to_dict()).replace(dtype="float32")
+    layer = MoE(config, 1)
+    gen = torch.Generator().manual_seed(0)
+    for p in layer.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * 0.05
+    mlp = layer.shared_experts
+    stacked = torch.cat([mlp.gate_proj.weight.data, mlp.up_proj.weight.data])
+    mlp.gate_proj.weight.data, mlp.up_proj.weight.data = stacked.split(
+        [mlp.gate_proj.weight.shape[0], mlp.up_proj.weight.shape[0]]
+    )
+    x = torch.randn(1, config.hidden_size, generator=gen)
+    with torch.no_grad():
+        want = layer(x)
+        calls = []
+        real = moe_ops.moe_experts_and_shared
+        monkeypatch.setattr(moe_ops, "use_triton", lambda t: True)
+        monkeypatch.setattr(
+            "hyla.layers.moe.moe_experts_and_shared",
+            lambda *a: calls.append(1) or real(*a),
+        )
+        got = layer(x)
+    assert calls, "the fused path did not run"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

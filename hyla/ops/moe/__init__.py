@@ -2,14 +2,17 @@
 
 `moe_experts` is the grouped form of `cpu.py` (tokens sorted by expert once) for CPU tensors and
 the sync-free form of `kernels.py` for CUDA tensors; both are tested against the per-expert
-reference. `route_sigmoid` / `route_softmax` are the reference's for CPU tensors and one Triton
+reference; `moe_experts_and_shared` adds an ungated shared expert (inside the same GEMV kernels
+where it fits). `route_sigmoid` / `route_softmax` are the reference's for CPU tensors and one Triton
 kernel each (`route_kernels.py`, imported on first use) for CUDA tensors; the interpreter tests
 patch `use_triton` here to send CPU tensors there too.
 """
 
 import torch
 
+from hyla.ops.activation import silu_and_mul
 from hyla.ops.gpu import use_triton
+from hyla.ops.linear.dispatch import linear
 from hyla.ops.moe import cpu, kernels, reference
 from hyla.ops.moe.reference import group_limited_mask, stable_topk
 
@@ -60,4 +63,55 @@ def moe_experts(
     return impl(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, packed=packed)
 
 
-__all__ = ["group_limited_mask", "moe_experts", "route_sigmoid", "route_softmax", "stable_topk"]
+def fuses_shared(
+    hidden_states: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_ids: torch.Tensor,
+    shared_gate_up: torch.Tensor,
+    shared_down: torch.Tensor,
+) -> bool:
+    """Whether `moe_experts_and_shared` runs the shared expert inside the routed experts' GEMV
+    kernels (CUDA with triton, T k <= E, a shared expert as wide as a routed one, laid out
+    alike: `gemv.shared_fits`) instead of as separate ops."""
+    if not (use_triton(hidden_states) and 0 < topk_ids.numel() <= gate_up_proj.shape[0]):
+        return False
+    from hyla.ops.moe import gemv
+
+    return gemv.shared_fits(gate_up_proj, down_proj, shared_gate_up, shared_down)
+
+
+def moe_experts_and_shared(
+    hidden_states: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    shared_gate_up: torch.Tensor,
+    shared_down: torch.Tensor,
+) -> torch.Tensor:
+    """`moe_experts(...) + linear(silu_and_mul(linear(x, shared_gate_up)), shared_down)`: the
+    routed experts plus an ungated shared expert (DeepSeek-V3, Kimi), each op rounded to the
+    hidden dtype as it would be alone. Shapes as `moe_experts`; shared_gate_up [2I', D] (gate
+    rows, then up rows), shared_down [D, I']. Where `fuses_shared` holds, two kernels in all
+    (`gemv.moe_gemv(..., shared=)`); otherwise the ops one after another."""
+    if fuses_shared(hidden_states, gate_up_proj, down_proj, topk_ids, shared_gate_up, shared_down):
+        from hyla.ops.moe import gemv
+
+        shared = (shared_gate_up, shared_down)
+        return gemv.moe_gemv(
+            hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, shared=shared
+        )
+    routed = moe_experts(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids)
+    return routed + linear(silu_and_mul(linear(hidden_states, shared_gate_up)), shared_down)
+
+
+__all__ = [
+    "fuses_shared",
+    "group_limited_mask",
+    "moe_experts",
+    "moe_experts_and_shared",
+    "route_sigmoid",
+    "route_softmax",
+    "stable_topk",
+]

@@ -33,8 +33,10 @@ import triton.language as tl
 def _gate_up_kernel(
     x_ptr,
     w_ptr,
+    sw_ptr,
     ids_ptr,
     h_ptr,
+    P,
     D,
     I,
     stride_xt,
@@ -45,13 +47,17 @@ def _gate_up_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    # programs p < P: pair p (token p // k, its expert's rows); p >= P: token p - P through the
+    # shared expert (sw_ptr, same row stride), when the launch has those programs
     p = tl.program_id(0).to(tl.int64)
     pid_i = tl.program_id(1)
-    t = p // TOPK
-    e = tl.load(ids_ptr + p).to(tl.int64)
+    routed = p < P
+    t = tl.where(routed, p // TOPK, p - P)
+    e = tl.load(ids_ptr + p, mask=routed, other=0).to(tl.int64)
     offs_i = pid_i * BLOCK_I + tl.arange(0, BLOCK_I)
     mask_i = offs_i < I
-    w_gate = w_ptr + e * stride_we + offs_i[:, None].to(tl.int64) * stride_wr
+    base = tl.where(routed, w_ptr + e * stride_we, sw_ptr)
+    w_gate = base + offs_i[:, None].to(tl.int64) * stride_wr
     w_up = w_gate + I * stride_wr
     acc_g = tl.zeros([BLOCK_I], tl.float32)
     acc_u = tl.zeros([BLOCK_I], tl.float32)
@@ -75,19 +81,23 @@ def _gate_up_kernel(
 def _down_sum_kernel(
     h_ptr,
     w_ptr,
+    sw_ptr,
     ids_ptr,
     wts_ptr,
     out_ptr,
+    P,
     D,
     I,
     stride_hp,
     stride_we,
     stride_wr,
+    stride_swr,
     stride_ot,
     TOPK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_I: tl.constexpr,
+    SHARED: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
@@ -112,6 +122,18 @@ def _down_sum_kernel(
     dtype = out_ptr.dtype.element_ty
     terms = (acc.to(dtype).to(tl.float32) * wts[:, None]).to(dtype).to(tl.float32)
     out = _sum_ascending(terms, ids, mask_k, TOPK, dtype)
+    if SHARED:  # + the shared expert's output (h row P + t), rounded, then the add rounded
+        s_rows = sw_ptr + offs_d[:, None].to(tl.int64) * stride_swr
+        acc_s = tl.zeros([BLOCK_D], tl.float32)
+        for i0 in range(0, I, BLOCK_I):
+            offs_i = i0 + tl.arange(0, BLOCK_I)
+            mask_i = offs_i < I
+            h = tl.load(h_ptr + (P + t) * stride_hp + offs_i, mask=mask_i, other=0.0)
+            ws = tl.load(
+                s_rows + offs_i[None, :], mask=mask_d[:, None] & mask_i[None, :], other=0.0
+            )
+            acc_s += tl.sum(ws.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
+        out = (out + acc_s.to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     tl.store(out_ptr + t * stride_ot + offs_d, out.to(dtype), mask=mask_d)
 
 
@@ -188,14 +210,19 @@ def moe_gemv(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     blocks: GemvBlocks | None = None,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Routed experts of T tokens, experts read in place (see the module docstring).
 
     Shapes: hidden_states [T, D]; gate_up_proj [E, 2I, D]; down_proj [E, D, I] (last dims
     contiguous); topk_weights [T, k] float; topk_ids [T, k] int, distinct within a row;
-    `blocks` overrides `pick_blocks` (the tuning bench).
+    `blocks` overrides `pick_blocks` (the tuning bench); `shared` = (gate_up [2I, D] with the
+    routed experts' row stride, down [D, I]): a shared expert of the same width added to every
+    token's output (`down (silu(gate x) * up x)`, rounded, then the add rounded: the result of
+    `out + shared_mlp(x)`), computed by extra programs of the same two kernels.
     Returns: [T, D] in hidden_states' dtype.
-    Raises: ValueError when an expert weight's last dim is not contiguous.
+    Raises: ValueError when an expert weight's last dim is not contiguous, or `shared` does not
+        match the routed experts' shapes and strides.
     """
     num_tokens, topk = topk_ids.shape
     inter, dim = down_proj.shape[2], hidden_states.shape[1]
@@ -204,24 +231,50 @@ def moe_gemv(
         return out
     if gate_up_proj.stride(-1) != 1 or down_proj.stride(-1) != 1:
         raise ValueError("moe_gemv: expert weights need a contiguous last dim")
+    if shared is not None and not shared_fits(gate_up_proj, down_proj, *shared):
+        raise ValueError("moe_gemv: shared expert weights do not match the routed experts")
+    s_gate_up, s_down = shared if shared is not None else (gate_up_proj, down_proj)
     b = blocks or pick_blocks(num_tokens, inter, dim)
     x = hidden_states.contiguous()
     ids = topk_ids.contiguous()
     wts = topk_weights.contiguous()
-    h = hidden_states.new_empty(num_tokens * topk, inter)
-    _gate_up_kernel[(num_tokens * topk, triton.cdiv(inter, b.gate_rows))](
-        x, gate_up_proj, ids, h, dim, inter,
+    num_pairs = num_tokens * topk
+    rows = num_pairs + (num_tokens if shared is not None else 0)
+    h = hidden_states.new_empty(rows, inter)
+    _gate_up_kernel[(rows, triton.cdiv(inter, b.gate_rows))](
+        x, gate_up_proj, s_gate_up, ids, h, num_pairs, dim, inter,
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), h.stride(0),
         TOPK=topk, BLOCK_I=b.gate_rows, BLOCK_D=min(b.gate_cols, _pow2(dim)),
         num_warps=b.gate_warps,
     )  # fmt: skip
     _down_sum_kernel[(num_tokens, triton.cdiv(dim, b.down_rows))](
-        h, down_proj, ids, wts, out, dim, inter,
-        h.stride(0), down_proj.stride(0), down_proj.stride(1), out.stride(0),
+        h, down_proj, s_down, ids, wts, out, num_pairs, dim, inter,
+        h.stride(0), down_proj.stride(0), down_proj.stride(1), s_down.stride(0), out.stride(0),
         TOPK=topk, BLOCK_K=_pow2(topk), BLOCK_D=b.down_rows,
-        BLOCK_I=min(b.down_cols, _pow2(inter)), num_warps=b.down_warps,
+        BLOCK_I=min(b.down_cols, _pow2(inter)), SHARED=shared is not None,
+        num_warps=b.down_warps,
     )  # fmt: skip
     return out
+
+
+def shared_fits(
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    shared_gate_up: torch.Tensor,
+    shared_down: torch.Tensor,
+) -> bool:
+    """Whether `moe_gemv` can run a shared expert (gate_up [2I', D], down [D, I']) with the
+    routed experts (gate_up_proj [E, 2I, D], down_proj [E, D, I]): the same width I' = I, the
+    same dtype and device, unit-stride rows, and gate/up rows spaced as the routed experts'."""
+    return (
+        shared_gate_up.shape == gate_up_proj.shape[1:]
+        and shared_down.shape == down_proj.shape[1:]
+        and shared_gate_up.dtype == shared_down.dtype == gate_up_proj.dtype
+        and shared_gate_up.device == shared_down.device == gate_up_proj.device
+        and shared_gate_up.stride(-1) == 1
+        and shared_down.stride(-1) == 1
+        and shared_gate_up.stride(0) == gate_up_proj.stride(1)
+    )
 
 
 COMBINE_BLOCK_D = 512  # output columns per program of `combine`
