@@ -147,7 +147,7 @@ def delta_rule_step(
         if not seqs:
             continue
         rows = _token_rows(bounds, seqs, v.device)
-        sub_cu = torch.tensor([0] + [lens[i] for i in seqs], dtype=torch.int32).cumsum(0)
+        sub_cu = torch.tensor([0] + [lens[i] for i in seqs]).cumsum(0, dtype=torch.int32)
         idx = torch.tensor(seqs, dtype=torch.long, device=v.device)
         extra = {"cu_seqlens_cpu": sub_cu} if fn is chunk_fn else {}
         sub = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub_cu.to(v.device), state[idx])

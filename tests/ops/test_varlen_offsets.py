@@ -116,3 +116,31 @@ def test_the_layer_step_hands_its_host_offsets_to_the_chunk_op():
         seen.clear()
         delta_rule_step(chunk_spy, kda.recurrent_kda, q, k, v, g, beta, cache, batch)
         assert seen and all(dev == host for dev, host in seen), seen
+
+
+def test_a_mixed_step_hands_both_ops_int32_offsets():
+    """In a decode + prefill step each op gets its sub-batch's offsets as int32 (the dtype of
+    `batch.cu_seqlens` and the ops' documented `cu_seqlens`), on the device and on the host."""
+    from hyla.forward_batch import build_forward_batch
+    from hyla.layers.state_slots import delta_rule_step
+    from hyla.ops import kda
+
+    seen = []
+
+    def spy(op):
+        def fn(*args, cu_seqlens_cpu=None, **kwargs):
+            host = None if cu_seqlens_cpu is None else cu_seqlens_cpu.dtype
+            seen.append((args[5].dtype, host))
+            return op(*args, **kwargs)
+
+        return fn
+
+    H, K, lens = 2, 4, [1, 4, 1, 3]
+    T, n = sum(lens), len(lens)
+    gen = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(T, H, K, generator=gen) for _ in range(3))
+    g, beta = -torch.rand(T, H, K, generator=gen), torch.rand(T, H, generator=gen)
+    cache = {"recurrent_state": torch.zeros(n, H, K, K)}
+    batch = build_forward_batch(lens, [0] * n, [[0]] * n, list(range(n)), 16, [cache])
+    delta_rule_step(spy(kda.chunk_kda), spy(kda.recurrent_kda), q, k, v, g, beta, cache, batch)
+    assert seen == [(torch.int32, None), (torch.int32, torch.int32)], seen
