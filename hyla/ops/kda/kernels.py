@@ -269,10 +269,10 @@ class _VarlenOffsets:
     def __call__(
         self, cu_seqlens: torch.Tensor, host: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._key is not None and self._key() is cu_seqlens and self._value is not None:
-            return self._value
         if host is not None and host.device.type != "cpu":
             raise ValueError(f"cu_seqlens_cpu: must be a CPU tensor, got {host.device}")
+        if self._key is not None and self._key() is cu_seqlens and self._value is not None:
+            return self._value
         host = cu_seqlens.to("cpu", torch.int64) if host is None else host.long()
         value = (cu_seqlens.long(), host)
         self._key, self._value = weakref.ref(cu_seqlens), value
@@ -374,7 +374,8 @@ def chunk_kda(
             them cu_seqlens is copied back, a device sync per step that stops the host from
             queueing kernels ahead of the GPU. Not checked against cu_seqlens (that would sync).
     Raises:
-        ValueError: inconsistent shapes or cu_seqlens, or chunk_size < 1.
+        ValueError: inconsistent shapes or cu_seqlens, chunk_size < 1, or a `cu_seqlens_cpu`
+            that is not a CPU tensor.
     """
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
