@@ -70,3 +70,53 @@ def test_moe_layer_fuses_its_shared_expert(monkeypatch) -> None:
         got = layer(x)
     assert calls, "the fused path did not run"
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "fuses"),
+    [
+        ("kimi_linear", {"num_experts_per_tok": 3}, True),  # k not a power of two
+        ("deepseek_v32", {}, True),
+        ("kimi_linear", {"n_shared_experts": 2}, False),  # shared width 2I
+        ("qwen3_next", {"shared_expert_intermediate_size": 32}, False),  # gated: never fused
+    ],
+)
+def test_model_moe_layers_fuse_only_what_they_should(monkeypatch, family, overrides, fuses):
+    """Whole tiny models: weights stacked by `stack_projections`, then reloaded in place
+    (load_state_dict); every MoE layer at each T with T k <= E (and one T past it) equals the
+    layer run op by op (fp32), fused exactly where the shared expert is ungated and as wide as a
+    routed expert, and never with autograd on."""
+    from hyla.engine.llm import randomize_weights
+    from hyla.layers.moe import MoE
+    from hyla.models.hybrid import HybridModel
+    from hyla.models.registry import config_from_hf
+    from hyla.ops import moe as moe_ops
+    from tests.hf_tiny import tiny_hf_config
+
+    config = config_from_hf(tiny_hf_config(family, **overrides).to_dict()).replace(dtype="float32")
+    model = randomize_weights(HybridModel(config), seed=1).eval()
+    model.stack_projections()
+    model.load_state_dict({k: v * 1.5 for k, v in model.state_dict().items()})
+    moe = config.moe
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    calls = []
+    real = moe_ops.moe_experts_and_shared
+    monkeypatch.setattr(
+        "hyla.layers.moe.moe_experts_and_shared", lambda *a: calls.append(1) or real(*a)
+    )
+    gen = torch.Generator().manual_seed(0)
+    for T in range(1, moe.num_experts // moe.num_experts_per_tok + 2):
+        x = torch.randn(T, config.hidden_size, generator=gen)
+        for layer in layers[:2]:
+            with torch.no_grad(), monkeypatch.context() as m:
+                want = layer(x)
+                m.setattr(moe_ops, "use_triton", lambda t: True)
+                calls.clear()
+                got = layer(x)
+                fused = bool(calls)
+                with torch.enable_grad():
+                    calls.clear()
+                    layer(x)
+                    assert not calls, "fused with autograd on"
+            assert fused == (fuses and T * moe.num_experts_per_tok <= moe.num_experts), T
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
