@@ -227,8 +227,11 @@ class PendingSample:
                 continue
             token = tokens[i] if i in tokens else self.sampler._sample_row(self.logits[i], row)
             out.token_ids.append(token)
-            out.logprobs.append(lps[i] if i in lps else float(self.raw_logprobs[i, token]))
             n = row.params.logprobs
+            # a row asking for top logprobs reports its token's from the same log_softmax as
+            # them (the launch's one-pass value may differ by an ulp on a GPU)
+            from_launch = i in lps and n is None
+            out.logprobs.append(lps[i] if from_launch else float(self.raw_logprobs[i, token]))
             out.top_logprobs.append(
                 None if n is None else top_logprobs(self.raw_logprobs[i], n, token)
             )

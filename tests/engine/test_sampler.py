@@ -228,3 +228,21 @@ def test_plain_greedy_rows_are_sampled_together_with_one_read_back(monkeypatch) 
     plain = Sampler()(logits, [row(greedy) for _ in range(6)])
     monkeypatch.undo()
     assert reads == [1] and plain.token_ids == logits.argmax(-1).tolist()
+
+
+def test_a_greedy_row_with_top_logprobs_reports_one_value_for_its_token(monkeypatch) -> None:
+    """Plain greedy rows get token and logprob from `greedy_logprobs` at launch (one pass on a
+    GPU, which may differ from log_softmax by an ulp: faked here by an offset); a row asking for
+    top logprobs reports its token's logprob from the same log_softmax as its top entries."""
+    import hyla.engine.sampler as sampler_mod
+
+    real = sampler_mod.greedy_logprobs
+    monkeypatch.setattr(sampler_mod, "greedy_logprobs", lambda x: (real(x)[0], real(x)[1] + 1e-3))
+    xs = torch.tensor([logits_list(3), logits_list(4)])
+    raw = torch.log_softmax(xs, dim=-1)
+    out = Sampler(make_generator(0))(
+        xs, [row(SamplingParams(temperature=0, logprobs=2)), row(SamplingParams(temperature=0))]
+    )
+    t0, t1 = out.token_ids
+    assert out.logprobs[0] == out.top_logprobs[0][t0] == pytest.approx(float(raw[0, t0]), abs=1e-7)
+    assert out.logprobs[1] == pytest.approx(float(raw[1, t1]) + 1e-3, abs=1e-6)  # launch value
