@@ -97,7 +97,7 @@ class ForwardBatch:
     def __post_init__(self) -> None:
         if self.seq_lens_tensor is None:  # from the host lists (no device read)
             lens = self.seq_lens
-            self.seq_lens_tensor = torch.tensor(lens, dtype=torch.int32).to(self.positions.device)
+            self.seq_lens_tensor = index_tensor(lens, self.positions.device, torch.int32)
             self.max_seq_len = max(self.max_seq_len, max(lens, default=0))
 
     @property
@@ -127,11 +127,13 @@ class ForwardBatch:
         return all(q == 1 for q in self.query_lens)
 
 
-def index_tensor(values: list[int], device: torch.device | str) -> torch.Tensor:
-    """`values` as an int64 tensor on `device`. To a GPU the copy goes from pinned memory,
-    queued on the stream: the host does not wait for the work already queued (a copy from
-    pageable memory would)."""
-    host = torch.tensor(values, dtype=torch.long)
+def index_tensor(
+    values: list, device: torch.device | str, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """`values` (host ints, nested lists for more dims) as a `dtype` tensor on `device`. To a
+    GPU the copy goes from pinned memory, queued on the stream: the host does not wait for the
+    work already queued (a copy from pageable memory would: CUDA drains the stream first)."""
+    host = torch.tensor(values, dtype=dtype)
     if torch.device(device).type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
@@ -215,14 +217,14 @@ def build_forward_batch(
     width = max((len(t) for t in block_tables), default=0) or 1
     padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
     cu = list(itertools.accumulate(query_lens, initial=0))
-    return ForwardBatch(
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
-        cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+    return ForwardBatch(  # copies to a GPU queued from pinned memory (`index_tensor`)
+        positions=index_tensor(positions, device),
+        cu_seqlens=index_tensor(cu, device, torch.int32),
         query_lens=list(query_lens),
         context_lens=list(context_lens),
-        block_tables=torch.tensor(padded, dtype=torch.int32, device=device).reshape(-1, width),
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-        state_indices=torch.tensor(state_indices, dtype=torch.long, device=device),
+        block_tables=index_tensor(padded, device, torch.int32).reshape(-1, width),
+        slot_mapping=index_tensor(slots, device),
+        state_indices=index_tensor(state_indices, device),
         state_indices_host=list(state_indices),
         block_size=block_size,
         caches=caches,

@@ -126,7 +126,7 @@ class ModelRunner:
                 caches=self.caches,
                 device=self.device,
             )
-            input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            input_ids = index_tensor(tokens, self.device)
             if device_tokens is not None:
                 device_tokens.apply(input_ids)
             hidden = self.model(input_ids, batch.positions, batch)

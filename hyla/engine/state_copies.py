@@ -12,7 +12,7 @@ import torch
 
 from hyla.cache.spec import layer_cache_specs
 from hyla.config import ModelConfig
-from hyla.forward_batch import LayerCache
+from hyla.forward_batch import LayerCache, index_tensor
 
 
 def state_tensors(config: ModelConfig, caches: list[LayerCache]) -> list[torch.Tensor]:
@@ -33,7 +33,7 @@ def copy_state_rows(tensors: list[torch.Tensor], copies: list[tuple[int, int]]) 
     if not copies or not tensors:
         return
     device = tensors[0].device
-    src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=device)
-    dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=device)
+    src = index_tensor([s for s, _ in copies], device)
+    dst = index_tensor([d for _, d in copies], device)
     for t in tensors:
         t.index_copy_(0, dst, t.index_select(0, src))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from hyla.forward_batch import ForwardBatch, LayerCache
+from hyla.forward_batch import ForwardBatch, LayerCache, index_tensor
 from hyla.ops.gpu import triton_runs_on
 from hyla.ops.short_conv import causal_conv1d
 
@@ -26,7 +26,7 @@ def read_slots(cache: LayerCache, name: str, batch: ForwardBatch) -> torch.Tenso
     rows = cache[name].index_select(0, batch.state_indices)
     fresh = [i for i, has_state in enumerate(batch.has_initial_state) if not has_state]
     if fresh:
-        rows.index_fill_(0, torch.tensor(fresh, dtype=torch.long, device=rows.device), 0)
+        rows.index_fill_(0, index_tensor(fresh, rows.device), 0)
     return rows
 
 
@@ -57,7 +57,7 @@ def _is_pure_decode(batch: ForwardBatch) -> bool:
 
 def _token_rows(bounds: list[int], seqs: list[int], device: torch.device) -> torch.Tensor:
     rows = [r for i in seqs for r in range(bounds[i], bounds[i + 1])]
-    return torch.tensor(rows, dtype=torch.long, device=device)
+    return index_tensor(rows, device)
 
 
 def _slot_range(
@@ -75,7 +75,7 @@ def _slot_range(
     if slots == list(range(lo, lo + len(slots))):
         return slice(lo, lo + len(slots)), None
     order = sorted(range(len(slots)), key=slots.__getitem__)
-    return slice(lo, lo + len(slots)), torch.tensor(order, device=states.device)
+    return slice(lo, lo + len(slots)), index_tensor(order, states.device)
 
 
 def _decode_in_place(
@@ -148,9 +148,10 @@ def delta_rule_step(
             continue
         rows = _token_rows(bounds, seqs, v.device)
         sub_cu = torch.tensor([0] + [lens[i] for i in seqs]).cumsum(0, dtype=torch.int32)
-        idx = torch.tensor(seqs, dtype=torch.long, device=v.device)
+        idx = index_tensor(seqs, v.device)
         extra = {"cu_seqlens_cpu": sub_cu} if fn is chunk_fn else {}
-        sub = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub_cu.to(v.device), state[idx])
+        sub_cu_dev = index_tensor(sub_cu.tolist(), v.device, torch.int32)
+        sub = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub_cu_dev, state[idx])
         o_sub, final_sub = fn(*sub, use_qk_l2norm=True, **extra)
         o[rows] = o_sub
         final[idx] = final_sub
