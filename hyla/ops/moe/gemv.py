@@ -11,6 +11,10 @@ moving them three times) and the weighted sum fused into the second kernel.
         out = sum of round(w_j * y_j) over the slots in ascending expert id (each add rounded:
               `kernels._weighted_sum`)
 
+With a shared expert of the routed width (`shared=`), kernel 1 has T more programs (token t
+through the shared gate/up rows, h[P + t]) and kernel 2 ends with out = round(out +
+round(W_shared_down h[P + t])): the value of `out + shared_mlp(x)` computed op by op.
+
 `combine` is kernel 2's weighted sum alone, for the dense form of `kernels.py` (every expert's
 output of every token already computed): one kernel instead of a gather, a multiply, a cast, an
 argsort, a gather and k - 1 adds.
