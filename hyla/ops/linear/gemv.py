@@ -7,7 +7,8 @@ weight streamed once by programs that each own `BLOCK_N` output columns (all row
 
 Same result as `reference.linear` (F.linear, no bias) up to the order of the fp32 sums. cuBLAS
 picks tile shapes made for larger M; at one row its kernels reached ~35 % of the H200's copy
-bandwidth in the decode profile (bench/results/gpu_profile_decode_*). No host sync: capturable.
+bandwidth in the decode profile (bench/results/gpu_profile_decode_B1_h200_21c4189.txt). No host
+sync: capturable.
 """
 
 from __future__ import annotations
