@@ -39,6 +39,8 @@ class BenchConfig:
     timeout: float = 600.0
 
     def __post_init__(self) -> None:
+        base = self.url.rstrip("/")  # the server's base URL as `hyla serve` prints it works too
+        object.__setattr__(self, "url", base[: -len("/v1")] if base.endswith("/v1") else base)
         for name in ("num_requests", "concurrency", "input_len", "output_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")

@@ -183,7 +183,9 @@ def inspect(
 
 @bench_app.command("serve")
 def bench_serve(
-    url: str = typer.Option("http://127.0.0.1:8000", help="Server base URL."),
+    url: str = typer.Option(
+        "http://127.0.0.1:8000", help="Server URL, with or without the /v1 that serve prints."
+    ),
     model: str | None = typer.Option(None, help="Model name (default: the server's first)."),
     num_requests: int = typer.Option(64, help="Requests to send."),
     concurrency: int = typer.Option(16, help="Requests in flight at once."),

@@ -171,9 +171,9 @@ def test_engine_loop_survives_a_failing_abort(make_server, monkeypatch):
 @pytest.mark.parametrize(
     "args,needle",
     [(["generate", "hi", "--device", "foo"], "device:"),
-     (["serve", "--device", "nonsense:3"], "device:"),
+     (["serve", "--port", "0", "--device", "nonsense:3"], "device:"),
      (["generate", "hi", "--tokenizer", "/nonexistent/tok"], "tokenizer:"),
-     (["serve", "--tokenizer", "/nonexistent/tok"], "tokenizer:")],
+     (["serve", "--port", "0", "--tokenizer", "/nonexistent/tok"], "tokenizer:")],
     ids=["generate-device", "serve-device", "generate-tokenizer", "serve-tokenizer"],
 )
 def test_cli_bad_device_or_tokenizer_is_a_clean_error(args, needle):

@@ -149,3 +149,11 @@ def test_bench_serve_against_live_server(server, tmp_path):
     assert data["num_ok"] == 8 and data["num_failed"] == 0
     assert data["output_tokens"] == 8 * 4
     assert data["percentiles"]["ttft_ms"]["p50"] > 0
+
+
+def test_bench_serve_takes_the_url_serve_prints():
+    """`hyla serve` prints its base URL with /v1: bench serve takes it as it is."""
+    from hyla.bench_serve import BenchConfig
+
+    for url in ("http://h:8000/v1", "http://h:8000/v1/", "http://h:8000", "http://h:8000/"):
+        assert BenchConfig(url=url).url == "http://h:8000"
