@@ -6,7 +6,8 @@ Each case is timed from a CUDA graph of `--reps` calls, each on its own copy of 
 step), as the median of 5 replays: microseconds per call and the fraction of the measured copy
 bandwidth the weight bytes took. In the same run: F.linear (cuBLAS) on the same copies for the
 dense GEMV; for the MoE GEMV the PyTorch form (`kernels._gathered` + `_weighted_sum`); for the
-dense form's combine, `_select` + `_weighted_sum`.
+dense form's combine, `_select` + `_weighted_sum`; for the skinny GEMM of 16 / 64 rows
+(`--parts skinny16,skinny64`, not dispatched yet), F.linear.
 
     PYTHONPATH=. python3 bench/gpu_gemv_sweep.py --out-dir "$OUT"
 """
@@ -28,10 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hyla.ops.linear import gemv as dense_gemv  # noqa: E402
+from hyla.ops.linear import skinny  # noqa: E402
 from hyla.ops.moe import gemv as moe_gemv  # noqa: E402
 from hyla.ops.moe import kernels as moe_kernels  # noqa: E402
 
 L2_BYTES = 50 << 20
+DEFAULT_PARTS = "combine,moe,dense1"  # also: dense2, dense4, skinny16, skinny64
 DENSE_SHAPES = [  # (N, D) of the e2e model's projections (after stacking)
     (6144, 2048), (2048, 2048), (3072, 2048), (1024, 2048), (2048, 512), (576, 2048),
     (272, 2048), (2048, 128), (32000, 2048), (12288, 2048), (2048, 6144),
@@ -106,6 +109,44 @@ def sweep_dense(rows: int, bw: float, reps: int) -> list[dict]:
                    best=best, best_bw=nbytes / best["us"] / 1e-6 / bw,
                    speedup=base / best["us"])  # fmt: skip
         print(f"dense M={rows} N={n} D={d}: cublas {base:.2f} us ({row['cublas_bw']:.0%}) "
+              f"triton {best['us']:.2f} us ({row['best_bw']:.0%}) {best['tiles']} "
+              f"x{row['speedup']:.2f} err {best['rel_err']:.1e}", flush=True)  # fmt: skip
+        out.append(row)
+        del ws
+    return out
+
+
+def sweep_skinny(rows: int, bw: float, reps: int) -> list[dict]:
+    """`skinny.skinny_linear` tiles vs F.linear at `rows` rows, the same shapes and method."""
+    out = []
+    for n, d in DENSE_SHAPES:
+        nbytes = n * d * 2
+        ws = [
+            torch.randn(n, d, device="cuda", dtype=torch.bfloat16)
+            for _ in range(copies_for(nbytes))
+        ]
+        x = torch.randn(rows, d, device="cuda", dtype=torch.bfloat16)
+        want = F.linear(x.float(), ws[0].float())
+        base = graph_us([lambda w=w, x=x: F.linear(x, w) for w in ws], reps)
+        best = None
+        for cols, depth, warps, stages in itertools.product(
+            (16, 32, 64), (64, 128, 256), (4, 8), (3, 4)
+        ):
+            tiles = skinny.SkinnyTiles(cols, depth, warps, stages)
+            try:
+                got = skinny.skinny_linear(x, ws[0], tiles).float()
+                err = float((got - want).abs().max() / want.abs().max())
+                calls = [lambda w=w, x=x, t=tiles: skinny.skinny_linear(x, w, t) for w in ws]
+                us = graph_us(calls, reps)
+            except Exception as e:  # noqa: BLE001 (a tile too large for shared memory)
+                print(f"  skip {tiles}: {type(e).__name__}", flush=True)
+                continue
+            if best is None or us < best["us"]:
+                best = dict(tiles=[cols, depth, warps, stages], us=us, rel_err=err)
+        row = dict(rows=rows, n=n, d=d, cublas_us=base, cublas_bw=nbytes / base / 1e-6 / bw,
+                   best=best, best_bw=nbytes / best["us"] / 1e-6 / bw,
+                   speedup=base / best["us"])  # fmt: skip
+        print(f"skinny M={rows} N={n} D={d}: cublas {base:.2f} us ({row['cublas_bw']:.0%}) "
               f"triton {best['us']:.2f} us ({row['best_bw']:.0%}) {best['tiles']} "
               f"x{row['speedup']:.2f} err {best['rel_err']:.1e}", flush=True)  # fmt: skip
         out.append(row)
@@ -215,7 +256,7 @@ def sweep_combine(reps: int) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=64)
-    p.add_argument("--parts", default="combine,moe,dense1")
+    p.add_argument("--parts", default=DEFAULT_PARTS)
     p.add_argument("--out-dir", default=".")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -230,8 +271,12 @@ def main() -> None:
     for rows in (1, 2, 4):
         if f"dense{rows}" in parts:
             res[f"dense_m{rows}"] = sweep_dense(rows, bw, args.reps)
+    for rows in (16, 64):
+        if f"skinny{rows}" in parts:
+            res[f"skinny_m{rows}"] = sweep_skinny(rows, bw, args.reps)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(args.out_dir) / "gemv_sweep.json").write_text(json.dumps(res, indent=1))
+    name = "gemv_sweep" if args.parts == DEFAULT_PARTS else "gemv_sweep_" + "_".join(parts)
+    (Path(args.out_dir) / f"{name}.json").write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # others' time. Logs and result JSONs go to OUT_DIR (default bench/results). Needs a CUDA machine
 # with torch, triton, and fla-core + einops (`pip install -e ".[gpu]"`).
 #   bash bench/gpu_suite.sh tests [OUT_DIR]   # all of tests/gpu, files in parallel (~7 min)
-#   bash bench/gpu_suite.sh ops [OUT_DIR]     # 4a DSA decode, GEMV tiles, 4b KDA/GDN vs fla (~9 min)
+#   bash bench/gpu_suite.sh ops [OUT_DIR]     # 4a DSA decode, 4b KDA/GDN vs fla (~8 min)
+#   bash bench/gpu_suite.sh tune [OUT_DIR]    # decode GEMV tiles: dense, MoE, skinny (~9 min)
 #   bash bench/gpu_suite.sh model [OUT_DIR]   # 4c end to end, 4d one 1M-token prompt (~8 min)
 #   bash bench/gpu_suite.sh all [OUT_DIR]     # the three in a row (a machine without limits)
 # On a lent machine (whose .git is stale) prefix HYLA_COMMIT=<the commit you sent>, and carry
@@ -45,8 +46,13 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
 
 ops() {
     run 300 gpu_dsa_decode python3 bench/gpu_dsa_decode.py
-    run 240 gpu_gemv_sweep python3 bench/gpu_gemv_sweep.py --out-dir "$OUT_DIR"
     run 270 gpu_linear_attention python3 bench/gpu_linear_attention.py
+}
+
+tune() {  # decode GEMV tiles vs cuBLAS / PyTorch (the picks in hyla/ops/{linear,moe}/gemv.py)
+    run 240 gpu_gemv_sweep python3 bench/gpu_gemv_sweep.py --out-dir "$OUT_DIR"
+    run 300 gpu_gemv_sweep_skinny python3 bench/gpu_gemv_sweep.py --parts skinny16,skinny64 \
+        --out-dir "$OUT_DIR"
 }
 
 model() {
@@ -58,6 +64,7 @@ case "$PART" in
     tests) tests ;;
     ops) ops ;;
     model) model ;;
-    all) tests; ops; model ;;
-    *) echo "usage: bash bench/gpu_suite.sh tests|ops|model|all [OUT_DIR]" >&2; exit 2 ;;
+    tune) tune ;;
+    all) tests; ops; tune; model ;;
+    *) echo "usage: bash bench/gpu_suite.sh tests|ops|tune|model|all [OUT_DIR]" >&2; exit 2 ;;
 esac

@@ -82,3 +82,45 @@ def test_gemv_in_cuda_graph() -> None:
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert torch.equal(out, gemv.gemv(x, w))
+
+
+def check_skinny(rows: int, n: int, d: int, dtype: torch.dtype, device, tiles=None) -> float:
+    """`skinny.skinny_linear` vs float64 F.linear on the same rounded inputs: max rel. diff."""
+    from hyla.ops.linear import skinny
+
+    gen = torch.Generator().manual_seed(rows * 7 + n + d)
+    x = torch.randn(rows, d, generator=gen).to(dtype)
+    w = (torch.randn(n, d, generator=gen) / d**0.5).to(dtype)
+    want = F.linear(x.double(), w.double())
+    got = skinny.skinny_linear(x.to(device), w.to(device), tiles)
+    assert got.shape == (rows, n) and got.dtype == dtype
+    return float((got.double().cpu() - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 16, 17, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n, d", [(6416, 2048), (2048, 128), (1000, 7168), (33, 70)])
+def test_skinny_matches_float64(rows, dtype, n, d) -> None:
+    assert check_skinny(rows, n, d, dtype, "cuda") <= BOUNDS[dtype]
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 4, 2), (64, 256, 8, 4), (32, 64, 4, 3)])
+def test_skinny_any_tiles(tiles) -> None:
+    from hyla.ops.linear.skinny import SkinnyTiles
+
+    assert check_skinny(40, 100, 300, torch.bfloat16, "cuda", SkinnyTiles(*tiles)) <= 8e-3
+
+
+def test_skinny_rejects_what_it_cannot_take() -> None:
+    from hyla.ops.linear import skinny
+
+    w = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    fp32 = torch.randn(2, 16, device="cuda")
+    bad = [torch.randn(65, 16, **bf16), fp32, torch.randn(2, 8, **bf16)]
+    for x in bad:
+        assert not skinny.supports(x, w)
+        with pytest.raises(ValueError, match="skinny_linear"):
+            skinny.skinny_linear(x, w)
+    with pytest.raises(ValueError, match="below 16"):
+        skinny.skinny_linear(w[:2], w, skinny.SkinnyTiles(cols=8))
