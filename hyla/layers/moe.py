@@ -18,6 +18,7 @@ from torch import nn
 from hyla.config import ModelConfig, MoEConfig
 from hyla.layers.linear import Linear
 from hyla.layers.mlp import GatedMLP
+from hyla.ops.gpu import use_triton
 from hyla.ops.linear import Prepacked, adjacent_rows, linear
 from hyla.ops.linear.dispatch import linear_fp32
 from hyla.ops.moe import (
@@ -158,13 +159,15 @@ class MoE(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(shared gate_up [2I, D], down [D, I]) when `fuses_shared` holds for this call (an
         ungated shared expert whose gate and up weights are stacked: `stack_projections`)."""
-        mlp = self.shared_experts
+        mlp, e = self.shared_experts, self.experts
         if mlp is None or self.shared_expert_gate is not None or torch.is_grad_enabled():
             return None
+        if not use_triton(hidden_states) or topk_ids.numel() > e.gate_up_proj.shape[0]:
+            return None  # (cheap checks first: CPU and prefill steps skip the weight lookup)
         gate_up = adjacent_rows([m.weight for m in mlp.stacked_projections()])
         if gate_up is None:
             return None
-        e, down = self.experts, mlp.down_proj.weight
+        down = mlp.down_proj.weight
         if fuses_shared(hidden_states, e.gate_up_proj, e.down_proj, topk_ids, gate_up, down):
             return gate_up, down
         return None

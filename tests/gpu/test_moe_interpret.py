@@ -63,6 +63,7 @@ def test_moe_layer_fuses_its_shared_expert(monkeypatch) -> None:
         calls = []
         real = moe_ops.moe_experts_and_shared
         monkeypatch.setattr(moe_ops, "use_triton", lambda t: True)
+        monkeypatch.setattr("hyla.layers.moe.use_triton", lambda t: True)
         monkeypatch.setattr(
             "hyla.layers.moe.moe_experts_and_shared",
             lambda *a: calls.append(1) or real(*a),
@@ -111,6 +112,7 @@ def test_model_moe_layers_fuse_only_what_they_should(monkeypatch, family, overri
             with torch.no_grad(), monkeypatch.context() as m:
                 want = layer(x)
                 m.setattr(moe_ops, "use_triton", lambda t: True)
+                m.setattr("hyla.layers.moe.use_triton", lambda t: True)
                 calls.clear()
                 got = layer(x)
                 fused = bool(calls)
