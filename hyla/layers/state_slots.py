@@ -133,7 +133,7 @@ def delta_rule_step(
         if lens[0] == 1:
             o, final = recurrent_fn(*args, use_qk_l2norm=True, inplace_state=True)
         else:  # the host offsets spare the op a device sync (see `kda.kernels.chunk_kda`)
-            host = torch.tensor(batch.cu_seqlens_host)
+            host = batch.shared("cu_seqlens_cpu", lambda: torch.tensor(batch.cu_seqlens_host))
             o, final = chunk_fn(*args, use_qk_l2norm=True, inplace_state=True, cu_seqlens_cpu=host)
         cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
         return o
