@@ -15,6 +15,7 @@ dense form's combine, `_select` + `_weighted_sum`; for the skinny GEMM of 16 / 6
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -80,7 +81,25 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 10 / (time.perf_counter() - t0)
 
 
-def sweep_dense(rows: int, bw: float, reps: int) -> list[dict]:
+def dense_tiles(d: int):
+    """The one-row GEMV's tile grid (depth clamped to D, duplicates dropped)."""
+    seen = set()
+    for cols, depth, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8)):
+        tiles = dense_gemv.GemvTiles(cols, min(depth, triton_pow2(d)), warps)
+        if tiles not in seen:
+            seen.add(tiles)
+            yield tiles
+
+
+def skinny_tiles(d: int):
+    """The skinny GEMM's tile grid."""
+    for t in itertools.product((16, 32, 64), (64, 128, 256), (4, 8), (3, 4)):
+        yield skinny.SkinnyTiles(*t)
+
+
+def sweep_linear(name: str, op, tile_grid, rows: int, bw: float, reps: int) -> list[dict]:
+    """`op(x, w, tiles)` over `tile_grid(d)` vs F.linear at `rows` rows on every DENSE_SHAPES
+    weight (rotated copies, see the module docstring): the best tiles per shape."""
     out = []
     for n, d in DENSE_SHAPES:
         nbytes = n * d * 2
@@ -89,64 +108,21 @@ def sweep_dense(rows: int, bw: float, reps: int) -> list[dict]:
         x = torch.randn(rows, d, device="cuda", dtype=torch.bfloat16)
         want = F.linear(x.float(), ws[0].float())
         base = graph_us([lambda w=w, x=x: F.linear(x, w) for w in ws], reps)
-        best, seen = None, set()
-        for cols, depth, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8)):
-            tiles = dense_gemv.GemvTiles(cols, min(depth, triton_pow2(d)), warps)
-            if tiles in seen:
-                continue
-            seen.add(tiles)
+        best = None
+        for tiles in tile_grid(d):
             try:
-                got = dense_gemv.gemv(x, ws[0], tiles).float()
+                got = op(x, ws[0], tiles).float()
                 err = float((got - want).abs().max() / want.abs().max())
-                calls = [lambda w=w, x=x, t=tiles: dense_gemv.gemv(x, w, t) for w in ws]
-                us = graph_us(calls, reps)
+                us = graph_us([lambda w=w, x=x, t=tiles: op(x, w, t) for w in ws], reps)
             except Exception as e:  # noqa: BLE001 (a tile too large for registers / shared memory)
                 print(f"  skip {tiles}: {type(e).__name__}", flush=True)
                 continue
             if best is None or us < best["us"]:
-                best = dict(tiles=[cols, depth, warps], us=us, rel_err=err)
+                best = dict(tiles=list(dataclasses.astuple(tiles)), us=us, rel_err=err)
         row = dict(rows=rows, n=n, d=d, cublas_us=base, cublas_bw=nbytes / base / 1e-6 / bw,
                    best=best, best_bw=nbytes / best["us"] / 1e-6 / bw,
                    speedup=base / best["us"])  # fmt: skip
-        print(f"dense M={rows} N={n} D={d}: cublas {base:.2f} us ({row['cublas_bw']:.0%}) "
-              f"triton {best['us']:.2f} us ({row['best_bw']:.0%}) {best['tiles']} "
-              f"x{row['speedup']:.2f} err {best['rel_err']:.1e}", flush=True)  # fmt: skip
-        out.append(row)
-        del ws
-    return out
-
-
-def sweep_skinny(rows: int, bw: float, reps: int) -> list[dict]:
-    """`skinny.skinny_linear` tiles vs F.linear at `rows` rows, the same shapes and method."""
-    out = []
-    for n, d in DENSE_SHAPES:
-        nbytes = n * d * 2
-        ws = [
-            torch.randn(n, d, device="cuda", dtype=torch.bfloat16)
-            for _ in range(copies_for(nbytes))
-        ]
-        x = torch.randn(rows, d, device="cuda", dtype=torch.bfloat16)
-        want = F.linear(x.float(), ws[0].float())
-        base = graph_us([lambda w=w, x=x: F.linear(x, w) for w in ws], reps)
-        best = None
-        for cols, depth, warps, stages in itertools.product(
-            (16, 32, 64), (64, 128, 256), (4, 8), (3, 4)
-        ):
-            tiles = skinny.SkinnyTiles(cols, depth, warps, stages)
-            try:
-                got = skinny.skinny_linear(x, ws[0], tiles).float()
-                err = float((got - want).abs().max() / want.abs().max())
-                calls = [lambda w=w, x=x, t=tiles: skinny.skinny_linear(x, w, t) for w in ws]
-                us = graph_us(calls, reps)
-            except Exception as e:  # noqa: BLE001 (a tile too large for shared memory)
-                print(f"  skip {tiles}: {type(e).__name__}", flush=True)
-                continue
-            if best is None or us < best["us"]:
-                best = dict(tiles=[cols, depth, warps, stages], us=us, rel_err=err)
-        row = dict(rows=rows, n=n, d=d, cublas_us=base, cublas_bw=nbytes / base / 1e-6 / bw,
-                   best=best, best_bw=nbytes / best["us"] / 1e-6 / bw,
-                   speedup=base / best["us"])  # fmt: skip
-        print(f"skinny M={rows} N={n} D={d}: cublas {base:.2f} us ({row['cublas_bw']:.0%}) "
+        print(f"{name} M={rows} N={n} D={d}: cublas {base:.2f} us ({row['cublas_bw']:.0%}) "
               f"triton {best['us']:.2f} us ({row['best_bw']:.0%}) {best['tiles']} "
               f"x{row['speedup']:.2f} err {best['rel_err']:.1e}", flush=True)  # fmt: skip
         out.append(row)
@@ -270,10 +246,14 @@ def main() -> None:
         res["moe"] = sweep_moe(bw, args.reps)
     for rows in (1, 2, 4):
         if f"dense{rows}" in parts:
-            res[f"dense_m{rows}"] = sweep_dense(rows, bw, args.reps)
+            res[f"dense_m{rows}"] = sweep_linear(
+                "dense", dense_gemv.gemv, dense_tiles, rows, bw, args.reps
+            )
     for rows in (16, 64):
         if f"skinny{rows}" in parts:
-            res[f"skinny_m{rows}"] = sweep_skinny(rows, bw, args.reps)
+            res[f"skinny_m{rows}"] = sweep_linear(
+                "skinny", skinny.skinny_linear, skinny_tiles, rows, bw, args.reps
+            )
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     name = "gemv_sweep" if args.parts == DEFAULT_PARTS else "gemv_sweep_" + "_".join(parts)
     (Path(args.out_dir) / f"{name}.json").write_text(json.dumps(res, indent=1))

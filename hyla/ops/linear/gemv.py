@@ -73,20 +73,23 @@ def pick_tiles(rows: int, out_features: int, in_features: int) -> GemvTiles:
     return GemvTiles(cols=4 if out_features >= 512 else 1, depth=2048, warps=4)
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when `gemv` takes (x, weight): 1 to MAX_ROWS rows (x flattened to 2-D), fp16/bf16/
-    fp32 each, unit-stride last dims, the same device."""
+def fits_rows(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
+    """The layout the row kernels here and in `skinny.py` take: x [..., D] with 1 to max_rows
+    rows in all, weight [N, D], unit-stride last dims, one device (dtypes not checked)."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     return (
-        0 < rows <= MAX_ROWS
+        0 < rows <= max_rows
         and weight.dim() == 2
         and weight.shape[1] == x.shape[-1]
-        and x.dtype in FLOATS
-        and weight.dtype in FLOATS
         and x.stride(-1) == 1
         and weight.stride(-1) == 1
         and x.device == weight.device
     )
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """True when `gemv` takes (x, weight): `fits_rows` with MAX_ROWS, fp16/bf16/fp32 each."""
+    return fits_rows(x, weight, MAX_ROWS) and x.dtype in FLOATS and weight.dtype in FLOATS
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = None) -> torch.Tensor:

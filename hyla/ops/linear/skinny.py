@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hyla.ops.linear.gemv import fits_rows
+
 MAX_ROWS = 64
 
 
@@ -69,19 +71,10 @@ class SkinnyTiles:
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when `skinny_linear` takes (x, weight): 1 to MAX_ROWS rows (x flattened to 2-D),
-    one fp16/bf16 dtype, unit-stride last dims, D matching, the same device."""
-    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    return (
-        0 < rows <= MAX_ROWS
-        and weight.dim() == 2
-        and weight.shape[1] == x.shape[-1]
-        and x.dtype == weight.dtype
-        and x.dtype in (torch.float16, torch.bfloat16)
-        and x.stride(-1) == 1
-        and weight.stride(-1) == 1
-        and x.device == weight.device
-    )
+    """True when `skinny_linear` takes (x, weight): `gemv.fits_rows` with MAX_ROWS, one
+    fp16/bf16 dtype."""
+    half = (torch.float16, torch.bfloat16)
+    return fits_rows(x, weight, MAX_ROWS) and x.dtype == weight.dtype and x.dtype in half
 
 
 def skinny_linear(
