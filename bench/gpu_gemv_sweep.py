@@ -6,8 +6,7 @@ Each case is timed from a CUDA graph of `--reps` calls, each on its own copy of 
 step), as the median of 5 replays: microseconds per call and the fraction of the measured copy
 bandwidth the weight bytes took. In the same run: F.linear (cuBLAS) on the same copies for the
 dense GEMV; for the MoE GEMV the PyTorch form (`kernels._gathered` + `_weighted_sum`); for the
-dense form's combine, `_select` + `_weighted_sum`; for the skinny GEMM of 16 / 64 rows
-(`--parts skinny16,skinny64`, not dispatched yet), F.linear.
+dense form's combine, `_select` + `_weighted_sum`.
 
     PYTHONPATH=. python3 bench/gpu_gemv_sweep.py --out-dir "$OUT"
 """
@@ -28,14 +27,16 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from throughput import git_commit  # noqa: E402 (bench/throughput.py: reads .git without git)
 
 from hyla.ops.linear import gemv as dense_gemv  # noqa: E402
-from hyla.ops.linear import skinny  # noqa: E402
 from hyla.ops.moe import gemv as moe_gemv  # noqa: E402
 from hyla.ops.moe import kernels as moe_kernels  # noqa: E402
 
 L2_BYTES = 50 << 20
-DEFAULT_PARTS = "combine,moe,dense1"  # also: dense2, dense4, skinny16, skinny64
+DEFAULT_PARTS = "combine,moe,dense1"  # also: dense2, dense4
 DENSE_SHAPES = [  # (N, D) of the e2e model's projections (after stacking)
     (6144, 2048), (2048, 2048), (3072, 2048), (1024, 2048), (2048, 512), (576, 2048),
     (272, 2048), (2048, 128), (32000, 2048), (12288, 2048), (2048, 6144),
@@ -89,12 +90,6 @@ def dense_tiles(d: int):
         if tiles not in seen:
             seen.add(tiles)
             yield tiles
-
-
-def skinny_tiles(d: int):
-    """The skinny GEMM's tile grid."""
-    for t in itertools.product((16, 32, 64), (64, 128, 256), (4, 8), (3, 4)):
-        yield skinny.SkinnyTiles(*t)
 
 
 def sweep_linear(name: str, op, tile_grid, rows: int, bw: float, reps: int) -> list[dict]:
@@ -239,7 +234,11 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     parts = args.parts.split(",")
-    res: dict = dict(copy_bandwidth=bw, gpu=torch.cuda.get_device_name())
+    res: dict = dict(
+        command=" ".join(["PYTHONPATH=. python3 bench/gpu_gemv_sweep.py", *sys.argv[1:]]),
+        commit=git_commit() or "unknown", torch=torch.__version__, copy_bandwidth=bw,
+        gpu=torch.cuda.get_device_name(),
+    )  # fmt: skip
     if "combine" in parts:
         res["combine"] = sweep_combine(args.reps)
     if "moe" in parts:
@@ -248,11 +247,6 @@ def main() -> None:
         if f"dense{rows}" in parts:
             res[f"dense_m{rows}"] = sweep_linear(
                 "dense", dense_gemv.gemv, dense_tiles, rows, bw, args.reps
-            )
-    for rows in (16, 64):
-        if f"skinny{rows}" in parts:
-            res[f"skinny_m{rows}"] = sweep_linear(
-                "skinny", skinny.skinny_linear, skinny_tiles, rows, bw, args.reps
             )
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     name = "gemv_sweep" if args.parts == DEFAULT_PARTS else "gemv_sweep_" + "_".join(parts)

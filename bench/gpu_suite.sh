@@ -5,7 +5,7 @@
 # with torch, triton, and fla-core + einops (`pip install -e ".[gpu]"`).
 #   bash bench/gpu_suite.sh tests [OUT_DIR]   # all of tests/gpu, files in parallel (~7 min)
 #   bash bench/gpu_suite.sh ops [OUT_DIR]     # 4a DSA decode, 4b KDA/GDN vs fla (~8 min)
-#   bash bench/gpu_suite.sh tune [OUT_DIR]    # decode GEMV tiles: dense, MoE, skinny (~9 min)
+#   bash bench/gpu_suite.sh tune [OUT_DIR]    # decode GEMV tiles: dense, MoE (~4 min)
 #   bash bench/gpu_suite.sh model [OUT_DIR]   # 4c end to end, 4d one 1M-token prompt (~8 min)
 #   bash bench/gpu_suite.sh all [OUT_DIR]     # the three in a row (a machine without limits)
 # On a lent machine (whose .git is stale) prefix HYLA_COMMIT=<the commit you sent>, and carry
@@ -51,8 +51,6 @@ ops() {
 
 tune() {  # decode GEMV tiles vs cuBLAS / PyTorch (the picks in hyla/ops/{linear,moe}/gemv.py)
     run 240 gpu_gemv_sweep python3 bench/gpu_gemv_sweep.py --out-dir "$OUT_DIR"
-    run 300 gpu_gemv_sweep_skinny python3 bench/gpu_gemv_sweep.py --parts skinny16,skinny64 \
-        --out-dir "$OUT_DIR"
 }
 
 model() {

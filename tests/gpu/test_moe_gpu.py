@@ -176,13 +176,13 @@ def test_shared_weights_that_do_not_fit_are_refused() -> None:
     gate_up, down = torch.randn(4, 16, 8, device="cuda"), torch.randn(4, 8, 8, device="cuda")
     x, ids = torch.randn(1, 8, device="cuda"), torch.tensor([[0, 1]], device="cuda")
     w = torch.rand(1, 2, device="cuda")
+    cuda = dict(device="cuda")  # built there: .cuda() of a strided view makes it contiguous
     bad = [
-        (torch.randn(12, 8), torch.randn(8, 6)),  # narrower than the routed experts
-        (torch.randn(16, 8).half(), torch.randn(8, 8).half()),  # another dtype
-        (torch.randn(16, 16)[:, :8], torch.randn(8, 8)),  # rows spaced differently
+        (torch.randn(12, 8, **cuda), torch.randn(8, 6, **cuda)),  # narrower than the routed ones
+        (torch.randn(16, 8, **cuda).half(), torch.randn(8, 8, **cuda).half()),  # another dtype
+        (torch.randn(16, 16, **cuda)[:, :8], torch.randn(8, 8, **cuda)),  # rows spaced differently
     ]
     for sg, sd in bad:
-        sg, sd = sg.cuda(), sd.cuda()
         assert not shared_fits(gate_up, down, sg, sd)
         with pytest.raises(ValueError, match="shared"):
             moe_gemv(x, gate_up, down, w, ids, shared=(sg, sd))
