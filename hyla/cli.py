@@ -21,8 +21,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
-bench_app = typer.Typer(help="Benchmarks against a running server.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Benchmarks against a running server.", no_args_is_help=True, rich_markup_mode=None
+)
 app.add_typer(bench_app, name="bench")
 
 MODEL_HELP = "Checkpoint directory (Hugging Face or hyla layout). Default: the embedded model."

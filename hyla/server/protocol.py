@@ -26,6 +26,7 @@ from pydantic import (
     FiniteFloat,
     StrictBool,
     StrictInt,
+    model_serializer,
     model_validator,
 )
 
@@ -244,8 +245,15 @@ class ChatCompletionResponse(_Response):
 
 
 class DeltaMessage(_Response):
+    """One streamed chat choice's delta. Unset fields are left out of the JSON, as OpenAI does:
+    `role` only in a choice's first chunk, `{}` in a finishing chunk without text."""
+
     role: str | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChunkChoice(_Response):

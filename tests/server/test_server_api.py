@@ -6,6 +6,8 @@ must neither change tokens nor lose text; plus the OpenAI response shapes the cl
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -170,6 +172,18 @@ def test_sse_wire_format_ends_with_done(server):
         lines = [line for line in r.iter_lines() if line]
     assert all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
+
+
+def test_chat_sse_deltas_carry_role_once_and_no_nulls(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+            "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line[6:].startswith("{")]
+    deltas = [c["choices"][0]["delta"] for c in events if c["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert all("role" not in d and None not in d.values() for d in deltas[1:])
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_health_and_metrics(server):

@@ -52,8 +52,10 @@ def test_help_lists_commands():
 
 
 def test_serve_options_are_generated_from_config_fields():
-    result = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    # at 80 columns: every option's whole name (a rich table once cut the long ones to "--stat…")
+    result = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0
+    assert max(len(line) for line in result.output.splitlines()) <= 80
     for cls in (EngineConfig, CacheConfig, SchedulerConfig):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
