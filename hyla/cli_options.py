@@ -34,7 +34,6 @@ class OptionSpec:
     type: type
     default: Any
     help: str
-    panel: str
 
     @property
     def flag(self) -> str:
@@ -89,16 +88,13 @@ def config_options(*classes: type, exclude: tuple[str, ...] = ()) -> list[Option
             help_text = _field_help(cls, f.name)
             if "default" not in help_text:  # the help text may say it better ("by fraction")
                 help_text += f" (default: {default})"
-            panel = f"{cls.__name__.removesuffix('Config')} options"
-            specs[f.name] = OptionSpec(f.name, kind, default, help_text, panel)
+            specs[f.name] = OptionSpec(f.name, kind, default, help_text)
     return list(specs.values())
 
 
 def _parameter(spec: OptionSpec) -> inspect.Parameter:
     decls = [f"{spec.flag}/--no-{spec.flag[2:]}"] if spec.type is bool else [spec.flag]
-    option = typer.Option(
-        None, *decls, help=spec.help, show_default=False, rich_help_panel=spec.panel
-    )
+    option = typer.Option(None, *decls, help=spec.help, show_default=False)
     return inspect.Parameter(
         spec.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=spec.type | None
     )

@@ -74,8 +74,8 @@ def pick_tiles(rows: int, out_features: int, in_features: int) -> GemvTiles:
 
 
 def fits_rows(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
-    """The layout the row kernel takes: x [..., D] with 1 to max_rows
-    rows in all, weight [N, D], unit-stride last dims, one device (dtypes not checked)."""
+    """The layout the row kernel takes: x [..., D] with 1 to max_rows rows in all, weight
+    [N, D], unit-stride last dims, one device (dtypes not checked)."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     return (
         0 < rows <= max_rows
