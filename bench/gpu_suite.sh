@@ -31,10 +31,12 @@ run() {  # run SECONDS NAME COMMAND...
 
 tests() {  # one process per group, all at once: the GPU is mostly idle while fla autotunes
     local pytest="python3 -m pytest -q -p no:cacheprovider -rs -s" la=tests/gpu/test_linear_attention_gpu.py
-    run 420 gpu_tests_kernels $pytest tests/gpu/test_dsa_gpu.py tests/gpu/test_norm_paged_gpu.py \
-        tests/gpu/test_kernel_strides.py tests/gpu/test_moe_gpu.py tests/gpu/test_short_conv_gpu.py \
-        tests/gpu/test_gates_gpu.py tests/gpu/test_activation_gpu.py tests/gpu/test_linear_gpu.py \
-        tests/gpu/test_greedy_gpu.py > /dev/null &
+    local g=tests/gpu  # kernel files in three groups (as one, they overran 420 s on a cold cache)
+    run 420 gpu_tests_dsa $pytest $g/test_dsa_gpu.py > /dev/null &
+    run 420 gpu_tests_moe_linear $pytest $g/test_moe_gpu.py $g/test_linear_gpu.py \
+        $g/test_greedy_gpu.py > /dev/null &
+    run 420 gpu_tests_kernels $pytest $g/test_norm_paged_gpu.py $g/test_kernel_strides.py \
+        $g/test_short_conv_gpu.py $g/test_gates_gpu.py $g/test_activation_gpu.py > /dev/null &
     run 420 gpu_tests_graphs $pytest tests/gpu/test_cuda_graphs_gpu.py > /dev/null &
     run 420 gpu_tests_la_kda $pytest $la -k "chunk and kda and not 100k" > /dev/null &
     run 420 gpu_tests_la_gdn $pytest $la -k "chunk and gdn and not 100k" > /dev/null &
