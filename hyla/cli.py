@@ -87,7 +87,7 @@ def _check_port(host: str, port: int) -> None:
 
 
 def serve(
-    model: str | None = typer.Argument(None, metavar="[MODEL]", help=MODEL_HELP,
+    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
                                        show_default=False),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: any free port)."),
@@ -171,7 +171,7 @@ def _stream_to_terminal(llm: Any, prompt: str, params: Any) -> None:
 
 
 def inspect(
-    path: str = typer.Argument(..., help="Checkpoint directory to describe."),
+    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory to describe."),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
     try:
@@ -213,6 +213,8 @@ def bench_serve(
     if json_out:
         write_json(result, json_out)
         typer.echo(f"wrote {json_out}", err=True)
+    if result.num_ok == 0:
+        _fail(f"all {result.num_failed} requests failed (first error above)")
 
 
 app.command()(add_options(serve, _engine_specs()))

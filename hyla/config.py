@@ -490,7 +490,8 @@ class CacheConfig:
         metadata={"help": "Token stride of linear-state checkpoints (a multiple of block_size)."},
     )
     num_blocks: int | None = field(
-        default=None, metadata={"help": "Override the number of usable cache blocks."}
+        default=None,
+        metadata={"help": "Usable cache blocks (default: as many as the cache memory holds)."},
     )
     cpu_cache_memory_default: int = field(
         default=512 * 1024**2,

@@ -147,7 +147,8 @@ def format_report(report: InspectReport) -> str:
         ffn += f"  ({c.moe.num_experts} experts, top {c.moe.num_experts_per_tok}{shared})"
     ckpt = "none"
     if report.checkpoint_files:
-        ckpt = f"{report.checkpoint_files} safetensors files, {_bytes(report.checkpoint_bytes)}"
+        n = report.checkpoint_files
+        ckpt = f"{n} safetensors file{'s' * (n != 1)}, {_bytes(report.checkpoint_bytes)}"
     full = report.cache_bytes_per_token * c.max_context_len + report.state_bytes_per_seq
     rows = [
         ("model", f"{c.architecture}  ({report.path})"),

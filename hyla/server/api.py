@@ -120,8 +120,9 @@ async def _guard(coro: Any, prompt_param: str = "prompt") -> Response:
         return await coro
     except Exception as e:
         err = to_api_error(e)
-        if err.param == "prompt":
+        if err.param == "prompt" and prompt_param != "prompt":  # the prompt rendered from it
             err.param = prompt_param
+            err.message = f"{prompt_param}: the rendered {e.message}"
         raise err from e
 
 

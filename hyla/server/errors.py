@@ -37,7 +37,8 @@ _UNION_TAGS = {"int", "float", "str", "bool", "dict", "list", "none", "function-
 
 
 class APIError(Exception):
-    """An error with its HTTP status; raised by route code, rendered by `error_response`."""
+    """An error with its HTTP status; raised by route code, rendered by `error_response`. A 400
+    without its own `code` gets "invalid_value" (as the engine's range errors do)."""
 
     def __init__(
         self,
@@ -51,7 +52,7 @@ class APIError(Exception):
         self.status = status
         self.message = message
         self.param = param
-        self.code = code
+        self.code = code if code is not None or status != 400 else "invalid_value"
         self.headers = headers
 
 
@@ -89,8 +90,14 @@ def to_api_error(e: BaseException) -> APIError:
 
 
 def _validation_param(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p != "body"]
-    return ".".join(p for p in parts if not _is_union_tag(p))
+    """pydantic's error location as the server's own errors name a field: `messages[0].role`."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part != "body" and not _is_union_tag(part):
+            param += f".{part}" if param else part
+    return param
 
 
 def _is_union_tag(part: str) -> bool:
@@ -113,7 +120,7 @@ def _union_tags(errors: list[dict]) -> list[str]:
 
 
 def validation_error_response(errors: list[dict]) -> JSONResponse:
-    """422 naming the first offending field (`messages.0.role: Field required`)."""
+    """422 naming the first offending field (`messages[0].role: Field required`)."""
     if not errors:
         return error_response(422, "invalid request body", code="validation_error")
     first = errors[0]

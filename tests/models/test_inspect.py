@@ -256,7 +256,7 @@ def test_cli_inspect_tiny_checkpoint_and_hyla_config(tmp_path, family: str) -> N
         total = sum(p.numel() for p in hf.parameters())
         assert f"parameters    {total / 1e3:.2f} K total" in out
         has_weights = target == tmp_path / "ckpt"
-        assert ("checkpoint: 1 safetensors files" in out) == has_weights
+        assert ("checkpoint: 1 safetensors file," in out) == has_weights
 
 
 def test_cli_inspect_errors_name_the_problem(tmp_path) -> None:

@@ -153,6 +153,13 @@ def test_bench_serve_against_live_server(server, tmp_path):
     assert data["percentiles"]["ttft_ms"]["p50"] > 0
 
 
+def test_bench_serve_fails_when_no_request_succeeds(server):
+    result = runner.invoke(app, ["bench", "serve", "--url", server.url, "--model", "nope",
+                                 "--num-requests", "2", "--input-len", "4", "--output-len", "2"])
+    assert result.exit_code == 2
+    assert "all 2 requests failed" in result.output and "404" in result.output
+
+
 def test_bench_serve_takes_the_url_serve_prints():
     """`hyla serve` prints its base URL with /v1: bench serve takes it as it is."""
     from hyla.bench_serve import BenchConfig

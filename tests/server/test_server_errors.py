@@ -54,6 +54,7 @@ def test_chat_longer_than_context_names_messages(server):
     long = [{"role": "user", "content": "word " * (4 * MAX_CONTEXT)}]
     err = _chat_error(server, 400, messages=long)
     assert err["param"] == "messages"  # the field the client sent, not the rendered prompt
+    assert err["message"].startswith("messages: the rendered prompt has ")
     assert str(MAX_CONTEXT) in err["message"]
 
 
@@ -111,6 +112,7 @@ def test_empty_messages(server):
 def test_unknown_role(server):
     err = _chat_error(server, 400, messages=[{"role": "wizard", "content": "Hi"}])
     assert err["param"] == "messages[0].role" and "wizard" in err["message"]
+    assert err["code"] == "invalid_value"  # as every 400 without a code of its own
 
 
 @pytest.mark.parametrize("token", [-1, 10**6], ids=["negative", "beyond-vocab"])
@@ -159,7 +161,7 @@ def test_malformed_json_is_422(server):
         ("/v1/completions", {"model": MODEL}, "prompt"),
         ("/v1/completions", {"prompt": "Hi", "max_tokens": "many"}, "max_tokens"),
         ("/v1/completions", {"prompt": "Hi", "temperature": "hot"}, "temperature"),
-        ("/v1/chat/completions", {"messages": [{"content": "Hi"}]}, "messages.0.role"),
+        ("/v1/chat/completions", {"messages": [{"content": "Hi"}]}, "messages[0].role"),
         ("/v1/chat/completions", {"messages": "Hi"}, "messages"),
     ],
     ids=["missing-prompt", "max-tokens-type", "temperature-type", "missing-role", "messages-type"],
