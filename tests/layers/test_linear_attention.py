@@ -9,6 +9,7 @@ fresh sequence's slot shows up.
 from __future__ import annotations
 
 import functools
+import inspect
 import random
 
 import pytest
@@ -160,13 +161,20 @@ def inputs(T: int, seed: int) -> torch.Tensor:
     return torch.randn(T, D, generator=torch.Generator().manual_seed(seed))
 
 
+def hf_cache(hf, cache) -> dict:
+    """The cache keyword of the transformers layer: `cache` (`cache_params` before 5.24, removed
+    in 5.40)."""
+    name = "cache" if "cache" in inspect.signature(hf.forward).parameters else "cache_params"
+    return {name: cache}
+
+
 @torch.no_grad()
 def hf_token_by_token(hf, hf_cfg, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Outputs [T, D] and the recurrent state after each token, decoding through a cache."""
     cache = DynamicCache(config=hf_cfg)
     outs, states = [], []
     for t in range(x.shape[0]):
-        outs.append(hf(x[None, t : t + 1], cache_params=cache)[0, 0])
+        outs.append(hf(x[None, t : t + 1], **hf_cache(hf, cache))[0, 0])
         states.append(cache.get_recurrent_state(0)[0].clone())
     return torch.stack(outs), states
 
@@ -205,7 +213,7 @@ def test_packed_prefill_matches_transformers(kind: str) -> None:
     for i, x in xs.items():
         cache = DynamicCache(config=hf_cfg)
         with torch.no_grad():
-            hf_chunked = hf(x[None], cache_params=cache)[0]
+            hf_chunked = hf(x[None], **hf_cache(hf, cache))[0]
         torch.testing.assert_close(out[i], hf_chunked, atol=ATOL, rtol=0)
         torch.testing.assert_close(
             runner.state(i), cache.get_recurrent_state(0)[0], atol=ATOL, rtol=0
