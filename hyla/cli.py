@@ -214,7 +214,7 @@ def bench_serve(
         write_json(result, json_out)
         typer.echo(f"wrote {json_out}", err=True)
     if result.num_ok == 0:
-        _fail(f"all {result.num_failed} requests failed (first error above)")
+        _fail(f"all {result.num_failed} requests failed (errors above)")
 
 
 app.command()(add_options(serve, _engine_specs()))

@@ -112,17 +112,27 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         # the engine checks the rendered prompt; the client sent `messages`
-        return await _guard(create_chat_completion(ctx, body, request), prompt_param="messages")
+        sent = {"prompt": "messages"}
+        if body.max_completion_tokens is not None:
+            sent["max_tokens"] = "max_completion_tokens"
+        return await _guard(create_chat_completion(ctx, body, request), sent)
 
 
-async def _guard(coro: Any, prompt_param: str = "prompt") -> Response:
+async def _guard(coro: Any, sent: dict[str, str] | None = None) -> Response:
+    """Await a route's work; any error becomes an APIError naming the field the client sent
+    (`sent` maps the engine's field names to the request's)."""
     try:
         return await coro
     except Exception as e:
         err = to_api_error(e)
-        if err.param == "prompt" and prompt_param != "prompt":  # the prompt rendered from it
-            err.param = prompt_param
-            err.message = f"{prompt_param}: the rendered {e.message}"
+        field = (sent or {}).get(err.param or "")
+        if field:
+            detail = err.message.removeprefix(f"{err.param}: ")
+            if err.param == "prompt":
+                err.message = f"{field} (as rendered to the prompt): {detail}"
+            else:
+                err.message = f"{field}: {detail.replace(err.param, field)}"
+            err.param = field
         raise err from e
 
 

@@ -37,8 +37,7 @@ _UNION_TAGS = {"int", "float", "str", "bool", "dict", "list", "none", "function-
 
 
 class APIError(Exception):
-    """An error with its HTTP status; raised by route code, rendered by `error_response`. A 400
-    without its own `code` gets "invalid_value" (as the engine's range errors do)."""
+    """An error with its HTTP status; raised by route code, rendered by `error_response`."""
 
     def __init__(
         self,
@@ -52,11 +51,14 @@ class APIError(Exception):
         self.status = status
         self.message = message
         self.param = param
-        self.code = code if code is not None or status != 400 else "invalid_value"
+        self.code = code
         self.headers = headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: Any = None) -> dict:
+    """OpenAI's error JSON; a 400 without a code of its own gets "invalid_value"."""
+    if code is None and status == 400:
+        code = "invalid_value"
     info = ErrorInfo(message=message, type=_TYPES.get(status, "invalid_request_error"),
                      param=param, code=code)
     return ErrorResponse(error=info).model_dump()

@@ -54,7 +54,7 @@ def test_chat_longer_than_context_names_messages(server):
     long = [{"role": "user", "content": "word " * (4 * MAX_CONTEXT)}]
     err = _chat_error(server, 400, messages=long)
     assert err["param"] == "messages"  # the field the client sent, not the rendered prompt
-    assert err["message"].startswith("messages: the rendered prompt has ")
+    assert err["message"].startswith("messages (as rendered to the prompt): prompt has ")
     assert str(MAX_CONTEXT) in err["message"]
 
 
@@ -86,6 +86,27 @@ def test_max_tokens_over_limit(server):
     assert err["param"] == "max_tokens" and str(MAX_CONTEXT) in err["message"]
     err = _chat_error(server, 400, messages=USER, max_completion_tokens=10**6)
     assert err["param"] == "max_completion_tokens" and str(MAX_CONTEXT) in err["message"]
+
+
+def test_chat_prompt_plus_max_completion_tokens_names_that_field(server):
+    err = _chat_error(server, 400, messages=USER, max_tokens=None,
+                      max_completion_tokens=MAX_CONTEXT - 2)
+    assert err["param"] == "max_completion_tokens" and "max_tokens" not in err["message"]
+    assert err["message"].startswith("max_completion_tokens: ")
+
+
+def test_chat_rendering_to_an_empty_prompt_names_messages(server):
+    err = _chat_error(server, 400, messages=[{"role": "assistant", "content": ""}],
+                      extra_body={"add_generation_prompt": False,
+                                  "chat_template_kwargs": {"continue_final_message": True}})
+    assert err["param"] == "messages" and err["code"] == "invalid_value"
+    assert err["message"] == "messages (as rendered to the prompt): must not be empty"
+
+
+def test_undecodable_body_is_400_invalid_value(server):
+    r = httpx.post(f"{server.url}/v1/completions", content=b'{"prompt": "\xff\xfe"}',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value"
 
 
 def test_negative_temperature(server):
