@@ -92,14 +92,33 @@ def to_api_error(e: BaseException) -> APIError:
 
 
 def _validation_param(loc: tuple) -> str:
-    """pydantic's error location as the server's own errors name a field: `messages[0].role`."""
+    """pydantic's error location as the server's own errors name a field: `messages[0].role`
+    (FastAPI's leading "body" and pydantic's union member tags left out)."""
     param = ""
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             param += f"[{part}]"
-        elif part != "body" and not _is_union_tag(part):
+        elif not (i == 0 and part == "body") and not _is_union_tag(part):
             param += f".{part}" if param else part
     return param
+
+
+def _param_of(error: dict) -> str:
+    return _validation_param(tuple(error.get("loc", ())))
+
+
+def _within(param: str, field: str) -> bool:
+    """True when `param` is `field` or an item / attribute inside it."""
+    return param == field or param.startswith((f"{field}[", f"{field}."))
+
+
+def _innermost(errors: list[dict], first: dict) -> dict:
+    """The error that names the deepest item of `first`'s field: for a union whose list member
+    matched the value but not one item (`stop: ["a", 3]`), the item's error (`stop[1]`) says
+    more than the member that wanted a string. `first` when none is deeper."""
+    field = _param_of(first)
+    inside = [e for e in errors if _within(_param_of(e), field)]
+    return max(inside, key=lambda e: len(_param_of(e)), default=first)
 
 
 def _is_union_tag(part: str) -> bool:
@@ -130,8 +149,10 @@ def validation_error_response(errors: list[dict]) -> JSONResponse:
         ctx = first.get("ctx") or {}
         detail = ctx.get("error", first.get("msg", "invalid JSON"))
         return error_response(422, f"malformed JSON body: {detail}", code="json_invalid")
-    param = _validation_param(tuple(first.get("loc", ())))
-    same = [e for e in errors if _validation_param(tuple(e.get("loc", ()))) == param]
+    field = _param_of(first)
+    first = _innermost(errors, first)
+    param = _param_of(first)
+    same = [e for e in errors if _param_of(e) == param]
     tags = _union_tags(same)
     value = first.get("input")
     own = [e for e in same if _union_member(e) == type(value).__name__]
@@ -142,7 +163,7 @@ def validation_error_response(errors: list[dict]) -> JSONResponse:
     else:
         detail = first.get("msg", "invalid")
     message = f"{param}: {detail}" if param else f"request body: {detail}"
-    extra = len({_validation_param(tuple(e.get("loc", ()))) for e in errors}) - 1
+    extra = len({_param_of(e) for e in errors if not _within(_param_of(e), field)})
     if extra > 0:
         message += f" (and {extra} more field error(s))"
     return error_response(422, message, param=param or None, code="validation_error")
