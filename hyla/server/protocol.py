@@ -17,13 +17,14 @@ import time
 import types
 import typing
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
-    FiniteFloat,
+    Strict,
     StrictBool,
     StrictInt,
     model_serializer,
@@ -32,7 +33,8 @@ from pydantic import (
 
 # A completion prompt: text, token ids, or a batch of either.
 Prompt = str | list[str] | list[StrictInt] | list[list[StrictInt]]
-Number = StrictInt | FiniteFloat
+# A JSON number, as OpenAI's API takes it: no booleans, no numeric strings, finite.
+Number = StrictInt | Annotated[float, Strict(), AllowInfNan(False)]
 
 
 def random_id(prefix: str) -> str:

@@ -182,6 +182,8 @@ def test_malformed_json_is_422(server):
         ("/v1/completions", {"model": MODEL}, "prompt"),
         ("/v1/completions", {"prompt": "Hi", "max_tokens": "many"}, "max_tokens"),
         ("/v1/completions", {"prompt": "Hi", "temperature": "hot"}, "temperature"),
+        ("/v1/completions", {"prompt": "Hi", "temperature": "0.5"}, "temperature"),
+        ("/v1/completions", {"prompt": "Hi", "top_p": True}, "top_p"),
         ("/v1/chat/completions", {"messages": [{"content": "Hi"}]}, "messages[0].role"),
         ("/v1/chat/completions", {"messages": "Hi"}, "messages"),
         ("/v1/completions", {"prompt": "Hi", "stop": ["a", 3]}, "stop[1]"),
@@ -189,7 +191,8 @@ def test_malformed_json_is_422(server):
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": [5]}]},
          "messages[0].content[0]"),
     ],
-    ids=["missing-prompt", "max-tokens-type", "temperature-type", "missing-role", "messages-type",
+    ids=["missing-prompt", "max-tokens-type", "temperature-type", "numeric-string", "bool-number",
+         "missing-role", "messages-type",
          "stop-item", "token-id-item", "content-part"],
 )
 def test_schema_violation_is_422_naming_the_field(server, path, body, param):
