@@ -182,6 +182,9 @@ async def run_bench_async(config: BenchConfig) -> BenchResult:
                                  timeout=config.timeout) as client:
         try:
             model = config.model or await _first_model(client)
+        except httpx.HTTPStatusError as e:  # reached, but refused (e.g. 401 without --api-key)
+            raise OSError(f"{config.url}/v1/models answered {e.response.status_code}: "
+                          f"{e.response.text[:200]}") from e
         except httpx.HTTPError as e:
             raise OSError(f"cannot reach {config.url}: {e}") from e
         gate = asyncio.Semaphore(config.concurrency)

@@ -160,6 +160,13 @@ def test_bench_serve_fails_when_no_request_succeeds(server):
     assert "all 2 requests failed" in result.output and "404" in result.output
 
 
+def test_bench_serve_without_the_api_key_says_so(make_server):
+    server = make_server(api_key="s3cret")
+    result = runner.invoke(app, ["bench", "serve", "--url", server.url, "--num-requests", "1"])
+    assert result.exit_code == 2
+    assert "answered 401" in result.output and "cannot reach" not in result.output
+
+
 def test_bench_serve_takes_the_url_serve_prints():
     """`hyla serve` prints its base URL with /v1: bench serve takes it as it is."""
     from hyla.bench_serve import BenchConfig
