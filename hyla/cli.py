@@ -86,19 +86,34 @@ def _check_port(host: str, port: int) -> None:
         _fail(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
 
 
+def _check_api_key(api_key: str | None) -> None:
+    """Fail cleanly (exit 2) on an empty API key: it would turn authentication off silently
+    (click reads an empty HYLA_API_KEY as unset, so that case is checked here too)."""
+    import os
+
+    from_env = api_key is None and "HYLA_API_KEY" in os.environ
+    value = os.environ["HYLA_API_KEY"] if from_env else api_key
+    if value is not None and (not value.strip() or value != value.strip()):
+        source = "HYLA_API_KEY" if from_env else "--api-key"
+        _fail(f"{source}: the API key must be non-empty without surrounding whitespace (leave "
+              "it unset to serve without authentication)")
+
+
 def serve(
     model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
                                        show_default=False),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: any free port)."),
-    api_key: str | None = typer.Option(None, envvar="HYLA_API_KEY",
-                                       help="Require 'Authorization: Bearer <key>' on /v1/*."),
+    api_key: str | None = typer.Option(
+        None, envvar="HYLA_API_KEY", help="Require 'Authorization: Bearer <key>' on every "
+        "route but /health (/v1/*, /metrics, /docs, /openapi.json); must not be empty."),
     served_model_name: str | None = typer.Option(
         None, help="Model name clients send (default: the checkpoint directory's name; "
         "'default' for the embedded model)."),
     max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies get 413."),
-    drain_timeout: float = typer.Option(30.0, min=0.0,
-                                        help="Seconds to finish requests on SIGTERM."),
+    drain_timeout: float = typer.Option(
+        30.0, min=0.0, help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
+        "them with finish_reason 'abort' (0: at once). A second signal exits at once."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
     engine_options: dict | None = None,
 ) -> None:
@@ -108,6 +123,7 @@ def serve(
     from hyla.server.launch import make_server, run_until_signal
 
     options = engine_options or {}
+    _check_api_key(api_key)
     _check_port(host, port)  # before loading the model, which can take minutes
     engine = _load_engine(model, options)
     async_engine = AsyncEngine(engine, request_timeout=options.get("request_timeout"))

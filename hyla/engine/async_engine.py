@@ -38,7 +38,7 @@ from hyla.engine.async_stream import (
     OutputQueue,
     QueueFullError,
     RequestStream,
-    timeout_output,
+    empty_output,
     with_finish_reason,
 )
 from hyla.engine.validate import prompt_token_ids, validate_lengths
@@ -87,6 +87,7 @@ class AsyncEngine:
         self._num_pending_adds = 0
         self._stats = engine.get_stats()  # refreshed by the engine thread
         self._is_draining = False
+        self._is_aborting = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -135,6 +136,15 @@ class AsyncEngine:
         """Stop admitting requests; the running ones go on to finish."""
         self._is_draining = True
 
+    def abort_all(self) -> None:
+        """Stop admitting and end every request in flight (thread-safe). Each stream gets a
+        final output with finish_reason "abort" (no token yet: one with empty completions),
+        then ends; requests still being admitted are refused with EngineDrainingError."""
+        with self._cond:
+            self._is_draining = self._is_aborting = True
+            self._commands.append(("abort_all",))
+            self._cond.notify()
+
     async def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop the engine thread, after the requests in flight finish when `drain`.
 
@@ -145,9 +155,8 @@ class AsyncEngine:
             start = time.monotonic()
             while self.num_in_flight() and (timeout is None or time.monotonic() - start < timeout):
                 await asyncio.sleep(0.02)
+        self.abort_all()
         with self._cond:
-            for request_id in list(self._streams):
-                self._commands.append(("abort", request_id, "abort"))
             self._commands.append(("stop",))
             self._cond.notify()
         if self._thread is not None:
@@ -305,10 +314,15 @@ class AsyncEngine:
                 self._add(*command[1:])
             elif command[0] == "abort":
                 self._abort(command[1], command[2])
+            elif command[0] == "abort_all":
+                for request_id in list(self._streams):
+                    self._abort(request_id, "shutdown")
 
     def _add(self, request_id, prompt, params, queue, admitted, text) -> None:  # noqa: ANN001
         arrival = time.monotonic()
         try:
+            if self._is_aborting:
+                raise EngineDrainingError("the server is shutting down")
             if request_id in self._streams:
                 raise InvalidRequestError("request_id", f"duplicate request id {request_id!r}")
             self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
@@ -335,10 +349,11 @@ class AsyncEngine:
             return
         with self._cond:
             del self._streams[request_id]
-        if reason == "timeout" and stream.last_output is not None:
-            self._put(stream, with_finish_reason(stream.last_output, "timeout"))
-        elif reason == "timeout":
-            self._put(stream, timeout_output(request_id, stream.num_outputs))
+        final = "abort" if reason == "shutdown" else reason
+        if reason != "abort" and stream.last_output is not None:
+            self._put(stream, with_finish_reason(stream.last_output, final))
+        elif reason != "abort":
+            self._put(stream, empty_output(request_id, stream.num_outputs, final))
         self._put(stream, DONE)
 
     def _expire(self) -> None:

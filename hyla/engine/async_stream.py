@@ -134,11 +134,11 @@ def with_finish_reason(output: RequestOutput, reason: str) -> RequestOutput:
     return dataclasses.replace(output, outputs=outputs, finished=True)
 
 
-def timeout_output(request_id: str, num_outputs: int) -> RequestOutput:
-    """The final output of a request that timed out before producing any token."""
+def empty_output(request_id: str, num_outputs: int, reason: str) -> RequestOutput:
+    """The final output of a request that ended with `reason` before producing any token."""
     outputs = [
         CompletionOutput(index=k, text="", token_ids=[], logprobs=None, cumulative_logprob=None,
-                         finish_reason="timeout", stop_reason=None)
+                         finish_reason=reason, stop_reason=None)
         for k in range(num_outputs)
     ]
     return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[],

@@ -19,7 +19,7 @@ from hyla.engine.async_engine import AsyncEngine
 from hyla.server import convert
 from hyla.server.errors import APIError, install_error_handlers, to_api_error
 from hyla.server.metrics import ServerMetrics
-from hyla.server.middleware import APIKeyGuard, BodyLimit, StatusCounter
+from hyla.server.middleware import APIKeyGuard, BodyLimit, StatusCounter, check_api_key
 from hyla.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -58,14 +58,17 @@ def build_app(
     api_key: str | None = None,
     max_request_bytes: int = 8 << 20,
     drain_timeout: float | None = 30.0,
+    body_timeout: float = 30.0,
 ) -> FastAPI:
     """The FastAPI app serving `engine` under the name `served_model_name`.
 
     Args:
         engine: the AsyncEngine; started on app startup, drained and stopped on shutdown.
         served_model_name: the `model` clients must send (default: the engine's model name).
-        api_key: when set, `/v1/*` requires `Authorization: Bearer <api_key>` (else 401).
+        api_key: when set, every route but `/health` requires `Authorization: Bearer
+            <api_key>` (else 401); an empty key is a ValueError.
         max_request_bytes: larger request bodies get 413.
+        body_timeout: a request body not received in full within this many seconds gets 408.
         drain_timeout: on shutdown, seconds to let requests in flight finish before aborting.
     """
     metrics = ServerMetrics(engine)
@@ -80,8 +83,9 @@ def build_app(
     app = FastAPI(title="hyla", version="0.1.0", lifespan=lifespan)
     app.state.ctx = ctx
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
-    if api_key:
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes, timeout=body_timeout)
+    if api_key is not None:
+        check_api_key(api_key)
         app.add_middleware(APIKeyGuard, api_key=api_key)
     app.add_middleware(StatusCounter, metrics=metrics, routes=ROUTES)
     _add_routes(app, ctx)

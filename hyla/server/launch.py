@@ -1,15 +1,25 @@
-"""Run the app under uvicorn with a graceful SIGTERM drain.
+"""Run the app under uvicorn with a graceful SIGTERM/SIGINT drain.
 
-On SIGTERM/SIGINT the engine stops admitting (new requests get 503), uvicorn closes its listening
-socket and lets the responses in flight finish (up to `drain_timeout` seconds), then the app's
-shutdown stops the engine thread. A second signal exits at once.
+Shutdown sequence (first signal):
+  1. the engine stops admitting: new completions get 503 "shutting_down" with Retry-After and
+     `/health` answers 503 "draining"; the listener stays open so both can be seen;
+  2. the requests in flight run to their end, for at most `drain_timeout` seconds (0: none);
+  3. then every request still open is ended: a stream gets a final chunk with finish_reason
+     "abort" (an error event when it had no token yet) and `data: [DONE]`;
+  4. uvicorn closes the listener and the finished connections, the app's shutdown stops the
+     engine thread, and the process exits with code 0 through `os._exit`, skipping the
+     interpreter's teardown (seconds of garbage collection over the model's objects).
+A second signal exits at once with code 1 (streams are cut).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
+import sys
+import time
 from types import FrameType
 from typing import Any
 
@@ -17,31 +27,92 @@ import uvicorn
 
 logger = logging.getLogger("hyla.server")
 
+# After the drain, seconds uvicorn lets the remaining connections finish writing (the final
+# SSE events, a 503) before it cancels them.
+CLOSE_TIMEOUT = 5
+
 
 class DrainingServer(uvicorn.Server):
-    """`uvicorn.Server` that tells the AsyncEngine to stop admitting before shutting down."""
+    """`uvicorn.Server` that drains the AsyncEngine before uvicorn's own shutdown starts.
 
-    def __init__(self, config: uvicorn.Config, async_engine: Any) -> None:
+    uvicorn's shutdown closes the listening socket first and cuts the responses still open when
+    its timeout expires; here uvicorn starts it only once no request is in flight, so it closes
+    finished connections only.
+    """
+
+    def __init__(
+        self, config: uvicorn.Config, async_engine: Any, drain_timeout: float | None = 30.0
+    ) -> None:
         super().__init__(config)
         self.async_engine = async_engine
+        self.drain_timeout = drain_timeout
+        self.drain_started: float | None = None
+        self.is_aborting = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self.should_exit:
-            logger.info("signal %s: draining %d request(s) in flight", sig,
-                        self.async_engine.num_in_flight())
+        if self.drain_started is not None or self.should_exit:
+            logger.warning("second signal %s: exiting now", sig)
+            exit_now(1)
+        self.begin_drain(sig)
+
+    def begin_drain(self, sig: int | None = None) -> None:
+        """Start the shutdown sequence (what the first SIGTERM/SIGINT does)."""
+        self.drain_started = time.monotonic()
+        logger.info("signal %s: draining %d request(s) in flight (drain timeout %ss)", sig,
+                    self.async_engine.num_in_flight(), self.drain_timeout)
         self.async_engine.begin_drain()
-        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_started is not None and not self.should_exit:
+            self._advance_drain()
+        return await super().on_tick(counter)
+
+    def _advance_drain(self) -> None:
+        num_in_flight = self.async_engine.num_in_flight()
+        if num_in_flight == 0:
+            self.should_exit = True
+            return
+        expired = (self.drain_timeout is not None
+                   and time.monotonic() - self.drain_started >= self.drain_timeout)
+        if expired and not self.is_aborting:
+            logger.warning("drain timeout: ending %d request(s) with finish_reason 'abort'",
+                           num_in_flight)
+            self.is_aborting = True
+            self.async_engine.abort_all()
+
+
+def exit_now(code: int) -> None:
+    """Flush the logs and streams, then end the process without the interpreter's teardown.
+
+    Besides its speed, this keeps C++ destructors from running while a torch thread is still
+    busy (the engine thread after a forced exit): that aborted the process with SIGABRT
+    ("terminate called without an active exception").
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def run_until_signal(server: DrainingServer) -> None:
-    """`server.run()`, then exit normally after a SIGTERM/SIGINT drain.
+    """`server.run()`, then exit the process (code 0 after a SIGTERM/SIGINT drain).
 
-    uvicorn re-raises the signal it caught once it has shut down; with these no-op handlers in
-    place that re-raise returns here instead of killing the process (exit code 0, no traceback).
+    Never returns: the process ends through `exit_now`.
     """
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    code = 0
+    try:
+        server.run()
+    except SystemExit as e:  # uvicorn's startup failure
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        logger.exception("server failed")
+        code = 1
+    exit_now(code)
 
 
 def make_server(
@@ -50,14 +121,14 @@ def make_server(
     host: str = "127.0.0.1",
     port: int = 8000,
     log_level: str = "info",
-    drain_timeout: float = 30.0,
+    drain_timeout: float | None = 30.0,
 ) -> DrainingServer:
-    """A DrainingServer for `app` (lifespan on, graceful shutdown bounded by drain_timeout)."""
+    """A DrainingServer for `app` (lifespan on; `drain_timeout` None: wait for every request)."""
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, lifespan="on",
-        timeout_graceful_shutdown=int(drain_timeout) or None, access_log=False,
+        timeout_graceful_shutdown=CLOSE_TIMEOUT, access_log=False,
     )
-    return DrainingServer(config, async_engine)
+    return DrainingServer(config, async_engine, drain_timeout)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: per-status request counts, API-key check, request-body size limit.
+"""Pure-ASGI middleware: per-status request counts, API-key check, request-body size and
+time limits.
 
 They wrap `receive`/`send` rather than subclassing BaseHTTPMiddleware so streaming responses
 and client-disconnect messages pass through untouched.
@@ -6,6 +7,7 @@ and client-disconnect messages pass through untouched.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from typing import Any
@@ -62,16 +64,25 @@ class StatusCounter:
             self.metrics.requests.labels(route, str(status["code"])).inc()
 
 
-class APIKeyGuard:
-    """Answers 401 to `/v1/*` requests without `Authorization: Bearer <api_key>`."""
+def check_api_key(api_key: str) -> None:
+    """Raises ValueError for an empty key (or one with surrounding whitespace, which a
+    client's stripped header could never match): auth must not be off by accident."""
+    if not api_key.strip() or api_key != api_key.strip():
+        raise ValueError("api_key: must be non-empty without surrounding whitespace")
 
-    def __init__(self, app: Any, api_key: str, prefix: str = "/v1") -> None:
+
+class APIKeyGuard:
+    """Answers 401 to requests without `Authorization: Bearer <api_key>`, on every path but
+    `open_paths` (`/health`, for load balancers): `/v1/*`, `/metrics`, `/docs` and
+    `/openapi.json` too, since metrics and the schema tell an outsider what is served."""
+
+    def __init__(self, app: Any, api_key: str, open_paths: tuple[str, ...] = ("/health",)) -> None:
         self.app = app
         self.api_key = api_key.encode()
-        self.prefix = prefix
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
@@ -86,11 +97,14 @@ class APIKeyGuard:
 
 
 class BodyLimit:
-    """Answers 413 when a request body exceeds `max_bytes`; otherwise replays the read body."""
+    """Answers 413 when a request body exceeds `max_bytes`, 408 when it does not arrive in
+    full within `timeout` seconds (a body shorter than its Content-Length would otherwise hold
+    the connection forever); otherwise replays the read body."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: Any, max_bytes: int, timeout: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
@@ -98,26 +112,38 @@ class BodyLimit:
             return
         headers = dict(scope.get("headers") or [])
         declared = _int_or_none(headers.get(b"content-length"))
+        try:
+            async with asyncio.timeout(self.timeout):
+                body = await self._read(receive, send, declared)
+        except TimeoutError:
+            await send_error(send, 408, f"request body: not received in full within "
+                             f"{self.timeout:g} s (Content-Length {declared})",
+                             code="request_timeout", headers={"Connection": "close"})
+            return
+        if body is not None:
+            await self.app(scope, _replay(body, receive), send)
+
+    async def _read(self, receive: Any, send: Any, declared: int | None) -> bytes | None:
+        """The whole body, or None when answered (413) or the client left."""
         if declared is not None and declared > self.max_bytes:
             await _drain(receive, _DRAIN_LIMIT)
             await self._reject(send, declared)
-            return
+            return None
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
+                return None
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
                 if message.get("more_body", False):
                     await _drain(receive, _DRAIN_LIMIT)
                 await self._reject(send, size)
-                return
+                return None
             if not message.get("more_body", False):
-                break
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+                return b"".join(chunks)
 
     async def _reject(self, send: Any, size: int) -> None:
         await send_error(send, 413, f"request body of {size} bytes exceeds the limit of "

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 
 from hyla.engine.async_engine import AsyncEngine, RequestStream
-from hyla.server.errors import to_api_error
+from hyla.server.errors import APIError, to_api_error
 from hyla.server.metrics import RequestTracker, ServerMetrics
 from hyla.server.protocol import ErrorInfo, ErrorResponse, UsageInfo
 
@@ -62,11 +62,30 @@ async def start_streams(ctx: Context, prompts: list[Any], params: Any, request_i
     return Batch(streams, trackers, params.n, request_id)
 
 
+def check_produced(output: Any) -> None:
+    """Raises APIError 503 for a request that ended by timeout or abort before its first token:
+    an error says what happened; a 200 with empty text and finish_reason "timeout" did not."""
+    if not output.finished or any(c.token_ids for c in output.outputs):
+        return
+    reasons = {c.finish_reason for c in output.outputs}
+    if reasons == {"timeout"}:
+        raise APIError(503, "the request timed out (request_timeout) in the queue before its "
+                       "first token; retry later", code="queue_timeout",
+                       headers={"Retry-After": "1"})
+    if reasons == {"abort"}:
+        raise APIError(503, "the server is shutting down: the request was ended before its "
+                       "first token", code="shutting_down", headers={"Retry-After": "5"})
+
+
 async def iterate(batch: Batch) -> AsyncIterator[tuple[int, Any]]:
-    """Yield `(prompt_index, RequestOutput)` from all streams as outputs arrive."""
+    """Yield `(prompt_index, RequestOutput)` from all streams as outputs arrive.
+
+    Raises: APIError 503 when a request ended without a token (`check_produced`).
+    """
     if len(batch.streams) == 1:
         async for output in batch.streams[0]:
             batch.trackers[0].observe(output)
+            check_produced(output)
             yield 0, output
         return
     # Outputs are cumulative: keep only the newest unread one per prompt, so a slow consumer
@@ -95,6 +114,7 @@ async def iterate(batch: Batch) -> AsyncIterator[tuple[int, Any]]:
                 i = next(iter(latest))
                 output = latest.pop(i)
                 batch.trackers[i].observe(output)
+                check_produced(output)
                 yield i, output
                 continue
             if len(ended) == len(tasks):

@@ -1,0 +1,173 @@
+"""Shutdown of a real `hyla serve` process (embedded model, CPU) under real signals.
+
+Oracles: the SSE bytes each streaming client received (every stream ends with a final event
+and `data: [DONE]`, never a cut connection), the HTTP statuses seen while draining, the
+process's exit code and the time it takes to exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LONG = {"prompt": "def fibonacci(n):", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+
+
+def _free_port() -> int:
+    from hyla.server.launch import bind_socket
+
+    with bind_socket("127.0.0.1", 0) as sock:
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Serve:
+    proc: subprocess.Popen
+    url: str
+    log: list[str] = field(default_factory=list)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+@pytest.fixture
+def serve():
+    """Factory: `serve(*args)` starts `hyla serve` (embedded model) and waits for /health."""
+    procs: list[Serve] = []
+
+    def start(*args: str) -> Serve:
+        port = _free_port()
+        cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", str(port),
+               "--max-model-len", "4096", "--log-level", "warning", *args]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        server = Serve(proc, f"http://127.0.0.1:{port}")
+        threading.Thread(target=lambda: server.log.extend(proc.stdout), daemon=True).start()
+        procs.append(server)
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, "".join(server.log)
+            try:
+                if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
+                    return server
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.1)
+
+    yield start
+    for server in procs:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+class Stream(threading.Thread):
+    """A streaming completion read as raw SSE lines; `events` are the parsed data payloads."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.events: list = []
+        self.error: BaseException | None = None
+        self.first = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", f"{self.url}/v1/completions", json=self.body,
+                              timeout=60) as r:
+                assert r.status_code == 200, r.read()
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        data = line[6:]
+                        self.events.append(data if data == "[DONE]" else json.loads(data))
+                        self.first.set()
+        except BaseException as e:  # a cut connection shows here
+            self.error = e
+        self.first.set()
+
+    def finish_reason(self) -> str | None:
+        choices = [e["choices"][0] for e in self.events[:-1] if e.get("choices")]
+        return choices[-1]["finish_reason"] if choices else None
+
+
+def _open_streams(server: Serve, num: int, body: dict = LONG) -> list[Stream]:
+    streams = [Stream(server.url, body) for _ in range(num)]
+    for s in streams:
+        assert s.first.wait(60) and s.error is None, s.error
+    return streams
+
+
+def _assert_ended_with(streams: list[Stream], reason: str, timeout: float) -> None:
+    for s in streams:
+        s.join(timeout)
+        assert not s.is_alive(), "stream still open"
+        assert s.error is None, f"connection cut: {s.error!r}"
+        assert s.events[-1] == "[DONE]", s.events[-3:]
+        assert s.finish_reason() == reason, s.events[-3:]
+
+
+def test_drain_timeout_zero_ends_open_streams_at_once(serve):
+    server = serve("--drain-timeout", "0")
+    streams = _open_streams(server, 4)
+    start = time.monotonic()
+    server.proc.send_signal(signal.SIGINT)
+    _assert_ended_with(streams, "abort", timeout=10)
+    assert server.wait(timeout=10) == 0
+    assert time.monotonic() - start < 10
+
+
+def test_drain_lets_requests_finish_then_ends_the_rest(serve):
+    server = serve("--drain-timeout", "3")
+    long = _open_streams(server, 3)
+    short = _open_streams(server, 1, {**LONG, "max_tokens": 12})
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    health = httpx.get(f"{server.url}/health", timeout=5)
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+                         timeout=5)
+    assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["code"] == "shutting_down"
+    _assert_ended_with(short, "length", timeout=10)
+    _assert_ended_with(long, "abort", timeout=15)
+    assert server.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_second_signal_exits_at_once(serve, sig):
+    server = serve("--drain-timeout", "60")
+    streams = _open_streams(server, 2)
+    server.proc.send_signal(sig)
+    time.sleep(0.5)
+    start = time.monotonic()
+    server.proc.send_signal(sig)
+    assert server.wait(timeout=10) in (0, 1), "".join(server.log)
+    assert time.monotonic() - start < 5
+    assert "terminate called" not in "".join(server.log)
+    for s in streams:
+        s.join(10)
+
+
+def test_idle_server_exits_soon_after_sigterm(serve):
+    server = serve()
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 8},
+                   timeout=30)
+    assert r.status_code == 200
+    start = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=10) == 0
+    assert time.monotonic() - start < 2.0
