@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from hyla.engine.async_engine import AsyncEngine
 from hyla.server import convert
@@ -31,6 +31,7 @@ from hyla.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    ErrorResponse,
     ModelCard,
     ModelList,
     random_id,
@@ -92,28 +93,54 @@ def build_app(
     return app
 
 
+# The error statuses each route can answer, for the OpenAPI schema (all as OpenAI error JSON).
+_ERRORS = {
+    400: "a value out of range, or a field this server does not implement (named in `param`)",
+    401: "missing or wrong API key (only when the server has one)",
+    404: "unknown model",
+    408: "the request body did not arrive in full in time",
+    413: "the request body is too large",
+    422: "malformed JSON or a field of the wrong type",
+    500: "the engine failed",
+    503: "queue full, timed out in the queue before the first token (`queue_timeout`), or "
+         "shutting down; see Retry-After",
+}
+_ERROR_JSON = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+POST_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the completion as JSON, or with `stream: true` as server-sent "
+          "events ending with `data: [DONE]`", "content": {"text/event-stream": {}}},
+    **{status: {"model": ErrorResponse, "description": text} for status, text in _ERRORS.items()},
+}
+GET_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": _ERRORS[401], "content": _ERROR_JSON}
+}
+
+
 def _add_routes(app: FastAPI, ctx: Context) -> None:
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "draining: the server is shutting "
+                                         "down", "content": {"application/json": {}}}})
     async def health() -> Response:
         if ctx.engine.is_draining:
             return JSONResponse({"status": "draining"}, 503, headers={"Retry-After": "5"})
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={
+        200: {"description": "Prometheus text exposition format"}, **GET_RESPONSES})
     async def metrics() -> Response:
         body, content_type = ctx.metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=GET_RESPONSES)
     async def models() -> Response:
         card = ModelCard(id=ctx.model_name, max_model_len=ctx.engine.max_model_len)
         return _json(ModelList(data=[card]))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _guard(create_completion(ctx, body, request))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+              responses=POST_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         # the engine checks the rendered prompt; the client sent `messages`
         sent = {"prompt": "messages"}

@@ -93,21 +93,43 @@ def chat_params(req: ChatCompletionRequest, max_model_len: int) -> SamplingParam
 
 
 def _check_unsupported_chat(req: ChatCompletionRequest) -> None:
-    """Refuse what would be silently ignored: constrained output formats and forced tool calls.
+    """Refuse what would be silently ignored: tools, constrained output formats, other
+    output modalities.
 
-    Raises: APIError 400 for `response_format` other than {"type": "text"}, and for
-        `tool_choice` "required" or a named function (hyla makes no tool calls; "auto" and
-        "none" are fine: the model may always answer in text).
+    Raises: APIError 400 for non-empty `tools` or `functions` (hyla makes no tool calls),
+        `tool_choice` / `function_call` other than "none" or "auto" (with no tools, both mean
+        a text answer), `response_format` other than {"type": "text"}, `modalities` other
+        than ["text"].
     """
+    for name in ("tools", "functions"):
+        if getattr(req, name):
+            raise APIError(400, f"{name}: tool calling is not supported by this server; omit "
+                           f"{name}", param=name, code="unsupported_parameter")
+    for name in ("tool_choice", "function_call"):
+        choice = getattr(req, name)
+        if choice is not None and choice not in ("auto", "none"):
+            raise APIError(400, f"{name}: {choice!r:.80} is not supported (this server makes "
+                           "no tool calls); use 'auto', 'none' or omit it", param=name,
+                           code="unsupported_value")
     fmt = req.response_format
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise APIError(400, f"response_format: type {fmt.get('type')!r} is not supported (no "
-                       "constrained decoding); use {'type': 'text'} or omit it",
+    if fmt and (fmt.get("type", "text") != "text" or set(fmt) != {"type"}):
+        raise APIError(400, f"response_format: {fmt!r:.80} is not supported (no constrained "
+                       "decoding); use {'type': 'text'} or omit it",
                        param="response_format", code="unsupported_value")
-    choice = req.tool_choice
-    if choice is not None and choice not in ("auto", "none"):
-        raise APIError(400, f"tool_choice: {choice!r:.80} is not supported (this server makes "
-                       "no tool calls); use 'auto', 'none' or omit it", param="tool_choice",
+    if req.modalities is not None and req.modalities != ["text"]:
+        raise APIError(400, f"modalities: {req.modalities!r:.80} is not supported; use "
+                       "['text'] or omit it", param="modalities", code="unsupported_value")
+
+
+def _check_unsupported_common(req: Any) -> None:
+    """`store: true` (this server stores nothing) and a `service_tier` other than "auto" or
+    "default" (it has one tier) are refused with 400."""
+    if req.store:
+        raise APIError(400, "store: stored completions are not supported; use false or omit "
+                       "it", param="store", code="unsupported_value")
+    if req.service_tier not in (None, "auto", "default"):
+        raise APIError(400, f"service_tier: {req.service_tier!r:.80} is not supported; use "
+                       "'auto', 'default' or omit it", param="service_tier",
                        code="unsupported_value")
 
 
@@ -139,6 +161,7 @@ def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any
 
 
 def _check_common(req: Any, max_model_len: int, max_tokens: int | None, max_name: str) -> None:
+    _check_unsupported_common(req)
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options: only allowed when stream is true",
                        param="stream_options")
@@ -161,7 +184,8 @@ def default_chat_prompt(messages: list[dict[str, str]], add_generation_prompt: b
         User: ...
         Assistant:
     """
-    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    lines = [f"{m['role'].capitalize()}{' ' + m['name'] if m.get('name') else ''}: "
+             f"{m['content']}" for m in messages]
     if add_generation_prompt:
         lines.append("Assistant:")
     return "\n".join(lines)
@@ -180,8 +204,11 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
         raise APIError(400, "messages: this model has no tokenizer; use /v1/completions with "
                        "token ids", param="messages")
     if getattr(tokenizer, "chat_template", None):
-        kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items()
-                  if k not in _RESERVED_TEMPLATE_KWARGS}
+        kwargs = dict(req.chat_template_kwargs or {})
+        reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs.{reserved[0]}: set by the server, not "
+                           "by the request", param=f"chat_template_kwargs.{reserved[0]}")
         try:
             text = tokenizer.apply_chat_template(
                 conversation, tokenize=False,
@@ -200,18 +227,29 @@ def _message_dict(i: int, message: ChatMessage) -> dict[str, str]:
         raise APIError(400, f"messages[{i}].role: unknown role {message.role!r}; expected one "
                        f"of {', '.join(ROLES)}", param=f"messages[{i}].role")
     role = "system" if message.role == "developer" else message.role
-    content = message.content
+    out = {"role": role, "content": _message_text(i, message.content)}
+    if message.name is not None:  # for the chat template, as Hugging Face templates take it
+        out["name"] = check_text(message.name, f"messages[{i}].name")
+    return out
+
+
+def _message_text(i: int, content: Any) -> str:
     if content is None:
-        return {"role": role, "content": ""}
+        return ""
     if isinstance(content, str):
-        return {"role": role, "content": check_text(content, f"messages[{i}].content")}
+        return check_text(content, f"messages[{i}].content")
     texts = []
     for j, part in enumerate(content):
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
             raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported",
                            param=f"messages[{i}].content")
+        extra = sorted(set(part) - {"type", "text"})
+        if extra:
+            raise APIError(400, f"messages[{i}].content[{j}].{extra[0]}: not supported",
+                           param=f"messages[{i}].content[{j}].{extra[0]}",
+                           code="unsupported_parameter")
         texts.append(check_text(part["text"], f"messages[{i}].content"))
-    return {"role": role, "content": "".join(texts)}
+    return "".join(texts)
 
 
 # -- logprobs --------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hyla.engine.async_engine import EngineDeadError, EngineDrainingError
 from hyla.request import InvalidRequestError, QueueFullError
-from hyla.server.protocol import ErrorInfo, ErrorResponse
+from hyla.server.protocol import UNSUPPORTED_FIELDS, ErrorInfo, ErrorResponse
 
 logger = logging.getLogger("hyla.server")
 
@@ -140,10 +140,29 @@ def _union_tags(errors: list[dict]) -> list[str]:
     return tags
 
 
+def _unsupported_field_response(errors: list[dict]) -> JSONResponse | None:
+    """400 naming the first field the request models do not declare (OpenAI answers an
+    unrecognized argument with 400 too), or None when there is none."""
+    extra = [_param_of(e) for e in errors if e.get("type") == "extra_forbidden"]
+    if not extra:
+        return None
+    param = extra[0]
+    name = param.rsplit(".", 1)[-1]
+    reason = UNSUPPORTED_FIELDS.get(name, "unrecognized request argument")
+    message = f"{param}: {reason}; this server does not implement it (omit it)"
+    if len(extra) > 1:
+        message += f" (and {len(extra) - 1} more: {', '.join(extra[1:4])})"
+    return error_response(400, message, param=param, code="unsupported_parameter")
+
+
 def validation_error_response(errors: list[dict]) -> JSONResponse:
-    """422 naming the first offending field (`messages[0].role: Field required`)."""
+    """422 naming the first offending field (`messages[0].role: Field required`); 400 for a
+    field hyla does not implement."""
     if not errors:
         return error_response(422, "invalid request body", code="validation_error")
+    unsupported = _unsupported_field_response(errors)
+    if unsupported is not None:
+        return unsupported
     first = errors[0]
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}

@@ -1,12 +1,18 @@
 """OpenAI API request and response schemas (pydantic v2).
 
-The request models check *types* only (a violation is a 422); value ranges (temperature >= 0,
-0 < top_p <= 1, n <= MAX_N, max_tokens >= 1, ...) are checked by `hyla.request.SamplingParams`
-and by `hyla.server.api`, which answer 400 naming the field and the limit. Unknown request
-fields are ignored, as clients often send newer OpenAI fields. An explicit `null` for an
-optional field means its default (the OpenAI reference marks them nullable, and generated
-clients send `null` for unset fields); where `None` is itself a meaningful value (`max_tokens`:
-up to the context window) it is kept.
+The request models check *types* only (a violation is a 422); value ranges (temperature >= 0, 0 <
+top_p <= 1, n <= MAX_N, max_tokens >= 1, ...) are checked by `hyla.request.SamplingParams` and by
+`hyla.server.api`, which answer 400 naming the field and the limit. No request field is ignored: a
+field these models do not declare (an OpenAI field hyla does not implement, such as `audio` or
+`reasoning_effort`, or an unknown name) is a 400 naming it (`extra="forbid"`, worded by
+`errors.py`). Declared fields are implemented, restricted to the values hyla honours (`convert.py`
+refuses the rest with 400), or no-ops by OpenAI's own semantics: `user`, `safety_identifier` (end-
+user ids for abuse monitoring), `prompt_cache_key` (a cache-routing hint; prefix caching here is
+automatic), `stream_options.include_obfuscation` (side-channel padding, never needed on a local
+link), `parallel_tool_calls` (no tool can be called). An explicit `null` for an optional field
+means its default (the OpenAI reference marks them nullable, and generated clients send `null` for
+unset fields); where `None` is itself a meaningful value (`max_tokens`: up to the context window)
+it is kept.
 
 Source: the OpenAI API reference (completions, chat completions, models, error objects).
 """
@@ -51,7 +57,7 @@ def _admits_none(annotation: Any) -> bool:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     @model_validator(mode="before")
     @classmethod
@@ -103,11 +109,29 @@ class ModelList(_Response):
     data: list[ModelCard]
 
 
+# OpenAI request fields hyla does not implement, with why; any other undeclared name is an
+# unrecognized argument. Both are 400s naming the field (`errors.py`).
+UNSUPPORTED_FIELDS = {
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "reasoning_effort": "this server's models have no reasoning-effort control",
+    "verbosity": "this server's models have no verbosity control",
+    "metadata": "stored completions are not supported",
+    "tool_calls": "tool calls are not supported",
+    "tool_call_id": "tool calls are not supported",
+    "function_call": "function calls are not supported",
+    "refusal": "refusal messages are not supported",
+    "continuous_usage_stats": "per-chunk usage is not supported; use include_usage",
+}
+
+
 # -- shared request parts --------------------------------------------------------------------
 
 
 class StreamOptions(_Request):
     include_usage: StrictBool = False
+    include_obfuscation: StrictBool = False  # no-op (see the module docstring)
 
 
 class _SamplingFields(_Request):
@@ -123,7 +147,13 @@ class _SamplingFields(_Request):
     seed: StrictInt | None = None
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
+    # No-ops by OpenAI's semantics (see the module docstring).
     user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # Accepted only with the value equal to hyla's behaviour (checked in `convert.py`).
+    store: StrictBool | None = None
+    service_tier: str | None = None
     # Extensions (vLLM/SGLang spelling).
     top_k: StrictInt | None = None
     min_p: Number | None = None
@@ -200,11 +230,15 @@ class ChatCompletionRequest(_SamplingFields):
     logit_bias: dict[str, Number] | None = None
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    # Accepted only where hyla can honour them (checked in `convert.chat_params`): no
-    # constrained decoding, no tool calls.
+    # Accepted only with values equal to hyla's behaviour (checked in `convert.chat_params`):
+    # text output, no tools.
     response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None  # no-op: no tool can be called
 
 
 class TopLogprob(_Response):

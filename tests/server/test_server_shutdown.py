@@ -149,6 +149,8 @@ def test_drain_lets_requests_finish_then_ends_the_rest(serve):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_second_signal_exits_at_once(serve, sig):
+    """A second SIGTERM used to wait for the whole drain; a second SIGINT (uvicorn's forced
+    exit) skipped stopping the engine thread and died with SIGABRT in C++ teardown."""
     server = serve("--drain-timeout", "60")
     streams = _open_streams(server, 2)
     server.proc.send_signal(sig)
