@@ -2,7 +2,8 @@
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (JSON or SSE with
 `stream: true`), GET /health, GET /metrics. Middleware, outermost first: per-status counts,
-API key (only `/v1/*`), body-size limit. Errors are OpenAI error JSON (see `errors.py`).
+API key (every route but /health), body size and time limits. Errors are OpenAI error JSON (see
+`errors.py`); the POST routes' statuses are listed in the OpenAPI schema.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Every failure reaches the client as `{"error": {"message", "type", "param", "code"}}` with the
 HTTP status the OpenAI API uses: 400 bad value, 401 bad API key, 404 unknown model or route,
-413 body too large, 422 malformed JSON or schema violation, 503 queue full or shutting down
+408 body not received in time, 413 body too large, 422 malformed JSON or schema violation, 400
+too for a field hyla does not implement, 503 queue full, timed out in the queue or shutting down
 (with `Retry-After`), 500 an engine failure. Nothing here lets an exception escape to uvicorn.
 """
 
@@ -27,6 +28,7 @@ _TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     500: "server_error",

@@ -70,6 +70,8 @@ class _Request(BaseModel):
             if name in data and data[name] is None and not f.is_required()
             and not _admits_none(f.annotation)
         ]
+        # `null` for an OpenAI field hyla does not implement is "unset", not a use of it.
+        drop += [name for name in UNSUPPORTED_FIELDS if name in data and data[name] is None]
         return {k: v for k, v in data.items() if k not in drop} if drop else data
 
 
