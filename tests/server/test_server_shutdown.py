@@ -133,6 +133,11 @@ def test_drain_timeout_zero_ends_open_streams_at_once(serve):
 
 def test_drain_lets_requests_finish_then_ends_the_rest(serve):
     server = serve("--drain-timeout", "3")
+    whole: list[httpx.Response] = []
+    body = {**LONG, "stream": False}
+    waiter = threading.Thread(target=lambda: whole.append(httpx.post(
+        f"{server.url}/v1/completions", json=body, timeout=60)), daemon=True)
+    waiter.start()
     long = _open_streams(server, 3)
     short = _open_streams(server, 1, {**LONG, "max_tokens": 12})
     server.proc.send_signal(signal.SIGTERM)
@@ -145,6 +150,10 @@ def test_drain_lets_requests_finish_then_ends_the_rest(serve):
     assert refused.json()["error"]["code"] == "shutting_down"
     _assert_ended_with(short, "length", timeout=10)
     _assert_ended_with(long, "abort", timeout=15)
+    waiter.join(15)
+    assert whole and whole[0].status_code == 200, whole
+    choice = whole[0].json()["choices"][0]
+    assert choice["finish_reason"] == "abort" and choice["text"]
     assert server.wait(timeout=10) == 0
 
 
