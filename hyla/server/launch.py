@@ -58,8 +58,12 @@ class DrainingServer(uvicorn.Server):
     def begin_drain(self, sig: int | None = None) -> None:
         """Start the shutdown sequence (what the first SIGTERM/SIGINT does)."""
         self.drain_started = time.monotonic()
-        logger.info("signal %s: draining %d request(s) in flight (drain timeout %ss)", sig,
-                    self.async_engine.num_in_flight(), self.drain_timeout)
+        logger.info(
+            "signal %s: draining %d request(s) in flight (drain timeout %ss)",
+            sig,
+            self.async_engine.num_in_flight(),
+            self.drain_timeout,
+        )
         self.async_engine.begin_drain()
 
     async def on_tick(self, counter: int) -> bool:
@@ -72,11 +76,14 @@ class DrainingServer(uvicorn.Server):
         if num_in_flight == 0:
             self.should_exit = True
             return
-        expired = (self.drain_timeout is not None
-                   and time.monotonic() - self.drain_started >= self.drain_timeout)
+        expired = (
+            self.drain_timeout is not None
+            and time.monotonic() - self.drain_started >= self.drain_timeout
+        )
         if expired and not self.is_aborting:
-            logger.warning("drain timeout: ending %d request(s) with finish_reason 'abort'",
-                           num_in_flight)
+            logger.warning(
+                "drain timeout: ending %d request(s) with finish_reason 'abort'", num_in_flight
+            )
             self.is_aborting = True
             self.async_engine.abort_all()
 
@@ -125,8 +132,13 @@ def make_server(
 ) -> DrainingServer:
     """A DrainingServer for `app` (lifespan on; `drain_timeout` None: wait for every request)."""
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="on",
-        timeout_graceful_shutdown=CLOSE_TIMEOUT, access_log=False,
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=CLOSE_TIMEOUT,
+        access_log=False,
     )
     return DrainingServer(config, async_engine, drain_timeout)
 

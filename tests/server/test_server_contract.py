@@ -42,16 +42,49 @@ UNSUPPORTED = [
     ("chat", {"service_tier": "flex"}, "service_tier"),
     ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
     ("chat", {"no_such_field": 1}, "no_such_field"),
-    ("chat", {"stream": True, "stream_options": {"continuous_usage_stats": True}},
-     "stream_options.continuous_usage_stats"),
-    ("chat", {"messages": [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
-     "messages[0].tool_calls"),
-    ("chat", {"messages": [{"role": "tool", "content": "1", "tool_call_id": "1"}]},
-     "messages[0].tool_call_id"),
-    ("chat", {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}]}]},
-     "messages[0].content[0].cache_control"),
+    (
+        "chat",
+        {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+        "stream_options.continuous_usage_stats",
+    ),
+    (
+        "chat",
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                }
+            ]
+        },
+        "messages[0].tool_calls",
+    ),
+    (
+        "chat",
+        {"messages": [{"role": "tool", "content": "1", "tool_call_id": "1"}]},
+        "messages[0].tool_call_id",
+    ),
+    (
+        "chat",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}
+                    ],
+                }
+            ]
+        },
+        "messages[0].content[0].cache_control",
+    ),
     ("chat", {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
     ("completions", {"suffix": "x"}, "suffix"),
     ("completions", {"logit_bias": {"5": 10}}, "logit_bias"),
@@ -77,25 +110,38 @@ def _create(client: openai.OpenAI, endpoint: str, fields: dict, **kw) -> object:
     return create(**base, **typed, extra_body=extra or None)
 
 
-@pytest.mark.parametrize("endpoint,fields,param", UNSUPPORTED,
-                         ids=[f"{e}-{p}" for e, _, p in UNSUPPORTED])
+@pytest.mark.parametrize(
+    "endpoint,fields,param", UNSUPPORTED, ids=[f"{e}-{p}" for e, _, p in UNSUPPORTED]
+)
 def test_unimplemented_fields_are_400_naming_them(server, endpoint, fields, param):
     with pytest.raises(openai.BadRequestError) as e:
         _create(server.client(), endpoint, dict(fields))
     assert e.value.status_code == 400
     assert e.value.body["param"] == param, e.value.body
     assert param in e.value.message
-    assert e.value.body["code"] in ("unsupported_parameter", "unsupported_value",
-                                    "invalid_value")
+    assert e.value.body["code"] in ("unsupported_parameter", "unsupported_value", "invalid_value")
 
 
 NO_OPS = {
-    "chat": {"user": "u1", "safety_identifier": "s", "prompt_cache_key": "k", "store": False,
-             "service_tier": "auto", "parallel_tool_calls": False, "tools": [],
-             "tool_choice": "none", "function_call": "none", "modalities": ["text"],
-             "response_format": {"type": "text"}},
-    "completions": {"user": "u1", "safety_identifier": "s", "store": False,
-                    "service_tier": "default"},
+    "chat": {
+        "user": "u1",
+        "safety_identifier": "s",
+        "prompt_cache_key": "k",
+        "store": False,
+        "service_tier": "auto",
+        "parallel_tool_calls": False,
+        "tools": [],
+        "tool_choice": "none",
+        "function_call": "none",
+        "modalities": ["text"],
+        "response_format": {"type": "text"},
+    },
+    "completions": {
+        "user": "u1",
+        "safety_identifier": "s",
+        "store": False,
+        "service_tier": "default",
+    },
 }
 
 
@@ -104,15 +150,22 @@ def test_noop_fields_are_accepted_and_change_nothing(server, endpoint):
     client = server.client()
     plain = _create(client, endpoint, {}, temperature=0, max_tokens=6)
     with_noops = _create(client, endpoint, dict(NO_OPS[endpoint]), temperature=0, max_tokens=6)
-    text = (lambda r: r.choices[0].message.content) if endpoint == "chat" else (
-        lambda r: r.choices[0].text)
+    text = (
+        (lambda r: r.choices[0].message.content)
+        if endpoint == "chat"
+        else (lambda r: r.choices[0].text)
+    )
     assert text(with_noops) == text(plain)
 
 
 def test_stream_include_obfuscation_is_accepted(server):
     stream = server.client().chat.completions.create(
-        model=MODEL, messages=USER, max_tokens=2, stream=True,
-        stream_options={"include_usage": True, "include_obfuscation": False})
+        model=MODEL,
+        messages=USER,
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False},
+    )
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
 
@@ -151,14 +204,16 @@ def test_api_key_protects_every_route_but_health(make_server):
         r = httpx.get(f"{server.url}{path}", timeout=10)
         assert r.status_code == 401, path
         assert r.json()["error"]["code"] == "invalid_api_key"
-        ok = httpx.get(f"{server.url}{path}", headers={"Authorization": "Bearer s3cret"},
-                       timeout=10)
+        ok = httpx.get(
+            f"{server.url}{path}", headers={"Authorization": "Bearer s3cret"}, timeout=10
+        )
         assert ok.status_code == 200, path
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=1)
-    assert server.client("s3cret").completions.create(model=MODEL, prompt="Hi",
-                                                      max_tokens=1).choices
+    assert (
+        server.client("s3cret").completions.create(model=MODEL, prompt="Hi", max_tokens=1).choices
+    )
 
 
 # -- schema and statuses ---------------------------------------------------------------------
@@ -191,8 +246,7 @@ def test_queue_timeout_before_the_first_token_is_an_error(make_server, monkeypat
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=4)
     assert e.value.status_code == 503 and e.value.body["code"] == "queue_timeout"
     assert int(e.value.response.headers["retry-after"]) >= 1
-    stream = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4,
-                                            stream=True)
+    stream = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, stream=True)
     with pytest.raises(openai.APIError, match="timed out"):
         list(stream)
     monkeypatch.setattr(server.engine, "step", real_step)
@@ -205,8 +259,10 @@ def test_body_shorter_than_content_length_is_dropped_in_bounded_time(make_server
     host, port = server.url.rsplit("//", 1)[1].split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         start = time.monotonic()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b'application/json\r\nContent-Length: 100\r\n\r\n{"model"'
+        )
         received = b""
         while chunk := sock.recv(4096):  # the server closes the connection after its answer
             received += chunk
@@ -221,8 +277,10 @@ def test_slow_but_complete_body_is_served(make_server):
     server = make_server(body_timeout=5.0)
     host, port = server.url.rsplit("//", 1)[1].split(":")
     body = b'{"model": "tiny", "prompt": "Hi", "max_tokens": 1}'
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(head + body[:10])
         time.sleep(0.3)
@@ -239,8 +297,11 @@ def test_concurrent_streams_are_unaffected_by_a_stalled_upload(make_server):
     sock = socket.create_connection((host, int(port)), timeout=10)
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
     results = []
-    thread = threading.Thread(target=lambda: results.append(server.client().completions.create(
-        model=MODEL, prompt="Hi", max_tokens=3)))
+    thread = threading.Thread(
+        target=lambda: results.append(
+            server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=3)
+        )
+    )
     thread.start()
     thread.join(30)
     sock.close()

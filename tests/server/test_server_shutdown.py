@@ -49,11 +49,23 @@ def serve():
 
     def start(*args: str) -> Serve:
         port = _free_port()
-        cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", str(port),
-               "--max-model-len", "4096", "--log-level", "warning", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "hyla.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "4096",
+            "--log-level",
+            "warning",
+            *args,
+        ]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         server = Serve(proc, f"http://127.0.0.1:{port}")
         threading.Thread(target=lambda: server.log.extend(proc.stdout), daemon=True).start()
         procs.append(server)
@@ -88,8 +100,9 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", f"{self.url}/v1/completions", json=self.body,
-                              timeout=60) as r:
+            with httpx.stream(
+                "POST", f"{self.url}/v1/completions", json=self.body, timeout=60
+            ) as r:
                 assert r.status_code == 200, r.read()
                 for line in r.iter_lines():
                     if line.startswith("data: "):
@@ -135,8 +148,12 @@ def test_drain_lets_requests_finish_then_ends_the_rest(serve):
     server = serve("--drain-timeout", "3")
     whole: list[httpx.Response] = []
     body = {**LONG, "stream": False}
-    waiter = threading.Thread(target=lambda: whole.append(httpx.post(
-        f"{server.url}/v1/completions", json=body, timeout=60)), daemon=True)
+    waiter = threading.Thread(
+        target=lambda: whole.append(
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        ),
+        daemon=True,
+    )
     waiter.start()
     long = _open_streams(server, 3)
     short = _open_streams(server, 1, {**LONG, "max_tokens": 12})
@@ -144,8 +161,9 @@ def test_drain_lets_requests_finish_then_ends_the_rest(serve):
     time.sleep(0.3)
     health = httpx.get(f"{server.url}/health", timeout=5)
     assert health.status_code == 503 and health.json()["status"] == "draining"
-    refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
-                         timeout=5)
+    refused = httpx.post(
+        f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=5
+    )
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
     assert refused.json()["error"]["code"] == "shutting_down"
     _assert_ended_with(short, "length", timeout=10)
@@ -180,8 +198,9 @@ def _load(url: str, i: int) -> None:
     if i % 3:
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
         return
-    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "max_tokens": 50,
-                                                             "stream": True}, timeout=60) as r:
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json={**body, "max_tokens": 50, "stream": True}, timeout=60
+    ) as r:
         next(r.iter_lines())
 
 
