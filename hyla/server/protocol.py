@@ -6,13 +6,13 @@ top_p <= 1, n <= MAX_N, max_tokens >= 1, ...) are checked by `hyla.request.Sampl
 field these models do not declare (an OpenAI field hyla does not implement, such as `audio` or
 `reasoning_effort`, or an unknown name) is a 400 naming it (`extra="forbid"`, worded by
 `errors.py`). Declared fields are implemented, restricted to the values hyla honours (`convert.py`
-refuses the rest with 400), or no-ops by OpenAI's own semantics: `user`, `safety_identifier` (end-
-user ids for abuse monitoring), `prompt_cache_key` (a cache-routing hint; prefix caching here is
-automatic), `stream_options.include_obfuscation` (side-channel padding, never needed on a local
-link), `parallel_tool_calls` (no tool can be called). An explicit `null` for an optional field
-means its default (the OpenAI reference marks them nullable, and generated clients send `null` for
-unset fields); where `None` is itself a meaningful value (`max_tokens`: up to the context window)
-it is kept.
+refuses the rest with 400), or no-ops by OpenAI's own semantics: `user`, `safety_identifier`
+(end-user ids for abuse monitoring), `prompt_cache_key` (a cache-routing hint; prefix caching here
+is automatic), `stream_options.include_obfuscation` (side-channel padding, never needed on a local
+link), `parallel_tool_calls` (no tool can be called); `messages[].name` goes to the chat template,
+as Hugging Face templates take it. An explicit `null` for an optional field means its default (the
+OpenAI reference marks them nullable, and generated clients send `null` for unset fields); where
+`None` is itself a meaningful value (`max_tokens`: up to the context window) it is kept.
 
 Source: the OpenAI API reference (completions, chat completions, models, error objects).
 """

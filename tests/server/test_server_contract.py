@@ -135,6 +135,8 @@ NO_OPS = {
         "function_call": "none",
         "modalities": ["text"],
         "response_format": {"type": "text"},
+        "audio": None,  # null: an unimplemented field left unset
+        "metadata": None,
     },
     "completions": {
         "user": "u1",
