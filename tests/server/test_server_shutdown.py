@@ -208,7 +208,7 @@ def test_idle_server_exits_soon_after_sigterm(serve):
     """After some traffic an idle server took 5-13 s to exit, in the interpreter's teardown."""
     server = serve()
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: _load(server.url, i), range(120)))
+        list(pool.map(lambda i: _load(server.url, i), range(48)))
     time.sleep(0.5)
     start = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
