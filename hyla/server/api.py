@@ -18,7 +18,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from hyla.engine.async_engine import AsyncEngine
 from hyla.server import convert
-from hyla.server.errors import APIError, install_error_handlers, to_api_error
+from hyla.server.errors import (
+    GET_RESPONSES,
+    POST_RESPONSES,
+    APIError,
+    install_error_handlers,
+    to_api_error,
+)
 from hyla.server.metrics import ServerMetrics
 from hyla.server.middleware import APIKeyGuard, BodyLimit, StatusCounter, check_api_key
 from hyla.server.protocol import (
@@ -32,7 +38,6 @@ from hyla.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
-    ErrorResponse,
     ModelCard,
     ModelList,
     random_id,
@@ -92,29 +97,6 @@ def build_app(
     app.add_middleware(StatusCounter, metrics=metrics, routes=ROUTES)
     _add_routes(app, ctx)
     return app
-
-
-# The error statuses each route can answer, for the OpenAPI schema (all as OpenAI error JSON).
-_ERRORS = {
-    400: "a value out of range, or a field this server does not implement (named in `param`)",
-    401: "missing or wrong API key (only when the server has one)",
-    404: "unknown model",
-    408: "the request body did not arrive in full in time",
-    413: "the request body is too large",
-    422: "malformed JSON or a field of the wrong type",
-    500: "the engine failed",
-    503: "queue full, timed out in the queue before the first token (`queue_timeout`), or "
-         "shutting down; see Retry-After",
-}
-_ERROR_JSON = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-POST_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"description": "the completion as JSON, or with `stream: true` as server-sent "
-          "events ending with `data: [DONE]`", "content": {"text/event-stream": {}}},
-    **{status: {"model": ErrorResponse, "description": text} for status, text in _ERRORS.items()},
-}
-GET_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": _ERRORS[401], "content": _ERROR_JSON}
-}
 
 
 def _add_routes(app: FastAPI, ctx: Context) -> None:
