@@ -90,9 +90,11 @@ def serve():
 class Stream(threading.Thread):
     """A streaming completion read as raw SSE lines; `events` are the parsed data payloads."""
 
-    def __init__(self, url: str, body: dict) -> None:
+    def __init__(self, url: str, body: dict, path: str = "/v1/completions") -> None:
         super().__init__(daemon=True)
-        self.url, self.body = url, body
+        self.url, self.body, self.path = url, body, path
+        # a chat stream's first event is the role chunk: wait for one with a token too
+        self.num_before_first = 2 if "chat" in path else 1
         self.events: list = []
         self.error: BaseException | None = None
         self.first = threading.Event()
@@ -100,15 +102,14 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream(
-                "POST", f"{self.url}/v1/completions", json=self.body, timeout=60
-            ) as r:
+            with httpx.stream("POST", f"{self.url}{self.path}", json=self.body, timeout=60) as r:
                 assert r.status_code == 200, r.read()
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         data = line[6:]
                         self.events.append(data if data == "[DONE]" else json.loads(data))
-                        self.first.set()
+                        if len(self.events) >= self.num_before_first:
+                            self.first.set()
         except BaseException as e:  # a cut connection shows here
             self.error = e
         self.first.set()
@@ -136,7 +137,11 @@ def _assert_ended_with(streams: list[Stream], reason: str, timeout: float) -> No
 
 def test_drain_timeout_zero_ends_open_streams_at_once(serve):
     server = serve("--drain-timeout", "0")
-    streams = _open_streams(server, 4)
+    streams = _open_streams(server, 3)
+    chat = {"messages": [{"role": "user", "content": "def f(n):"}], **LONG}
+    del chat["prompt"]
+    streams.append(Stream(server.url, chat, "/v1/chat/completions"))
+    assert streams[-1].first.wait(60) and streams[-1].error is None, streams[-1].error
     start = time.monotonic()
     server.proc.send_signal(signal.SIGINT)
     _assert_ended_with(streams, "abort", timeout=10)
@@ -145,7 +150,7 @@ def test_drain_timeout_zero_ends_open_streams_at_once(serve):
 
 
 def test_drain_lets_requests_finish_then_ends_the_rest(serve):
-    server = serve("--drain-timeout", "3")
+    server = serve("--drain-timeout", "4")
     whole: list[httpx.Response] = []
     body = {**LONG, "stream": False}
     waiter = threading.Thread(
@@ -156,7 +161,7 @@ def test_drain_lets_requests_finish_then_ends_the_rest(serve):
     )
     waiter.start()
     long = _open_streams(server, 3)
-    short = _open_streams(server, 1, {**LONG, "max_tokens": 12})
+    short = _open_streams(server, 1, {**LONG, "max_tokens": 8})
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     health = httpx.get(f"{server.url}/health", timeout=5)
