@@ -28,7 +28,7 @@ from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
 from hyla.layers.linear import Linear, stacked_linear
 from hyla.layers.state_slots import delta_rule_step, short_conv_step
-from hyla.ops.gates import gdn_gates, kda_gates
+from hyla.ops.gates import gdn_gates, kda_gates, kda_gates_bounded
 from hyla.ops.gates import reference as gates_reference
 from hyla.ops.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from hyla.ops.kda import chunk_kda, recurrent_kda
@@ -64,7 +64,8 @@ class KimiDeltaAttention(nn.Module):
     W conv width): q_proj, k_proj [H*K, D]; v_proj [HV*V, D]; q_conv1d, k_conv1d [H*K, 1, W];
     v_conv1d [HV*V, 1, W]; f_a_proj [K, D]; f_b_proj [HV*K, K]; dt_bias [HV*K];
     A_log [1, 1, HV, 1]; b_proj [HV, D]; g_a_proj [V, D]; g_b_proj [HV*V, V]; o_norm.weight [V];
-    o_proj [D, HV*V]. All projections without bias.
+    o_proj [D, HV*V]. All projections without bias. With `linear.gate_lower_bound`
+    (GLM-5.3-Flash) the decay is lb * sigmoid(exp(A_log) * raw) and A_log is stored as [HV].
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -85,6 +86,9 @@ class KimiDeltaAttention(nn.Module):
         self.f_b_proj = Linear(lin.head_k_dim, lin.num_v_heads * lin.head_k_dim, bias=False)
         # fla's init: A in [1, 16]; dt in [1e-3, 1e-1] stored as its inverse softplus
         self.A_log = nn.Parameter(torch.empty(1, 1, lin.num_v_heads, 1).uniform_(1, 16).log())
+        self.gate_lower_bound = lin.gate_lower_bound
+        if lin.gate_lower_bound is not None:  # GLM-5.3-Flash: A_log [HV], initialised to 0
+            self.A_log = nn.Parameter(torch.zeros(lin.num_v_heads))
         dt = torch.empty(lin.num_v_heads * lin.head_k_dim).uniform_(math.log(1e-3), math.log(0.1))
         self.dt_bias = nn.Parameter(dt.exp() + torch.log(-torch.expm1(-dt.exp())))
         self.b_proj = Linear(D, lin.num_v_heads, bias=False)
@@ -100,7 +104,17 @@ class KimiDeltaAttention(nn.Module):
 
     def _log_decay(self, f_a: torch.Tensor) -> torch.Tensor:
         """`forget_gate` from f_a(x) [T, K] (PyTorch, differentiable)."""
+        if self.gate_lower_bound is not None:
+            return gates_reference.kda_log_decay_bounded(
+                self.f_b_proj(f_a), self.dt_bias, self.A_log, self.gate_lower_bound
+            )
         return gates_reference.kda_log_decay(self.f_b_proj(f_a), self.dt_bias, self.A_log)
+
+    def _gates(self, f_b_out: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """g [T, HV, K] fp32 and beta = sigmoid(b) [T, HV] (one kernel on CUDA)."""
+        if self.gate_lower_bound is not None:
+            return kda_gates_bounded(f_b_out, self.dt_bias, self.A_log, b, self.gate_lower_bound)
+        return kda_gates(f_b_out, self.dt_bias, self.A_log, b)
 
     def stacked_projections(self) -> tuple[nn.Linear, ...]:
         """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
@@ -136,7 +150,7 @@ class KimiDeltaAttention(nn.Module):
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
         # g [T, HV, K] fp32 and beta = sigmoid(b) [T, HV]: one kernel on CUDA
-        g, beta = kda_gates(self.f_b_proj(f_a), self.dt_bias, self.A_log, b)
+        g, beta = self._gates(self.f_b_proj(f_a), b)
         o = delta_rule_step(chunk_kda, recurrent_kda, q, k, v, g, beta, cache, batch)
         gate = self.g_b_proj(g_a).view(T, self.num_v_heads, self.head_v_dim)
         return self.o_proj(self.o_norm(o, gate).reshape(T, -1))
