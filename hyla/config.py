@@ -297,8 +297,9 @@ class ModelConfig:
     `x * (1 + w)`), else 0.0. `hc_mult` > 1 carries that many residual streams through the
     layers (GLM-5.3-Flash's manifold-constrained hyper-connections: Sinkhorn-normalised mixing
     with `hc_sinkhorn_iters` and floor `hc_eps`); `swiglu_limit` clamps every SwiGLU's gate
-    (above) and up (both sides) projections before the product. `architecture` names the adapter family (e.g. "kimi_linear") or
-    "hyla" for the native layout; it decides the checkpoint tensor names only.
+    (above) and up (both sides) projections before the product. `architecture` names the
+    adapter family (e.g. "kimi_linear") or "hyla" for the native layout; it decides the
+    checkpoint tensor names only.
     """
 
     vocab_size: int

@@ -5,7 +5,7 @@ tokens, and a query attends to the tokens of its best `index_topk / P` pools plu
     pool j          tokens jP .. jP + P - 1, complete once token jP + P - 1 exists
     pool key j      sum_i softmax_i(gate[jP + i] + ape[i]) * key[jP + i]   (per channel)
     query at p      sees the complete pools j with jP + P - 1 <= p, i.e. (p + 1) // P of them;
-                    score_j = sum_h w_h Hi^-0.5 relu(scale q_h . poolkey_j) (`indexer_scores`)
+                    score_j = sum_h w_h Hi^-0.5 relu(scale q_h . poolkey_j) (as `indexer_scores`)
     selection       tokens of the best min(topk / P, visible) pools (ties: lower pool first)
                     + the tail (p + 1) // P * P .. p, when `always_select_tail`
 
@@ -21,8 +21,9 @@ from collections.abc import Sequence
 
 import torch
 
-from hyla.ops.dsa_indexer.reference import indexer_scores, select_topk
+from hyla.ops.dsa_indexer.reference import select_topk
 from hyla.ops.dsa_indexer.rows import row_positions
+from hyla.ops.paged import write_paged
 
 
 def compress_pools(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
@@ -63,7 +64,7 @@ def write_pool_keys(
     keys = key_cache.flatten(0, 1)[slots]
     gates = gate_cache.flatten(0, 1)[slots]
     pooled = compress_pools(keys, gates, ape)
-    pool_key_cache.flatten(0, 1).index_copy_(0, slot_mapping.long(), pooled.to(pool_key_cache.dtype))
+    write_paged(pool_key_cache, slot_mapping, pooled)
 
 
 def kpool_indexer_topk(
