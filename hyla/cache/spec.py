@@ -74,7 +74,9 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
             names = () if config.dsa.is_shared(layer_idx) else _KPOOL_CACHES
             specs += [CacheTensorSpec(n, "token", (config.dsa.index_head_dim,), kvd) for n in names]
         elif kind == "dsa":
-            specs.append(CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd))
+            specs.append(
+                CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd)
+            )
         return tuple(specs)
     if kind == "gqa":
         shape = (config.gqa.num_kv_heads, config.gqa.head_dim)
