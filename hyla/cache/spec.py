@@ -72,7 +72,9 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
         specs = [CacheTensorSpec("latent", "token", (config.mla.latent_dim,), kvd)]
         if kind == "dsa" and config.dsa.index_kpool:
             names = () if config.dsa.is_shared(layer_idx) else _KPOOL_CACHES
-            specs += [CacheTensorSpec(n, "token", (config.dsa.index_head_dim,), kvd) for n in names]
+            idx_dtype = config.dtype if kvd == "fp8" else kvd  # no fp8 scales for pooling yet
+            dim = (config.dsa.index_head_dim,)
+            specs += [CacheTensorSpec(n, "token", dim, idx_dtype) for n in names]
         elif kind == "dsa":
             specs.append(
                 CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd)

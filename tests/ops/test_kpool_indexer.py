@@ -92,3 +92,17 @@ def test_compress_pools_is_a_per_channel_softmax_average():
         for c in range(5):
             w = torch.softmax(gates[n, :, c] + ape[:, c], dim=0)
             assert torch.allclose(got[n, c], (w * keys[n, :, c]).sum(), atol=1e-6)
+
+
+def test_scoring_in_row_chunks_gives_the_same_selection(monkeypatch):
+    from hyla.ops.kpool_indexer import reference
+
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(9, BLOCK, DI, generator=gen)
+    table = torch.tensor([[3, 1, 4, 2], [5, 8, 7, 6]], dtype=torch.int32)
+    cu, lens = torch.tensor([0, 7, 10], dtype=torch.int32), torch.tensor([16, 13])
+    q, w = torch.randn(10, HI, DI, generator=gen), torch.randn(10, HI, generator=gen)
+    args = (q, w, cache, table, cu, lens, 16, 8, 4, True, DI**-0.5)
+    whole = kpool_indexer_topk(*args)
+    monkeypatch.setattr(reference, "SCORE_ELEMENTS", 1)  # one row per chunk
+    assert torch.equal(kpool_indexer_topk(*args), whole)

@@ -67,6 +67,30 @@ def write_pool_keys(
     write_paged(pool_key_cache, slot_mapping, pooled)
 
 
+# rows scored at once: bounds the [rows, Np, Di] key gather of a long prefill chunk
+SCORE_ELEMENTS = 1 << 26
+
+
+def _pool_scores(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    row_seq: torch.Tensor,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """q [T, Hi, Di], weights [T, Hi], keys [N, Np, Di], row_seq [T] -> scores [T, Np] fp32,
+    in row chunks of at most SCORE_ELEMENTS gathered key and per-head score elements."""
+    num_heads, num_pools, dim = q.shape[1], keys.shape[1], keys.shape[2]
+    step = max(1, SCORE_ELEMENTS // (num_pools * (dim + num_heads)))
+    w = weights.float() * num_heads**-0.5
+    parts = []
+    for r in range(0, q.shape[0], step):
+        rows = slice(r, r + step)
+        dots = torch.einsum("thd,tpd->thp", q[rows].float(), keys[row_seq[rows]].float())
+        parts.append(torch.einsum("th,thp->tp", w[rows], torch.relu(dots * softmax_scale)))
+    return torch.cat(parts) if parts else q.new_zeros(0, num_pools, dtype=torch.float32)
+
+
 def kpool_indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -100,10 +124,7 @@ def kpool_indexer_topk(
     seqs = torch.arange(block_tables.shape[0], device=device)[:, None]
     ends = pool_ends.clamp(max=block_tables.shape[1] * block - 1)
     keys = pool_key_cache.flatten(0, 1)[_slots(block_tables, seqs, ends, block)]  # [N, Np, Di]
-    per_head = torch.relu(
-        torch.einsum("thd,tpd->thp", q.float(), keys[row_seq.long()].float()) * softmax_scale
-    )
-    scores = torch.einsum("th,thp->tp", weights.float() * q.shape[1] ** -0.5, per_head)
+    scores = _pool_scores(q, weights, keys, row_seq.long(), softmax_scale)  # [T, Np]
     visible = (row_pos + 1) // kpool  # complete pools each row sees
     pools = select_topk(scores, visible, topk // kpool).long()  # [T, topk / P]
     offsets = torch.arange(kpool, device=device)

@@ -32,3 +32,22 @@ def moe_experts_clamped(
         y = F.linear(act, down_proj[expert]) * topk_weights[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
+
+
+def moe_experts_clamped_dense(
+    hidden_states: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    limit: float,
+) -> torch.Tensor:
+    """`moe_experts_clamped` as every expert over every token (two batched matmuls, each token's
+    k outputs picked by a [T, E] weight matrix): no host read of the routing, so a decode step
+    can be captured in a CUDA graph; E times the expert work, for small T only."""
+    num_experts = gate_up_proj.shape[0]
+    gate_up = torch.einsum("td,efd->etf", hidden_states, gate_up_proj)  # [E, T, 2I]
+    y = torch.einsum("eti,edi->etd", silu_and_mul_clamped(gate_up, limit), down_proj)
+    dense_w = hidden_states.new_zeros(hidden_states.shape[0], num_experts, dtype=y.dtype)
+    dense_w.scatter_add_(1, topk_ids, topk_weights.to(y.dtype))  # [T, E]
+    return torch.einsum("te,etd->td", dense_w, y).to(hidden_states.dtype)
