@@ -76,9 +76,7 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
             dim = (config.dsa.index_head_dim,)
             specs += [CacheTensorSpec(n, "token", dim, idx_dtype) for n in names]
         elif kind == "dsa":
-            specs.append(
-                CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd)
-            )
+            specs.append(CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd))
         return tuple(specs)
     if kind == "gqa":
         shape = (config.gqa.num_kv_heads, config.gqa.head_dim)
