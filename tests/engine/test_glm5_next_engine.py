@@ -73,3 +73,28 @@ def test_batch_equals_solo_runs(checkpoint):
     for rid, ids in prompts.items():
         assert_same_completion(batched[rid], solo(engine, ids, params))
     assert_all_free(engine)
+
+
+def test_prefix_hit_equals_cold_run(checkpoint):
+    """I2: a prompt sharing a cached prefix (pools of 4 straddling blocks of 6, KDA state
+    checkpoints every 18 tokens) gives the cold run's tokens and logprobs."""
+    _, path = checkpoint
+    model = load(path)
+    engine = make_engine(model, path, block_size=6, state_checkpoint_stride=18,
+                         max_num_batched_tokens=12)  # fmt: skip
+    base = prompt_ids(60, seed=9)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3)
+    run_all_one(engine, "base", base, params)
+    for n in (17, 19, 37, 55):
+        ids = base[:n] + prompt_ids(5, seed=900 + n)
+        out = run_all_one(engine, f"s{n}", ids, params)
+        assert out.num_cached_tokens == n // 18 * 18, n
+        cold = make_engine(model, path, block_size=6, state_checkpoint_stride=18,
+                           enable_prefix_caching=False)  # fmt: skip
+        assert_same_completion(out, run_all_one(cold, "cold", ids, params))
+    assert_all_free(engine)
+
+
+def run_all_one(engine, rid, ids, params):
+    engine.add_request(rid, ids, params)
+    return run_all(engine)[rid]
