@@ -114,7 +114,10 @@ class LinearAttentionConfig:
 
     `num_k_heads` query/key heads of `head_k_dim`; `num_v_heads` value heads of `head_v_dim`
     (GVA: `num_v_heads` is a multiple of `num_k_heads`). `conv_kernel_size` is the short causal
-    convolution width W; the carried conv state holds the last W - 1 inputs.
+    convolution width W; the carried conv state holds the last W - 1 inputs. `gate_lower_bound`
+    (KDA, GLM-5.3-Flash) bounds the log decay below; `projection_layout` (Gated DeltaNet) is
+    "grouped" (Qwen3-Next's `in_proj_qkvz` / `in_proj_ba`, rows grouped per key head) or "flat"
+    (Qwen3.5's separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`).
     """
 
     num_k_heads: int
@@ -123,6 +126,7 @@ class LinearAttentionConfig:
     head_v_dim: int
     conv_kernel_size: int = 4
     gate_lower_bound: float | None = None
+    projection_layout: str = "grouped"
 
     def __post_init__(self) -> None:
         _positive(self, "linear.", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
@@ -130,6 +134,11 @@ class LinearAttentionConfig:
         if self.gate_lower_bound is not None:
             _number(self, "linear.", "gate_lower_bound")
             _require(self.gate_lower_bound < 0, "linear.gate_lower_bound", "must be < 0")
+        _require(
+            self.projection_layout in ("grouped", "flat"),
+            "linear.projection_layout",
+            f"must be grouped|flat, got {self.projection_layout!r}",
+        )
         _require(
             self.num_v_heads % self.num_k_heads == 0,
             "linear.num_v_heads",

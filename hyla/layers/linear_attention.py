@@ -162,7 +162,9 @@ class GatedDeltaNet(nn.Module):
     Parameters (names as above): in_proj_qkvz [2*H*K + 2*HV*V, D], rows grouped per key head
     as [q (K) | k (K) | v (HV/H*V) | z (HV/H*V)]; in_proj_ba [2*HV, D], grouped per key head as
     [b (HV/H) | a (HV/H)]; conv1d.weight [2*H*K + HV*V, 1, W] (q | k | v); dt_bias [HV];
-    A_log [HV]; norm.weight [V]; out_proj [D, HV*V].
+    A_log [HV]; norm.weight [V]; out_proj [D, HV*V]. With `linear.projection_layout` "flat"
+    (Qwen3.5, transformers' `Qwen3_5GatedDeltaNet`): in_proj_qkv [2*H*K + HV*V, D] (q | k | v),
+    in_proj_z [HV*V, D], in_proj_b and in_proj_a [HV, D] instead of the two grouped ones.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -173,8 +175,15 @@ class GatedDeltaNet(nn.Module):
         self.head_k_dim, self.head_v_dim = lin.head_k_dim, lin.head_v_dim
         D = config.hidden_size
         key_dim, value_dim = lin.num_k_heads * lin.head_k_dim, lin.num_v_heads * lin.head_v_dim
-        self.in_proj_qkvz = Linear(D, 2 * key_dim + 2 * value_dim, bias=False)
-        self.in_proj_ba = Linear(D, 2 * lin.num_v_heads, bias=False)
+        self.is_flat = lin.projection_layout == "flat"
+        if self.is_flat:  # Qwen3.5
+            self.in_proj_qkv = Linear(D, 2 * key_dim + value_dim, bias=False)
+            self.in_proj_z = Linear(D, value_dim, bias=False)
+            self.in_proj_b = Linear(D, lin.num_v_heads, bias=False)
+            self.in_proj_a = Linear(D, lin.num_v_heads, bias=False)
+        else:
+            self.in_proj_qkvz = Linear(D, 2 * key_dim + 2 * value_dim, bias=False)
+            self.in_proj_ba = Linear(D, 2 * lin.num_v_heads, bias=False)
         self.conv1d = _depthwise_conv(2 * key_dim + value_dim, lin.conv_kernel_size)
         self.dt_bias = nn.Parameter(torch.ones(lin.num_v_heads))
         self.A_log = nn.Parameter(torch.empty(lin.num_v_heads).uniform_(0.01, 16).log())
@@ -182,7 +191,13 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Linear(value_dim, D, bias=False)
 
     def _split_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k [T, H*K]; v, z [T, HV*V]; b, a [T, HV] from the per-key-head grouped rows."""
+        """q, k [T, H*K]; v, z [T, HV*V]; b, a [T, HV] from the per-key-head grouped rows (or
+        the flat projections)."""
+        if self.is_flat:
+            key_dim = self.num_k_heads * self.head_k_dim
+            value_dim = self.num_v_heads * self.head_v_dim
+            q, k, v = self.in_proj_qkv(x).split([key_dim, key_dim, value_dim], dim=-1)
+            return q, k, v, self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         T, H = x.shape[0], self.num_k_heads
         group_v = self.num_v_heads // H * self.head_v_dim
         qkvz = self.in_proj_qkvz(x).view(T, H, -1)
