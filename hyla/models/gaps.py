@@ -29,10 +29,16 @@ GAPS: dict[str, tuple[tuple[str, str, str], ...]] = {
     ),
     "qwen3_5": (
         ("embed_tokens, lm_head, norms (1 + w)", "layers/norm.RMSNorm(offset=1)", "reused"),
-        ("linear_attn in_proj_qkv/z/b/a (flat)", "-", "missing"),
+        (
+            "linear_attn in_proj_qkv/z/b/a (flat)",
+            "layers/linear_attention.GatedDeltaNet",
+            "extended",
+        ),
         ("linear_attn conv1d, dt_bias, A_log, norm, out_proj", "GatedDeltaNet", "reused"),
         ("self_attn (gated GQA, q/k norm)", "layers/attention.GQAttention", "reused"),
-        ("mrope_section rotary (images)", "-", "missing"),
+        ("mrope_section rotary, text positions (1-D)", "layers/rotary", "reused"),
+        ("mrope_section rotary, image positions", "-", "missing"),
+        ("mtp layers", "-", "missing"),
         ("mlp (dense SwiGLU)", "layers/mlp.GatedMLP", "reused"),
         ("model.visual (vision tower)", "-", "missing"),
         ("image processor, placeholders", "-", "missing"),
