@@ -98,3 +98,30 @@ def test_prefix_hit_equals_cold_run(checkpoint):
 def run_all_one(engine, rid, ids, params):
     engine.add_request(rid, ids, params)
     return run_all(engine)[rid]
+
+
+def test_static_decode_steps_match_plain_steps(checkpoint):
+    """Decode in static shapes (a captured CUDA graph's inputs, run eagerly here: padded batch
+    bucket, context bucket 256 above the true lengths, lengths only on the device) gives the
+    plain steps' tokens and logprobs."""
+    from hyla.engine.cuda_graphs import DecodeGraphs
+
+    _, path = checkpoint
+    model = load(path)
+    prompts = [prompt_ids(n, seed=n) for n in (5, 23, 40)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)
+    outputs = []
+    for static in (False, True):
+        engine = make_engine(model)
+        if static:
+            runner = engine.runner
+            runner.graphs = DecodeGraphs(
+                model, runner.caches, runner.block_size, (1, 2, 4), capture=False
+            )
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, params)
+        outputs.append(run_all(engine))
+        if static:
+            assert {size for size, _ in runner.graphs.steps} >= {4}  # 3 rows padded to 4
+    for rid in outputs[0]:
+        assert_same_completion(outputs[0][rid], outputs[1][rid], atol=1e-4)
