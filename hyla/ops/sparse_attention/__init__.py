@@ -27,21 +27,38 @@ def sparse_mla(
     (`valid_topk_indices`: no duplicate, future or out-of-range entry is read) and a row left
     empty gets zeros on both paths."""
     if use_triton(q_nope):
-        from hyla.ops.sparse_attention import kernels
-
-        if seq_lens is not None:
-            topk_indices = valid_topk_indices(topk_indices, cu_seqlens, seq_lens)
-        out = kernels.sparse_mla(
+        return kernel_sparse_mla(
             q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight,
-            scale,
+            scale, seq_lens,
         )  # fmt: skip
-        if seq_lens is None:
-            return out
-        return out.masked_fill(~(topk_indices >= 0).any(dim=1)[:, None, None], 0)
     return reference.sparse_mla(
         q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale,
         seq_lens,
     )  # fmt: skip
 
 
-__all__ = ["sparse_mla", "valid_topk_indices"]
+def kernel_sparse_mla(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    topk_indices: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    scale: float,
+    seq_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The Triton path of `sparse_mla` (also on CPU tensors under TRITON_INTERPRET)."""
+    from hyla.ops.sparse_attention import kernels
+
+    if seq_lens is not None:
+        topk_indices = valid_topk_indices(topk_indices, cu_seqlens, seq_lens)
+    out = kernels.sparse_mla(
+        q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale
+    )
+    if seq_lens is None:
+        return out
+    return out.masked_fill(~(topk_indices >= 0).any(dim=1)[:, None, None], 0)
+
+
+__all__ = ["kernel_sparse_mla", "sparse_mla", "valid_topk_indices"]
