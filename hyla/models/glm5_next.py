@@ -93,8 +93,10 @@ def _linear(f: HFFields) -> LinearAttentionConfig:
     bound = lin.raw("gate_lower_bound", bound)
     if bound is None and lin.flag("safe_gate", False):
         bound = -5.0
-    if bound is not None and (not isinstance(bound, (int, float)) or isinstance(bound, bool)):
-        raise ConfigError(f"linear_lower_bound: expected a number or null, got {bound!r}")
+    if bound is None:  # the softplus gate would also need A_log stored [1, 1, H, 1]
+        raise ConfigError("linear_lower_bound: only the bounded forget gate is supported, got null")
+    if not isinstance(bound, (int, float)) or isinstance(bound, bool):
+        raise ConfigError(f"linear_lower_bound: expected a number, got {bound!r}")
     heads = lin.integer("num_heads", f.integer("linear_num_heads", 64))
     head_dim = lin.integer("head_dim", f.integer("linear_head_dim", 128))
     return LinearAttentionConfig(
@@ -105,7 +107,7 @@ def _linear(f: HFFields) -> LinearAttentionConfig:
         conv_kernel_size=lin.integer(
             "short_conv_kernel_size", f.integer("linear_conv_kernel_dim", 4)
         ),
-        gate_lower_bound=None if bound is None else float(bound),
+        gate_lower_bound=float(bound),
     )
 
 

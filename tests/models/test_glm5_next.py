@@ -10,6 +10,8 @@ error <= 1e-4 (fp32); 32 greedy steps identical to `generate`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -27,6 +29,7 @@ def pair(tmp_path_factory):
     path = tmp_path_factory.mktemp("glm5_next")
     torch.set_num_threads(1)
     hf = save_tiny_glm(path, seed=0)
+    hf.name_or_path = str(path)
     return hf, load_model(path, dtype="float32")
 
 
@@ -91,3 +94,48 @@ def test_chunked_prefill_equals_one_prefill(pair, chunk):
     parts = [runner.step({0: ids[s : s + chunk]}, all_logits=True)[0]
              for s in range(0, len(ids), chunk)]  # fmt: skip
     assert torch.allclose(torch.cat(parts), whole, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_flat_text_only_checkpoint_loads_the_same_model(pair, tmp_path):
+    """A text-only release: text fields at the top level of config.json, tensors under
+    `model.` (no `language_model.`, no vision tower), a spare MTP layer to skip."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    hf, model = pair
+    src = Path(hf.name_or_path)
+    path = tmp_path / "flat"
+    path.mkdir()
+    full = json.loads((src / "config.json").read_text())
+    flat = dict(full["text_config"], model_type="glm5_next", architectures=full["architectures"])
+    (path / "config.json").write_text(json.dumps(flat))
+    tensors = {}
+    for name, t in load_file(src / "model.safetensors").items():
+        if not name.startswith("model.visual."):
+            tensors[name.replace("model.language_model.", "model.")] = t
+    tensors["model.layers.5.input_layernorm.weight"] = torch.ones(64)  # MTP: skipped
+    save_file(tensors, path / "model.safetensors")
+    flat_model = load_model(path, dtype="float32")
+    ids = _prompts(model.config.vocab_size)[-2]
+    want = SequenceRunner(model, 1, 128).step({0: ids}, all_logits=True)[0]
+    got = SequenceRunner(flat_model, 1, 128).step({0: ids}, all_logits=True)[0]
+    assert torch.equal(got, want)
+
+
+def test_config_errors_name_the_field():
+    from hyla.config import ConfigError
+    from hyla.models.registry import config_from_hf
+    from tests.glm_tiny import tiny_glm_text_config
+
+    base = dict(tiny_glm_text_config(), model_type="glm5_next")
+    for field, value, match in [
+        ("qk_rope_head_dim", 8, "qk_rope_head_dim"),
+        ("linear_lower_bound", None, "linear_lower_bound"),
+        ("index_topk", 10, "index_topk"),
+        ("indexer_types", ["full", "shared", "full", "full", "full"], "indexer_types"),
+        ("layer_types", ["linear_attention"] * 4, "layer_types"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            config_from_hf(dict(base, **{field: value}))
