@@ -34,13 +34,20 @@ def tiny_glm_text_config(**overrides) -> dict:
     return text
 
 
+# image / video special ids inside the tiny vocabulary (the image and video token are one id)
+MM_IDS = dict(image_token_id=250, video_token_id=250, image_start_token_id=248,
+              image_end_token_id=249, video_start_token_id=246, video_end_token_id=247)  # fmt: skip
+VISION = dict(depth=2, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=32,
+              projection_intermediate_size=32, patch_size=4, spatial_merge_size=2,
+              temporal_patch_size=2, swiglu_limit=1.0)  # fmt: skip
+
+
 def build_tiny_glm(seed: int = 0, **overrides):
     """A tiny fp32 eager `Glm5NextForConditionalGeneration` with random weights (eval mode)."""
     from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
 
-    vision = dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=32,
-                  projection_intermediate_size=32, patch_size=4, spatial_merge_size=2)  # fmt: skip
-    config = Glm5NextConfig(text_config=tiny_glm_text_config(**overrides), vision_config=vision)
+    text = tiny_glm_text_config(**overrides)
+    config = Glm5NextConfig(text_config=text, vision_config=VISION, **MM_IDS)
     torch.manual_seed(seed)
     model = Glm5NextForConditionalGeneration._from_config(config, attn_implementation="eager")
     _randomize(model, seed)
@@ -53,8 +60,6 @@ def _randomize(model, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "visual" in name:
-                continue
             if p.dim() == 1 and ("norm" in name or "bias" in name or "A_log" in name):
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
             elif name.endswith(("_hc.base", "_hc.scale")):

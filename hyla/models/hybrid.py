@@ -121,15 +121,21 @@ class HybridModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids [T] int64, positions [T] int64 -> final-normed hidden states [T, D] in the
         model dtype. Linear layers update their state slots and attention-like layers write
-        their paged cache in place (`batch.caches`, see `hyla.forward_batch`)."""
+        their paged cache in place (`batch.caches`, see `hyla.forward_batch`). `inputs_embeds`
+        [T, D], when given, replaces the token embeddings (image placeholders filled in)."""
         batch.per_pass.clear()  # a new pass: nothing computed for an earlier one is reused
+        embeds = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if self.config.hc_mult > 1:
-            return self._forward_streams(input_ids, positions, batch)
-        delta, residual = None, self.embed_tokens(input_ids)
+            return self._forward_streams(embeds, positions, batch)
+        delta, residual = None, embeds
         for layer in self.layers:
             delta, residual = layer(delta, residual, positions, batch)
         if delta is None:
@@ -137,9 +143,9 @@ class HybridModel(nn.Module):
         return self.norm.add_and_norm(delta, residual)[0]
 
     def _forward_streams(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+        self, embeds: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        embeds = self.embed_tokens(input_ids)  # [T, D] -> N equal streams [T, N, D]
+        # [T, D] -> N equal streams [T, N, D]
         streams = embeds[:, None, :].expand(-1, self.config.hc_mult, -1).contiguous()
         for layer in self.layers:
             streams = layer.forward_streams(streams, positions, batch)
