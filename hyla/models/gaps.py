@@ -24,8 +24,9 @@ GAPS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("mlp.gate (sigmoid grouped router)", "layers/moe.Router", "reused"),
         ("mlp.experts (clamped SwiGLU)", "ops/moe_clamped", "extended"),
         ("MTP layers, shared_head", "-", "missing"),
-        ("model.visual (vision tower)", "-", "missing"),
-        ("image processor, placeholders", "-", "missing"),
+        ("model.visual (vision tower)", "layers/glm5_next_vision.Glm5NextVisionTower", "new"),
+        ("image placeholders filled in", "models/hybrid.HybridModel", "extended"),
+        ("images in the engine and server", "-", "missing"),
     ),
     "qwen3_5": (
         ("embed_tokens, lm_head, norms (1 + w)", "layers/norm.RMSNorm(offset=1)", "reused"),
