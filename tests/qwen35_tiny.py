@@ -25,15 +25,15 @@ def build_tiny_qwen35(seed: int = 0):
                          "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
                          "mrope_interleaved": True},
     )  # fmt: skip
-    vision = dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=32,
-                  patch_size=4, spatial_merge_size=2, num_position_embeddings=64)  # fmt: skip
+    vision = dict(depth=2, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=32,
+                  patch_size=4, spatial_merge_size=2, num_position_embeddings=36)  # fmt: skip
     config = Qwen3_5Config(text_config=text, vision_config=vision)
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration._from_config(config, attn_implementation="eager")
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # zero-centred norms start at 0: random values catch mapping mistakes
         for name, p in model.named_parameters():
-            if "visual" not in name and p.dim() == 1 and ("norm" in name or "bias" in name):
+            if p.dim() == 1 and ("norm" in name or "bias" in name):
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
     return model.float().eval()
 

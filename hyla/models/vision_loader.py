@@ -1,32 +1,44 @@
 """Load the vision tower of a multimodal checkpoint (`vision_config` + the `model.visual.*`
-tensors); the text model loads through `hyla.models.loader` as before. Only GLM-5.3-Flash's
-tower exists so far (docs/model_gaps.md)."""
+tensors): GLM-5.3-Flash's or Qwen3.5's; the text model loads through `hyla.models.loader` as
+before (docs/model_gaps.md)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 
 from hyla.config import ConfigError
 from hyla.layers.glm5_next_vision import Glm5NextVisionTower, VisionConfig
+from hyla.layers.qwen3_5_vision import Qwen35VisionConfig, Qwen35VisionTower
 from hyla.models.checkpoint import CheckpointError
 from hyla.models.loader import DTYPES, checkpoint_files
 
 PREFIXES = ("model.visual.", "visual.")
+# model_type -> (tower, its config)
+TOWERS = {
+    "glm5_next": (Glm5NextVisionTower, VisionConfig),
+    "qwen3_5": (Qwen35VisionTower, Qwen35VisionConfig),
+}
 
 
-def load_vision_tower(path: str | Path, dtype: str = "float32") -> Glm5NextVisionTower:
+def load_vision_tower(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
     """The vision tower of checkpoint directory `path` (eval mode, `dtype` weights).
 
-    Raises: ConfigError when config.json has no `vision_config` or is not a GLM-5.3-Flash
-    one; CheckpointError listing missing, unexpected or mis-shaped tower tensors.
+    Raises: ConfigError when config.json has no `vision_config` or names another family;
+        CheckpointError listing missing, unexpected or mis-shaped tower tensors.
     """
     config = json.loads((Path(path) / "config.json").read_text())
-    if config.get("model_type") != "glm5_next" or "vision_config" not in config:
-        raise ConfigError("vision_config: this checkpoint has no supported vision tower")
-    tower = Glm5NextVisionTower(VisionConfig.from_hf(config["vision_config"]))
+    family = config.get("model_type")
+    if family not in TOWERS or "vision_config" not in config:
+        raise ConfigError(
+            f"vision_config: no supported vision tower for model_type {family!r} "
+            f"(supported: {', '.join(TOWERS)})"
+        )
+    tower_cls, config_cls = TOWERS[family]
+    tower = tower_cls(config_cls.from_hf(config["vision_config"]))
     state = {}
     for file in checkpoint_files(path):
         with safe_open(str(file), "pt") as f:
