@@ -41,8 +41,8 @@ GAPS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("mrope_section rotary, image positions", "-", "missing"),
         ("mtp layers", "-", "missing"),
         ("mlp (dense SwiGLU)", "layers/mlp.GatedMLP", "reused"),
-        ("model.visual (vision tower)", "-", "missing"),
-        ("image processor, placeholders", "-", "missing"),
+        ("model.visual (vision tower)", "layers/qwen3_5_vision.Qwen35VisionTower", "new"),
+        ("image prompts (M-RoPE positions)", "-", "missing"),
     ),
 }
 _MODEL_TYPES = {
