@@ -39,7 +39,7 @@ def test_config_maps_the_text_model(pair):
     cfg = model.config
     assert cfg.layer_pattern == ("gdn", "gdn", "gdn", "gqa")
     assert cfg.linear.projection_layout == "flat" and cfg.norm_offset == 1.0
-    assert cfg.rope.rotary_dim == 4 and cfg.ffn_pattern == ("dense",) * 4
+    assert cfg.rope.rotary_dim == 12 and cfg.ffn_pattern == ("dense",) * 4
 
 
 @torch.no_grad()
