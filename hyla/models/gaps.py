@@ -37,12 +37,12 @@ GAPS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ),
         ("linear_attn conv1d, dt_bias, A_log, norm, out_proj", "GatedDeltaNet", "reused"),
         ("self_attn (gated GQA, q/k norm)", "layers/attention.GQAttention", "reused"),
-        ("mrope_section rotary, text positions (1-D)", "layers/rotary", "reused"),
-        ("mrope_section rotary, image positions", "-", "missing"),
+        ("mrope_section rotary ([3, T] positions)", "ops/rotary/mrope.mrope_cos_sin", "extended"),
         ("mtp layers", "-", "missing"),
         ("mlp (dense SwiGLU)", "layers/mlp.GatedMLP", "reused"),
         ("model.visual (vision tower)", "layers/qwen3_5_vision.Qwen35VisionTower", "new"),
-        ("image prompts (M-RoPE positions)", "-", "missing"),
+        ("image prompts (M-RoPE positions)", "ops/rotary/mrope.mrope_positions", "new"),
+        ("images in the engine and server", "-", "missing"),
     ),
 }
 _MODEL_TYPES = {

@@ -104,3 +104,11 @@ def test_chunked_prefill_through_an_image(models):
     for s in range(0, len(ids), 7):
         parts.append(runner.step({0: ids[s : s + 7]}, True, {0: embeds[s : s + 7]})[0])
     assert torch.allclose(torch.cat(parts), whole, atol=1e-5, rtol=0)
+
+
+def test_a_text_only_family_has_no_tower(tmp_path):
+    from hyla.config import ConfigError
+
+    (tmp_path / "config.json").write_text('{"model_type": "kimi_linear"}')
+    with pytest.raises(ConfigError, match="vision_config"):
+        load_vision_tower(tmp_path)
