@@ -38,7 +38,11 @@ def _processor():
         Glm5NextImageProcessorPil,
     )
 
-    return Glm5NextImageProcessorPil(patch_size=4, temporal_patch_size=2, merge_size=2)
+    # at most 256 placeholders (1024 patches) per image: a large image is resized down by the
+    # processor, and transformers' eager vision attention stays small ([heads, N, N] floats)
+    return Glm5NextImageProcessorPil(
+        patch_size=4, temporal_patch_size=2, merge_size=2, max_image_tokens=256
+    )
 
 
 def _images(sizes, seed=0):
