@@ -114,7 +114,10 @@ class LinearAttentionConfig:
 
     `num_k_heads` query/key heads of `head_k_dim`; `num_v_heads` value heads of `head_v_dim`
     (GVA: `num_v_heads` is a multiple of `num_k_heads`). `conv_kernel_size` is the short causal
-    convolution width W; the carried conv state holds the last W - 1 inputs.
+    convolution width W; the carried conv state holds the last W - 1 inputs. `gate_lower_bound`
+    (KDA, GLM-5.3-Flash) bounds the log decay below; `projection_layout` (Gated DeltaNet) is
+    "grouped" (Qwen3-Next's `in_proj_qkvz` / `in_proj_ba`, rows grouped per key head) or "flat"
+    (Qwen3.5's separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`).
     """
 
     num_k_heads: int
@@ -122,10 +125,20 @@ class LinearAttentionConfig:
     head_k_dim: int
     head_v_dim: int
     conv_kernel_size: int = 4
+    gate_lower_bound: float | None = None
+    projection_layout: str = "grouped"
 
     def __post_init__(self) -> None:
         _positive(self, "linear.", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
         _positive(self, "linear.", "conv_kernel_size")
+        if self.gate_lower_bound is not None:
+            _number(self, "linear.", "gate_lower_bound")
+            _require(self.gate_lower_bound < 0, "linear.gate_lower_bound", "must be < 0")
+        _require(
+            self.projection_layout in ("grouped", "flat"),
+            "linear.projection_layout",
+            f"must be grouped|flat, got {self.projection_layout!r}",
+        )
         _require(
             self.num_v_heads % self.num_k_heads == 0,
             "linear.num_v_heads",
@@ -195,14 +208,39 @@ class GQAConfig:
 
 @dataclass(frozen=True)
 class DSAConfig:
-    """DeepSeek Sparse Attention lightning indexer (DeepSeek-V3.2 report, section 2.1)."""
+    """DeepSeek Sparse Attention lightning indexer (DeepSeek-V3.2 report, section 2.1).
+
+    `index_kpool` > 0 is GLM-5.3-Flash's pooled indexer: keys are compressed over groups of
+    `index_kpool` tokens, the best `index_topk / index_kpool` complete pools are selected and the
+    incomplete tail pool is added when `index_kpool_always_select_tail`. `indexer_types` (one per
+    layer, empty: all "full") marks "shared" DSA layers that reuse the selection of the last
+    "full" DSA layer before them in the same step.
+    """
 
     index_n_heads: int
     index_head_dim: int
     index_topk: int
+    index_kpool: int = 0
+    index_kpool_always_select_tail: bool = True
+    indexer_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive(self, "dsa.", "index_n_heads", "index_head_dim", "index_topk")
+        _non_negative(self, "dsa.", "index_kpool")
+        _flag(self, "dsa.", "index_kpool_always_select_tail")
+        object.__setattr__(self, "indexer_types", tuple(self.indexer_types))
+        for i, kind in enumerate(self.indexer_types):
+            _require(kind in ("full", "shared"), f"dsa.indexer_types[{i}]", "must be full|shared")
+        if self.index_kpool:
+            _require(
+                self.index_topk % self.index_kpool == 0,
+                "dsa.index_topk",
+                f"must be a multiple of index_kpool={self.index_kpool}, got {self.index_topk}",
+            )
+
+    def is_shared(self, layer_idx: int) -> bool:
+        """True when DSA layer `layer_idx` reuses the last full layer's selection."""
+        return bool(self.indexer_types) and self.indexer_types[layer_idx] == "shared"
 
 
 @dataclass(frozen=True)
@@ -265,8 +303,12 @@ class ModelConfig:
     state slot), `mla`, `gqa` (full attention over the paged KV cache) or `dsa` (MLA whose queries
     attend only to the `dsa.index_topk` tokens the lightning indexer picks). `ffn_pattern[i]` is
     `dense` or `moe`. `norm_offset` is 1.0 for zero-centred RMSNorm weights (Qwen3-Next:
-    `x * (1 + w)`), else 0.0. `architecture` names the adapter family (e.g. "kimi_linear") or
-    "hyla" for the native layout; it decides the checkpoint tensor names only.
+    `x * (1 + w)`), else 0.0. `hc_mult` > 1 carries that many residual streams through the
+    layers (GLM-5.3-Flash's manifold-constrained hyper-connections: Sinkhorn-normalised mixing
+    with `hc_sinkhorn_iters` and floor `hc_eps`); `swiglu_limit` clamps every SwiGLU's gate
+    (above) and up (both sides) projections before the product. `architecture` names the
+    adapter family (e.g. "kimi_linear") or "hyla" for the native layout; it decides the
+    checkpoint tensor names only.
     """
 
     vocab_size: int
@@ -289,6 +331,10 @@ class ModelConfig:
     gqa: GQAConfig | None = None
     dsa: DSAConfig | None = None
     moe: MoEConfig | None = None
+    hc_mult: int = 1
+    hc_eps: float = 1e-6
+    hc_sinkhorn_iters: int = 20
+    swiglu_limit: float | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -319,6 +365,7 @@ class ModelConfig:
             _require(self.rope is not None, "rope", "required by rotary attention layers")
         self._check_scalars()
         self._check_attention_dims(kinds)
+        self._check_hyper()
 
     def _check_scalars(self) -> None:
         _number(self, "", "rms_norm_eps", positive=True)
@@ -353,6 +400,26 @@ class ModelConfig:
                 "rope.rotary_dim",
                 f"{self.rope.rotary_dim} > gqa.head_dim={self.gqa.head_dim}",
             )
+
+    def _check_hyper(self) -> None:
+        _positive(self, "", "hc_mult", "hc_sinkhorn_iters")
+        _number(self, "", "hc_eps", positive=True)
+        if self.swiglu_limit is not None:
+            _number(self, "", "swiglu_limit", positive=True)
+        types = self.dsa.indexer_types if self.dsa is not None else ()
+        if not types:
+            return
+        _require(
+            len(types) == self.num_layers,
+            "dsa.indexer_types",
+            f"length {len(types)} != layer_pattern length {self.num_layers}",
+        )
+        dsa_layers = self.layer_ids("dsa")
+        _require(
+            not dsa_layers or types[dsa_layers[0]] == "full",
+            f"dsa.indexer_types[{dsa_layers[0] if dsa_layers else 0}]",
+            "the first dsa layer must be 'full' (a shared layer reuses an earlier selection)",
+        )
 
     def _need(self, used: Any, name: str) -> None:
         _require(not used or getattr(self, name) is not None, name, "required by the layer pattern")

@@ -51,12 +51,17 @@ def conv_dim(config: ModelConfig) -> int:
     return 2 * lin.num_k_heads * lin.head_k_dim + lin.num_v_heads * lin.head_v_dim
 
 
+_KPOOL_CACHES = ("index_keys", "index_gates", "index_pool_keys")
+
+
 def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorSpec, ...]:
     """Cache tensors of layer `layer_idx`.
 
     Layouts:
       mla/dsa  latent      per token [kv_lora_rank + qk_rope_head_dim]  (normed c_kv, then k_rope)
       dsa      index_keys  per token [index_head_dim]                   (roped, normed indexer key)
+      dsa with index_kpool (GLM-5.3-Flash): index_keys, index_gates, index_pool_keys
+               per token [index_head_dim] (`hyla.ops.kpool_indexer`); a "shared" one: latent only
       gqa      k, v        per token [num_kv_heads, head_dim]
       kda/gdn  recurrent_state per slot [num_v_heads, head_k_dim, head_v_dim] float32
                conv_state      per slot [conv_dim, conv_kernel_size - 1]
@@ -65,10 +70,13 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
     kvd = kv_dtype(config)
     if kind in ("mla", "dsa"):
         specs = [CacheTensorSpec("latent", "token", (config.mla.latent_dim,), kvd)]
-        if kind == "dsa":
-            specs.append(
-                CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd)
-            )
+        if kind == "dsa" and config.dsa.index_kpool:
+            names = () if config.dsa.is_shared(layer_idx) else _KPOOL_CACHES
+            idx_dtype = config.dtype if kvd == "fp8" else kvd  # no fp8 scales for pooling yet
+            dim = (config.dsa.index_head_dim,)
+            specs += [CacheTensorSpec(n, "token", dim, idx_dtype) for n in names]
+        elif kind == "dsa":
+            specs.append(CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd))
         return tuple(specs)
     if kind == "gqa":
         shape = (config.gqa.num_kv_heads, config.gqa.head_dim)

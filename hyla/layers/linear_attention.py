@@ -28,7 +28,7 @@ from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
 from hyla.layers.linear import Linear, stacked_linear
 from hyla.layers.state_slots import delta_rule_step, short_conv_step
-from hyla.ops.gates import gdn_gates, kda_gates
+from hyla.ops.gates import gdn_gates, kda_gates, kda_gates_bounded
 from hyla.ops.gates import reference as gates_reference
 from hyla.ops.gdn import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from hyla.ops.kda import chunk_kda, recurrent_kda
@@ -64,7 +64,8 @@ class KimiDeltaAttention(nn.Module):
     W conv width): q_proj, k_proj [H*K, D]; v_proj [HV*V, D]; q_conv1d, k_conv1d [H*K, 1, W];
     v_conv1d [HV*V, 1, W]; f_a_proj [K, D]; f_b_proj [HV*K, K]; dt_bias [HV*K];
     A_log [1, 1, HV, 1]; b_proj [HV, D]; g_a_proj [V, D]; g_b_proj [HV*V, V]; o_norm.weight [V];
-    o_proj [D, HV*V]. All projections without bias.
+    o_proj [D, HV*V]. All projections without bias. With `linear.gate_lower_bound`
+    (GLM-5.3-Flash) the decay is lb * sigmoid(exp(A_log) * raw) and A_log is stored as [HV].
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -85,6 +86,9 @@ class KimiDeltaAttention(nn.Module):
         self.f_b_proj = Linear(lin.head_k_dim, lin.num_v_heads * lin.head_k_dim, bias=False)
         # fla's init: A in [1, 16]; dt in [1e-3, 1e-1] stored as its inverse softplus
         self.A_log = nn.Parameter(torch.empty(1, 1, lin.num_v_heads, 1).uniform_(1, 16).log())
+        self.gate_lower_bound = lin.gate_lower_bound
+        if lin.gate_lower_bound is not None:  # GLM-5.3-Flash: A_log [HV], initialised to 0
+            self.A_log = nn.Parameter(torch.zeros(lin.num_v_heads))
         dt = torch.empty(lin.num_v_heads * lin.head_k_dim).uniform_(math.log(1e-3), math.log(0.1))
         self.dt_bias = nn.Parameter(dt.exp() + torch.log(-torch.expm1(-dt.exp())))
         self.b_proj = Linear(D, lin.num_v_heads, bias=False)
@@ -100,7 +104,17 @@ class KimiDeltaAttention(nn.Module):
 
     def _log_decay(self, f_a: torch.Tensor) -> torch.Tensor:
         """`forget_gate` from f_a(x) [T, K] (PyTorch, differentiable)."""
+        if self.gate_lower_bound is not None:
+            return gates_reference.kda_log_decay_bounded(
+                self.f_b_proj(f_a), self.dt_bias, self.A_log, self.gate_lower_bound
+            )
         return gates_reference.kda_log_decay(self.f_b_proj(f_a), self.dt_bias, self.A_log)
+
+    def _gates(self, f_b_out: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """g [T, HV, K] fp32 and beta = sigmoid(b) [T, HV] (one kernel on CUDA)."""
+        if self.gate_lower_bound is not None:
+            return kda_gates_bounded(f_b_out, self.dt_bias, self.A_log, b, self.gate_lower_bound)
+        return kda_gates(f_b_out, self.dt_bias, self.A_log, b)
 
     def stacked_projections(self) -> tuple[nn.Linear, ...]:
         """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
@@ -136,7 +150,7 @@ class KimiDeltaAttention(nn.Module):
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
         # g [T, HV, K] fp32 and beta = sigmoid(b) [T, HV]: one kernel on CUDA
-        g, beta = kda_gates(self.f_b_proj(f_a), self.dt_bias, self.A_log, b)
+        g, beta = self._gates(self.f_b_proj(f_a), b)
         o = delta_rule_step(chunk_kda, recurrent_kda, q, k, v, g, beta, cache, batch)
         gate = self.g_b_proj(g_a).view(T, self.num_v_heads, self.head_v_dim)
         return self.o_proj(self.o_norm(o, gate).reshape(T, -1))
@@ -148,7 +162,9 @@ class GatedDeltaNet(nn.Module):
     Parameters (names as above): in_proj_qkvz [2*H*K + 2*HV*V, D], rows grouped per key head
     as [q (K) | k (K) | v (HV/H*V) | z (HV/H*V)]; in_proj_ba [2*HV, D], grouped per key head as
     [b (HV/H) | a (HV/H)]; conv1d.weight [2*H*K + HV*V, 1, W] (q | k | v); dt_bias [HV];
-    A_log [HV]; norm.weight [V]; out_proj [D, HV*V].
+    A_log [HV]; norm.weight [V]; out_proj [D, HV*V]. With `linear.projection_layout` "flat"
+    (Qwen3.5, transformers' `Qwen3_5GatedDeltaNet`): in_proj_qkv [2*H*K + HV*V, D] (q | k | v),
+    in_proj_z [HV*V, D], in_proj_b and in_proj_a [HV, D] instead of the two grouped ones.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -159,8 +175,15 @@ class GatedDeltaNet(nn.Module):
         self.head_k_dim, self.head_v_dim = lin.head_k_dim, lin.head_v_dim
         D = config.hidden_size
         key_dim, value_dim = lin.num_k_heads * lin.head_k_dim, lin.num_v_heads * lin.head_v_dim
-        self.in_proj_qkvz = Linear(D, 2 * key_dim + 2 * value_dim, bias=False)
-        self.in_proj_ba = Linear(D, 2 * lin.num_v_heads, bias=False)
+        self.is_flat = lin.projection_layout == "flat"
+        if self.is_flat:  # Qwen3.5
+            self.in_proj_qkv = Linear(D, 2 * key_dim + value_dim, bias=False)
+            self.in_proj_z = Linear(D, value_dim, bias=False)
+            self.in_proj_b = Linear(D, lin.num_v_heads, bias=False)
+            self.in_proj_a = Linear(D, lin.num_v_heads, bias=False)
+        else:
+            self.in_proj_qkvz = Linear(D, 2 * key_dim + 2 * value_dim, bias=False)
+            self.in_proj_ba = Linear(D, 2 * lin.num_v_heads, bias=False)
         self.conv1d = _depthwise_conv(2 * key_dim + value_dim, lin.conv_kernel_size)
         self.dt_bias = nn.Parameter(torch.ones(lin.num_v_heads))
         self.A_log = nn.Parameter(torch.empty(lin.num_v_heads).uniform_(0.01, 16).log())
@@ -168,7 +191,13 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Linear(value_dim, D, bias=False)
 
     def _split_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k [T, H*K]; v, z [T, HV*V]; b, a [T, HV] from the per-key-head grouped rows."""
+        """q, k [T, H*K]; v, z [T, HV*V]; b, a [T, HV] from the per-key-head grouped rows (or
+        the flat projections)."""
+        if self.is_flat:
+            key_dim = self.num_k_heads * self.head_k_dim
+            value_dim = self.num_v_heads * self.head_v_dim
+            q, k, v = self.in_proj_qkv(x).split([key_dim, key_dim, value_dim], dim=-1)
+            return q, k, v, self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
         T, H = x.shape[0], self.num_k_heads
         group_v = self.num_v_heads // H * self.head_v_dim
         qkvz = self.in_proj_qkvz(x).view(T, H, -1)

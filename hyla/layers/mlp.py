@@ -7,7 +7,7 @@ from torch import nn
 
 from hyla.config import ModelConfig
 from hyla.layers.linear import Linear, stacked_linear
-from hyla.ops.activation import silu_and_mul
+from hyla.ops.activation import silu_and_mul, silu_and_mul_clamped
 from hyla.ops.linear import Prepacked
 
 
@@ -34,6 +34,7 @@ class GatedMLP(nn.Module):
         self.up_proj = Linear(config.hidden_size, width, bias=False)
         self.down_proj = Linear(width, config.hidden_size, bias=False)
         self.gate_up_packed = Prepacked()  # gate and up stacked, for inference
+        self.swiglu_limit = config.swiglu_limit  # GLM-5.3-Flash: clamp gate and up first
 
     def stacked_projections(self) -> tuple[nn.Linear, ...]:
         """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
@@ -42,4 +43,6 @@ class GatedMLP(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: [T, D] -> [T, D]."""
         gate_up = stacked_linear(hidden_states, self.stacked_projections(), self.gate_up_packed)
+        if self.swiglu_limit is not None:
+            return self.down_proj(silu_and_mul_clamped(gate_up, self.swiglu_limit))
         return self.down_proj(silu_and_mul(gate_up))  # silu(gate) * up: one kernel on CUDA

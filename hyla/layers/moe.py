@@ -28,6 +28,7 @@ from hyla.ops.moe import (
     route_sigmoid,
     route_softmax,
 )
+from hyla.ops.moe_clamped import moe_experts_clamped
 
 
 def shared_width(moe: MoEConfig) -> int:
@@ -136,10 +137,13 @@ class MoE(nn.Module):
         self.shared_expert_gate = (
             Linear(config.hidden_size, 1, bias=False) if width and moe.shared_expert_gate else None
         )
+        self.swiglu_limit = config.swiglu_limit  # GLM-5.3-Flash: clamped SwiGLU experts
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states: [T, D] -> [T, D] in the same dtype."""
         topk_weights, topk_ids = self.gate(hidden_states)
+        if self.swiglu_limit is not None:
+            return self._forward_clamped(hidden_states, topk_weights, topk_ids)
         fused = self._fused_shared(hidden_states, topk_ids)
         if fused is not None:  # decode rows on CUDA: the shared expert inside the routed GEMVs
             e = self.experts
@@ -152,6 +156,17 @@ class MoE(nn.Module):
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared
             out = out + shared
+        return out
+
+    def _forward_clamped(
+        self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        e = self.experts
+        out = moe_experts_clamped(
+            hidden_states, e.gate_up_proj, e.down_proj, topk_weights, topk_ids, self.swiglu_limit
+        )
+        if self.shared_experts is not None:  # a GatedMLP: clamped by the same config field
+            out = out + self.shared_experts(hidden_states)
         return out
 
     def _fused_shared(

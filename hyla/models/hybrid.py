@@ -8,6 +8,10 @@ Each layer is pre-norm residual (as in all supported families):
 `HybridModel.forward` runs each add together with the norm that follows it
 (`DecoderLayer.forward`, `hyla.ops.norm.fused_add_rms_norm`: one kernel on CUDA).
 
+With `hc_mult` > 1 (GLM-5.3-Flash) the single residual becomes N streams [T, N, D]: each block
+reads a mix of them and writes back to all (`hyla.layers.hyper_connection`); the final norm reads
+their mean.
+
 Mixer classes come from `MIXERS` by layer kind, FFN classes from `FFNS`; both registries are the
 only places that name concrete layer classes.
 """
@@ -21,6 +25,7 @@ from torch import nn
 
 from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
+from hyla.layers.hyper_connection import HyperConnection
 from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
 from hyla.ops.linear import adjacent_rows, stack_rows
@@ -32,6 +37,7 @@ MIXERS = {
     "mla": "hyla.layers.attention:MLAttention",
     "gqa": "hyla.layers.attention:GQAttention",
     "dsa": "hyla.layers.sparse_attention:DSAttention",
+    "dsa_kpool": "hyla.layers.pooled_sparse_attention:PooledDSAttention",
 }
 FFNS = {
     "dense": "hyla.layers.mlp:GatedMLP",
@@ -44,6 +50,11 @@ def _resolve(path: str) -> type[nn.Module]:
     return getattr(importlib.import_module(module), name)
 
 
+def _mixer_key(config: ModelConfig, layer_idx: int) -> str:
+    kind = config.layer_pattern[layer_idx]
+    return "dsa_kpool" if kind == "dsa" and config.dsa.index_kpool else kind
+
+
 class DecoderLayer(nn.Module):
     """One pre-norm residual block: `mixer` of kind `layer_pattern[i]`, `mlp` of
     `ffn_pattern[i]`."""
@@ -52,9 +63,12 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, offset = config.rms_norm_eps, config.norm_offset
         self.input_layernorm = RMSNorm(config.hidden_size, eps, offset)
-        self.mixer = _resolve(MIXERS[config.layer_pattern[layer_idx]])(config, layer_idx)
+        self.mixer = _resolve(MIXERS[_mixer_key(config, layer_idx)])(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, offset)
         self.mlp = _resolve(FFNS[config.ffn_pattern[layer_idx]])(config, layer_idx)
+        if config.hc_mult > 1:
+            self.attn_hc = HyperConnection(config)
+            self.ffn_hc = HyperConnection(config)
 
     def forward(
         self,
@@ -77,6 +91,17 @@ class DecoderLayer(nn.Module):
         )
         return self.mlp(x), residual
 
+    def forward_streams(
+        self, streams: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """The block with hyper-connections: streams [T, N, D] -> [T, N, D]."""
+        x, post, comb = self.attn_hc(streams)
+        out = self.mixer(self.input_layernorm(x), positions, batch)
+        streams = self.attn_hc.expand(out, streams, post, comb)
+        x, post, comb = self.ffn_hc(streams)
+        out = self.mlp(self.post_attention_layernorm(x))
+        return self.ffn_hc.expand(out, streams, post, comb)
+
 
 class HybridModel(nn.Module):
     """A causal LM over a hybrid layer pattern.
@@ -96,18 +121,35 @@ class HybridModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: ForwardBatch,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids [T] int64, positions [T] int64 -> final-normed hidden states [T, D] in the
         model dtype. Linear layers update their state slots and attention-like layers write
-        their paged cache in place (`batch.caches`, see `hyla.forward_batch`)."""
+        their paged cache in place (`batch.caches`, see `hyla.forward_batch`). `inputs_embeds`
+        [T, D], when given, replaces the token embeddings (image placeholders filled in)."""
         batch.per_pass.clear()  # a new pass: nothing computed for an earlier one is reused
-        delta, residual = None, self.embed_tokens(input_ids)
+        embeds = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if self.config.hc_mult > 1:
+            return self._forward_streams(embeds, positions, batch)
+        delta, residual = None, embeds
         for layer in self.layers:
             delta, residual = layer(delta, residual, positions, batch)
         if delta is None:
             return self.norm(residual)
         return self.norm.add_and_norm(delta, residual)[0]
+
+    def _forward_streams(
+        self, embeds: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        # [T, D] -> N equal streams [T, N, D]
+        streams = embeds[:, None, :].expand(-1, self.config.hc_mult, -1).contiguous()
+        for layer in self.layers:
+            streams = layer.forward_streams(streams, positions, batch)
+        return self.norm(streams.mean(dim=1))
 
     @torch.no_grad()
     def stack_projections(self) -> None:

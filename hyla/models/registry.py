@@ -19,11 +19,16 @@ ADAPTERS = {
     "kimi_linear": "hyla.models.kimi_linear",
     "deepseek_v32": "hyla.models.deepseek_v32",
     "qwen3_next": "hyla.models.qwen3_next",
+    "glm5_next": "hyla.models.glm5_next",
+    "qwen3_5": "hyla.models.qwen3_5",
 }
 ARCHITECTURES = {
     "KimiLinearForCausalLM": "kimi_linear",
     "DeepseekV32ForCausalLM": "deepseek_v32",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "Glm5NextForConditionalGeneration": "glm5_next",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3_5ForCausalLM": "qwen3_5",
 }
 NATIVE = "hyla"
 
@@ -36,6 +41,8 @@ def family_of(hf_config: dict[str, Any]) -> str:
     if not isinstance(hf_config, dict):
         raise ConfigError(f"config: expected a JSON object, got {type(hf_config).__name__}")
     model_type = hf_config.get("model_type")
+    if model_type in ("glm5_next_text", "qwen3_5_text"):  # flat text-only configs
+        return model_type.removesuffix("_text")
     if model_type == NATIVE or model_type in ADAPTERS:
         return model_type
     for arch in hf_config.get("architectures") or ():

@@ -58,9 +58,15 @@ class SequenceRunner:
 
     @torch.no_grad()
     def step(
-        self, chunks: dict[int, list[int]], all_logits: bool = False
+        self,
+        chunks: dict[int, list[int]],
+        all_logits: bool = False,
+        embeds: dict[int, torch.Tensor] | None = None,
+        mrope_positions: dict[int, torch.Tensor] | None = None,
     ) -> dict[int, torch.Tensor]:
-        """Append `chunks[seq_id]` (token ids) to each listed sequence in one packed forward.
+        """Append `chunks[seq_id]` (token ids) to each listed sequence in one packed forward;
+        `embeds[seq_id]` [q, D], where given, replaces that chunk's token embeddings;
+        `mrope_positions` (every listed sequence's [3, q]) replaces the positions (M-RoPE).
 
         Returns: per seq id, logits float32 `[V]` of its last new token, or `[q, V]` of all
         its new tokens when `all_logits`.
@@ -84,7 +90,17 @@ class SequenceRunner:
         input_ids = torch.tensor(
             [t for i in ids for t in chunks[i]], dtype=torch.long, device=self.device
         )
-        hidden = self.model(input_ids, batch.positions, batch)
+        inputs_embeds = None
+        if embeds:
+            inputs_embeds = self.model.embed_tokens(input_ids)
+            cu = batch.cu_seqlens_host
+            for n, i in enumerate(ids):
+                if i in embeds:
+                    inputs_embeds[cu[n] : cu[n + 1]] = embeds[i]
+        positions = batch.positions
+        if mrope_positions is not None:
+            positions = torch.cat([mrope_positions[i] for i in ids], dim=1).to(self.device)
+        hidden = self.model(input_ids, positions, batch, inputs_embeds)
         out: dict[int, torch.Tensor] = {}
         cu = batch.cu_seqlens_host
         for n, i in enumerate(ids):

@@ -9,7 +9,7 @@ import torch
 from hyla.ops.activation import reference
 from hyla.ops.gpu import needs_grad, use_triton
 
-__all__ = ["silu_and_mul"]
+__all__ = ["silu_and_mul", "silu_and_mul_clamped"]
 
 # x dtypes the kernel reproduces: it computes in fp32, so float64 would lose precision.
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -30,3 +30,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
         return kernels.silu_and_mul(x)
     return reference.silu_and_mul(x)
+
+
+def silu_and_mul_clamped(x: torch.Tensor, limit: float) -> torch.Tensor:
+    """`reference.silu_and_mul_clamped` ([..., 2I] -> [..., I]); PyTorch on every device."""
+    return reference.silu_and_mul_clamped(x, limit)

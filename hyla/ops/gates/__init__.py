@@ -10,7 +10,7 @@ import torch
 from hyla.ops.gates import reference
 from hyla.ops.gpu import needs_grad, use_triton
 
-__all__ = ["gdn_gates", "kda_gates"]
+__all__ = ["gdn_gates", "kda_gates", "kda_gates_bounded"]
 
 
 def _use_kernel(*tensors: torch.Tensor) -> bool:
@@ -28,6 +28,18 @@ def kda_gates(
 
         return kernels.kda_gates(f_b_out, dt_bias, A_log, b)
     return reference.kda_gates(f_b_out, dt_bias, A_log, b)
+
+
+def kda_gates_bounded(
+    f_b_out: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A_log: torch.Tensor,
+    b: torch.Tensor,
+    lower_bound: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kda_gates` with the lower-bounded decay (`reference.kda_log_decay_bounded`); PyTorch on
+    every device (a few elementwise ops, no kernel yet)."""
+    return reference.kda_log_decay_bounded(f_b_out, dt_bias, A_log, lower_bound), b.sigmoid()
 
 
 def gdn_gates(

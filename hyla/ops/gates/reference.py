@@ -5,6 +5,8 @@ kernel with the same numerics; these stay the definition (and the CPU / autograd
     KDA (Kimi-Linear `KimiDeltaAttention`, fla's kda gate), per channel:
         raw = float(f_b(f_a(x))) + float(dt_bias)                  [T, HV*K]
         g = -exp(A_log) * (raw if raw > 20 else log(1 + exp(raw)))   [T, HV, K]
+    KDA with a lower bound lb < 0 (GLM-5.3-Flash `linear_lower_bound`, fla's safe gate):
+        g = lb * sigmoid(exp(A_log) * raw)                           [T, HV, K]
     Gated DeltaNet (Qwen3-Next `Qwen3NextGatedDeltaNet`), per head:
         g = -exp(A_log) * softplus(float(a) + float(dt_bias))        [T, HV]
     both: beta = sigmoid(b) in b's dtype                              [T, HV]
@@ -34,6 +36,16 @@ def kda_gates(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(`kda_log_decay` [T, HV, K] fp32, sigmoid(b) [T, HV] in b's dtype)."""
     return kda_log_decay(f_b_out, dt_bias, A_log), b.sigmoid()
+
+
+def kda_log_decay_bounded(
+    f_b_out: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, lower_bound: float
+) -> torch.Tensor:
+    """`kda_log_decay` with the decay kept in (lower_bound, 0): lb * sigmoid(exp(A_log) * raw)
+    (transformers' `Glm5NextTextForgetGate`) -> g [T, HV, K] fp32."""
+    num_heads = A_log.numel()
+    raw = (f_b_out.float() + dt_bias.float()).view(f_b_out.shape[0], num_heads, -1)
+    return lower_bound * torch.sigmoid(A_log.float().view(num_heads, 1).exp() * raw)
 
 
 def gdn_gates(

@@ -7,6 +7,7 @@ import torch
 
 from hyla.ops.gpu import use_triton
 from hyla.ops.sparse_attention import reference
+from hyla.ops.sparse_attention.indices import valid_topk_indices
 
 
 def sparse_mla(
@@ -18,20 +19,46 @@ def sparse_mla(
     topk_indices: torch.Tensor,
     kv_b_weight: torch.Tensor,
     scale: float,
+    seq_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MLA of each new token over its selected tokens: `reference.sparse_mla` (args, [T, H, Dv]
     result), dispatched to `kernels.sparse_mla` for CUDA tensors (which returns NaN rows instead
-    of raising when a row selects no token)."""
+    of raising when a row selects no token). With `seq_lens` the selection is made safe first
+    (`valid_topk_indices`: no duplicate, future or out-of-range entry is read) and a row left
+    empty gets zeros on both paths."""
     if use_triton(q_nope):
-        from hyla.ops.sparse_attention import kernels
-
-        return kernels.sparse_mla(
+        return kernel_sparse_mla(
             q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight,
-            scale,
+            scale, seq_lens,
         )  # fmt: skip
     return reference.sparse_mla(
+        q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale,
+        seq_lens,
+    )  # fmt: skip
+
+
+def kernel_sparse_mla(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    topk_indices: torch.Tensor,
+    kv_b_weight: torch.Tensor,
+    scale: float,
+    seq_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The Triton path of `sparse_mla` (also on CPU tensors under TRITON_INTERPRET)."""
+    from hyla.ops.sparse_attention import kernels
+
+    if seq_lens is not None:
+        topk_indices = valid_topk_indices(topk_indices, cu_seqlens, seq_lens)
+    out = kernels.sparse_mla(
         q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale
     )
+    if seq_lens is None:
+        return out
+    return out.masked_fill(~(topk_indices >= 0).any(dim=1)[:, None, None], 0)
 
 
-__all__ = ["sparse_mla"]
+__all__ = ["kernel_sparse_mla", "sparse_mla", "valid_topk_indices"]

@@ -3,7 +3,9 @@ report, section 2.1), in the absorbed latent form (DeepSeek-V2 appendix C).
 
 Only the selected tokens' latents are read: `topk_indices[t]` are token positions within t's
 sequence, mapped to cache slots through that sequence's block table; -1 entries are skipped, so
-an unwritten or recycled slot is never touched.
+an unwritten or recycled slot is never touched. Given `seq_lens`, the op first drops duplicate,
+future and out-of-range entries itself (`indices.valid_topk_indices`) and a row left with no
+token gets zeros (attention over an empty set).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from hyla.ops.mla.reference import absorb_query, latent_attention, project_values, split_kv_b
 from hyla.ops.paged import gather_paged_tokens
+from hyla.ops.sparse_attention.indices import valid_topk_indices
 
 
 def sparse_mla(
@@ -23,6 +26,7 @@ def sparse_mla(
     topk_indices: torch.Tensor,
     kv_b_weight: torch.Tensor,
     scale: float,
+    seq_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MLA of each new token over its selected tokens only.
 
@@ -34,9 +38,13 @@ def sparse_mla(
         topk_indices: [T, k] int32 token positions within the row's sequence, -1 = none; each
             row needs at least one entry >= 0.
         kv_b_weight: [H * (Dn + Dv), R]; scale: softmax scale.
+        seq_lens: [N] lengths including this step's tokens; given, entries that are repeated,
+            in the row's future or outside the sequence are dropped, and an empty row is 0.
     Returns: [T, H, Dv] in q's dtype.
-    Raises: ValueError when a row selects no token.
+    Raises: ValueError when a row selects no token (without `seq_lens`).
     """
+    if seq_lens is not None:
+        topk_indices = valid_topk_indices(topk_indices, cu_seqlens, seq_lens)
     num_heads, dn = q_nope.shape[1], q_nope.shape[2]
     w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
     out = q_nope.new_empty(q_nope.shape[0], num_heads, w_uv.shape[1])
@@ -44,6 +52,9 @@ def sparse_mla(
     for i in range(len(cu) - 1):
         for t in range(cu[i], cu[i + 1]):
             selected = topk_indices[t][topk_indices[t] >= 0].long()
+            if selected.numel() == 0 and seq_lens is not None:
+                out[t] = 0
+                continue
             if selected.numel() == 0:
                 raise ValueError(f"sparse_mla: row {t} selects no token")
             latents = gather_paged_tokens(latent_cache, block_tables[i], selected)  # [k', R+Dr]

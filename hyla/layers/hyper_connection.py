@@ -1,0 +1,41 @@
+"""Hyper-connection weights of one block (GLM-5.3-Flash's `attn_hc` / `ffn_hc`); the math is
+`hyla.ops.hyper_connection`.
+
+Parameters (transformers' names): `fn` [(2 + N) * N, N * D], `base` [(2 + N) * N] float32,
+`scale` [3] float32; the released checkpoints store them as `hc_attn_fn`, `hc_attn_base`, ...
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hyla.config import ModelConfig
+from hyla.ops.hyper_connection import hc_collapse, hc_expand, hc_weights
+
+
+class HyperConnection(nn.Module):
+    """Collapses N streams into a block's input and spreads its output back (`hc_mult` = N)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        n, d = config.hc_mult, config.hidden_size
+        self.fn = nn.Parameter(torch.empty((2 + n) * n, n * d))
+        self.base = nn.Parameter(torch.zeros((2 + n) * n, dtype=torch.float32))
+        self.scale = nn.Parameter(torch.ones(3, dtype=torch.float32))
+        self.hc_eps, self.iters = config.hc_eps, config.hc_sinkhorn_iters
+        self.norm_eps = config.rms_norm_eps
+
+    def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """streams [T, N, D] -> (block input [T, D], post [T, N], comb [T, N, N])."""
+        pre, post, comb = hc_weights(
+            streams, self.fn, self.base, self.scale, self.hc_eps, self.iters, self.norm_eps
+        )
+        return hc_collapse(streams, pre), post, comb
+
+    @staticmethod
+    def expand(
+        block_out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    ) -> torch.Tensor:
+        """The next streams [T, N, D] (`hc_expand`)."""
+        return hc_expand(block_out, streams, post, comb)
