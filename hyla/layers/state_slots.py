@@ -42,13 +42,22 @@ def short_conv_step(
     mixed: torch.Tensor, weight: torch.Tensor, cache: LayerCache, batch: ForwardBatch
 ) -> torch.Tensor:
     """SiLU short conv of `mixed` [T, C] (weight [C, W]) continuing each sequence's conv state;
-    writes the new states back to their slots. Returns [T, C]. A pure decode step where the
-    Triton kernel runs (CUDA) reads and writes the slots in place in one launch."""
+    writes the new states back to their slots. Returns [T, C]. Where the Triton kernels run
+    (CUDA) the slots are read and written in place: one launch for a pure decode step
+    (`kernels.conv_update_slots`), two for any other (`varlen_kernels.conv_varlen_slots`)."""
     pool = cache["conv_state"]
     if _is_pure_decode(batch) and triton_runs_on(pool):
         from hyla.ops.short_conv import kernels
 
         return kernels.conv_update_slots(mixed, weight, None, pool, batch.state_indices, "silu")
+    if triton_runs_on(pool) and not batch.static_shapes:
+        from hyla.ops.short_conv import varlen_kernels
+
+        has_state = batch.shared(("has_initial_state", pool.device), lambda: index_tensor(
+            [int(h) for h in batch.has_initial_state], pool.device, torch.int32))  # fmt: skip
+        return varlen_kernels.conv_varlen_slots(
+            mixed, weight, None, batch.cu_seqlens, pool, batch.state_indices, has_state, "silu"
+        )
     state = read_slots(cache, "conv_state", batch)
     out, new_state = causal_conv1d(
         mixed, weight, None, batch.cu_seqlens, state, "silu", cu_seqlens_host=batch.cu_seqlens_host
