@@ -50,7 +50,7 @@ def short_conv_step(
         from hyla.ops.short_conv import kernels
 
         return kernels.conv_update_slots(mixed, weight, None, pool, batch.state_indices, "silu")
-    if triton_runs_on(pool) and not batch.static_shapes:
+    if varlen_conv_runs(pool, batch):
         from hyla.ops.short_conv import varlen_kernels
 
         has_state = batch.shared(("has_initial_state", pool.device), lambda: index_tensor(
@@ -64,6 +64,12 @@ def short_conv_step(
     )
     cache["conv_state"].index_copy_(0, batch.state_indices, new_state)
     return out
+
+
+def varlen_conv_runs(pool: torch.Tensor, batch: ForwardBatch) -> bool:
+    """Whether a multi-token step's short conv takes the Triton kernel (bench/gpu_mixed_step.py
+    patches this to time the path it replaced)."""
+    return triton_runs_on(pool) and not batch.static_shapes
 
 
 def _is_pure_decode(batch: ForwardBatch) -> bool:
@@ -103,16 +109,17 @@ def _sub_batch(batch: ForwardBatch, seqs: list[int], device: torch.device) -> Su
     )
 
 
+def split_by_length(batch: ForwardBatch, device: torch.device) -> tuple[SubBatch, SubBatch]:
+    """(single-token sequences, multi-token sequences) of this step, built anew."""
+    lens = batch.query_lens
+    ones = [i for i, n in enumerate(lens) if n == 1]
+    many = [i for i, n in enumerate(lens) if n > 1]
+    return _sub_batch(batch, ones, device), _sub_batch(batch, many, device)
+
+
 def mixed_split(batch: ForwardBatch, device: torch.device) -> tuple[SubBatch, SubBatch]:
-    """(single-token sequences, multi-token sequences) of this step, once per step."""
-
-    def build() -> tuple[SubBatch, SubBatch]:
-        lens = batch.query_lens
-        ones = [i for i, n in enumerate(lens) if n == 1]
-        many = [i for i, n in enumerate(lens) if n > 1]
-        return _sub_batch(batch, ones, device), _sub_batch(batch, many, device)
-
-    return batch.shared(("delta_rule_split", device), build)
+    """`split_by_length` once per step (every linear layer gets the same objects)."""
+    return batch.shared(("delta_rule_split", device), lambda: split_by_length(batch, device))
 
 
 def _slot_range(
