@@ -12,7 +12,7 @@ paths and with the old ones, in the same run.
                (8 x 512 + 56 = 4152 tokens): mean time per mixed step, new vs old paths
                (`--old-paths` runs the old ones only, e.g. under a profiler)
 
-    PYTHONPATH=. python3 bench/gpu_mixed_step.py                 # H200, ~2 min
+    PYTHONPATH=. python3 bench/gpu_mixed_step.py                 # H200, ~3-4 min (fla autotunes)
     PYTHONPATH=. python3 bench/gpu_mixed_step.py --smoke         # CPU, tiny model, a bug check
 """
 
@@ -126,11 +126,13 @@ def bench_conv(args: argparse.Namespace) -> dict:
 
 
 def build_engine(args: argparse.Namespace, path: str) -> LLMEngine:
+    """Without decode CUDA graphs (mixed steps run eagerly either way; capturing every decode
+    bucket would only lengthen the start)."""
     return LLMEngine.from_path(
         path, device=args.device, dtype=args.dtype, max_num_seqs=args.prefills + args.decodes,
         max_num_batched_tokens=max(8192, args.prefills * args.prefill_len + args.decodes),
         max_model_len=args.context + args.prefill_len + 64, enable_prefix_caching=False,
-        kv_cache_memory=args.kv_cache_gib << 30,
+        kv_cache_memory=args.kv_cache_gib << 30, enforce_eager=True,
     )  # fmt: skip
 
 
@@ -200,13 +202,32 @@ def bench_step(args: argparse.Namespace) -> dict:
     return result
 
 
+def record(args: argparse.Namespace, results: dict, start: float) -> None:
+    """Write what was measured so far (a run killed in the whole-step part keeps the kernels')."""
+    if args.no_save:
+        return
+    result = {
+        "command": " ".join(["python3", "bench/gpu_mixed_step.py", *sys.argv[1:]]),
+        "commit": gpu_e2e.git_commit(),
+        **gpu_e2e.environment(args.device),
+        "workload": {k: v for k, v in vars(args).items() if k not in ("out", "out_dir")},
+        "results": results,
+        "wall_s": time.perf_counter() - start,
+    }
+    gpu_e2e.write_result(Path(args.out), args.out_dir, result)
+
+
 def run(args: argparse.Namespace) -> dict:
+    start = time.perf_counter()
     out: dict = {}
     if args.device.startswith("cuda") and not args.old_paths:
         T = args.prefills * args.prefill_len + args.decodes
         out["moe"] = [bench_moe(args, t) for t in (512, T)]
         out["short_conv"] = bench_conv(args)
+        record(args, out, start)
     out["mixed_step"] = bench_step(args)
+    record(args, out, start)
+    print(f"total {time.perf_counter() - start:.1f} s")
     return out
 
 
@@ -238,7 +259,7 @@ def main() -> None:
     args = parse_args()
     if args.smoke:  # fla's kernels need a GPU: let transformers take its PyTorch fallback
         sys.modules["fla"] = None  # type: ignore[assignment]
-    gpu_e2e.run_and_record("bench/gpu_mixed_step.py", args, run)
+    run(args)
 
 
 if __name__ == "__main__":
