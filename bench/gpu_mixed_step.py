@@ -8,6 +8,8 @@ paths and with the old ones, in the same run.
                gather + `short_conv.cpu.causal_conv1d` + scatter it replaced
     split      the delta rule's decode/chunk split of a mixed step once per step vs rebuilt per
                linear layer (new tensors each layer: fla replans its chunks every layer)
+    gqa        `gqa.kernels.paged_gqa` (one Triton launch) vs the dense masked reference, on
+               Qwen3-Next's attention shape (the step model below has MLA, not GQA)
     step       8 prompts of 512 tokens prefilled in one step next to 56 decoding sequences
                (8 x 512 + 56 = 4152 tokens): mean time per mixed step, new vs old paths
                (`--old-paths` runs the old ones only, e.g. under a profiler)
@@ -125,6 +127,38 @@ def bench_conv(args: argparse.Namespace) -> dict:
     return dict(tokens=T, channels=C, new_ms=new_ms, old_ms=old_ms, speedup=old_ms / new_ms)
 
 
+def bench_gqa(args: argparse.Namespace) -> dict:
+    """Qwen3-Next's attention shape (16 query heads over 2 kv heads, head_dim 256, 16-token
+    pages) on the mixed step's lengths (decoders with `decode_context` tokens cached)."""
+    from hyla.ops.gqa import kernels, reference
+
+    dev, dtype = args.device, getattr(torch, args.dtype)
+    H, HKV, D, page = 16, 2, 256, 16
+    q_lens = mixed_lens(args)
+    seq_lens = [n if n > 1 else args.decode_context + 1 for n in q_lens]
+    pages = [-(-n // page) for n in seq_lens]
+    gen = torch.Generator().manual_seed(2)
+    k_cache = torch.randn(sum(pages), page, HKV, D, generator=gen).to(dev, dtype)
+    v_cache = torch.randn(sum(pages), page, HKV, D, generator=gen).to(dev, dtype)
+    tables = torch.zeros(len(q_lens), max(pages), dtype=torch.int32)
+    first = 0
+    for i, p in enumerate(pages):
+        tables[i, :p] = torch.arange(first, first + p)
+        first += p
+    tables = tables.to(dev)
+    q = torch.randn(sum(q_lens), H, D, generator=gen).to(dev, dtype)
+    cu = torch.tensor([0] + q_lens).cumsum(0).to(dev, torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=dev)
+    a = (q, k_cache, v_cache, tables, cu)
+    new = time_ms(lambda: kernels.paged_gqa(*a, lens, D**-0.5), dev)
+    old = time_ms(lambda: reference.paged_gqa(*a, seq_lens, D**-0.5), dev, iters=5)
+    got, want = kernels.paged_gqa(*a, lens, D**-0.5), reference.paged_gqa(*a, seq_lens, D**-0.5)
+    err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+    print(f"gqa  T={q.shape[0]:5d}: paged kernel {new:7.3f} ms  dense reference {old:7.3f} ms  "
+          f"{old / new:5.2f}x  (max rel diff {err:.1e})")  # fmt: skip
+    return dict(tokens=q.shape[0], new_ms=new, old_ms=old, speedup=old / new, max_rel_diff=err)
+
+
 def build_engine(args: argparse.Namespace, path: str) -> LLMEngine:
     """Without decode CUDA graphs (mixed steps run eagerly either way; capturing every decode
     bucket would only lengthen the start)."""
@@ -224,6 +258,8 @@ def run(args: argparse.Namespace) -> dict:
         T = args.prefills * args.prefill_len + args.decodes
         out["moe"] = [bench_moe(args, t) for t in (512, T)]
         out["short_conv"] = bench_conv(args)
+        record(args, out, start)
+        out["gqa_prefill"] = bench_gqa(args)
         record(args, out, start)
     out["mixed_step"] = bench_step(args)
     record(args, out, start)
