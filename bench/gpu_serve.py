@@ -285,7 +285,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="fewer requests per scenario")
     p.add_argument("--rates", default="8,32", help="Poisson request rates (req/s), comma list")
     p.add_argument("--max-num-seqs", type=int, default=128)
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=4096, help="1024 words: ~1700 tokens")
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--timeout", type=float, default=240.0, help="per bench serve run")
     p.add_argument("--out", default=str(ROOT / "results" / "gpu_serve_h200.json"))
