@@ -141,6 +141,10 @@ def paged_gqa(
         return out
     if not isinstance(seq_lens, torch.Tensor):
         seq_lens = torch.tensor(list(seq_lens), dtype=torch.int32).to(q.device, non_blocking=True)
+    # read with unit column / element strides by the kernel (no-ops when already so)
+    block_tables, cu_seqlens, seq_lens = (
+        t.contiguous() for t in (block_tables, cu_seqlens, seq_lens)
+    )
     tile_seq, tile_idx = query_tiles(cu_seqlens, T)
     block_dk, block_dv = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
     block_n = 64 if max(block_dk, block_dv) <= 128 else 32

@@ -147,6 +147,9 @@ def conv_varlen_slots(
             f"has_initial_state: shape {tuple(has_initial_state.shape)}, expected ({N},)"
         )
     W = weight.shape[1]
+    # read with unit element strides by the kernels (no-ops when already so)
+    cu_seqlens, state_indices = cu_seqlens.contiguous(), state_indices.contiguous()
+    has_initial_state = has_initial_state.contiguous()
     y = torch.empty(T, C, dtype=x.dtype, device=x.device)
     if N == 0 or C == 0:
         return y
