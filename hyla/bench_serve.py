@@ -7,22 +7,30 @@ Per request, measured at the client from the moment the request is sent:
     E2E   time to the last byte
 Throughput is output tokens (from the final `usage` chunk) over the wall time of the run.
 Prompts are synthetic word sequences (seeded); `ignore_eos` fixes the output length.
+
+Arrivals (as vLLM's `--request-rate`): with `request_rate` = inf every request is sent at once
+(up to `concurrency` in flight); otherwise request i is sent at the i-th event of a Poisson
+process of that rate (exponential gaps, seeded), and still waits for a free concurrency slot.
+Percentiles are numpy's (linear interpolation).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_WORDS = ("time year people way day man thing woman life child world school state family "
-          "student group country problem hand part place case week company system program "
-          "question work government number night point home water room mother area money "
-          "story fact month lot right study book eye job word business issue side kind head"
-          ).split()
+_WORDS = (
+    "time year people way day man thing woman life child world school state family "
+    "student group country problem hand part place case week company system program "
+    "question work government number night point home water room mother area money "
+    "story fact month lot right study book eye job word business issue side kind head"
+).split()
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,8 @@ class BenchConfig:
     api_key: str | None = None
     seed: int = 0
     timeout: float = 600.0
+    request_rate: float = math.inf
+    progress: bool = True
 
     def __post_init__(self) -> None:
         base = self.url.rstrip("/")  # the server's base URL as `hyla serve` prints it works too
@@ -44,6 +54,10 @@ class BenchConfig:
         for name in ("num_requests", "concurrency", "input_len", "output_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.request_rate > 0:  # NaN too
+            raise ValueError(
+                f"request_rate: must be > 0 (inf = all at once), got {self.request_rate}"
+            )
         if self.endpoint not in ("completions", "chat"):
             raise ValueError(f"endpoint: must be completions|chat, got {self.endpoint!r}")
 
@@ -89,32 +103,51 @@ class BenchResult:
         return (self.prompt_tokens + self.output_tokens) / self.duration if self.duration else 0.0
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated `q`-th percentile (0..100) of `values` (0.0 when empty)."""
-    if not values:
-        return 0.0
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+PERCENTILES = (50, 90, 99)
 
 
 def summarize(values: list[float]) -> dict[str, float]:
-    mean = sum(values) / len(values) if values else 0.0
-    return {"mean": mean, **{f"p{q}": percentile(values, q) for q in (50, 90, 99)}}
+    """Mean and the `PERCENTILES` of `values` (numpy, linear interpolation); zeros when empty."""
+    import numpy as np
+
+    if not values:
+        return {"mean": 0.0, **{f"p{q}": 0.0 for q in PERCENTILES}}
+    xs = np.asarray(values, dtype=np.float64)
+    qs = np.percentile(xs, PERCENTILES)
+    return {
+        "mean": float(xs.mean()),
+        **{f"p{q}": float(v) for q, v in zip(PERCENTILES, qs, strict=True)},
+    }
+
+
+def arrival_times(config: BenchConfig) -> list[float]:
+    """Send time of each request in seconds from the start: all 0 for an infinite rate, else the
+    events of a seeded Poisson process of `request_rate` per second (the first after one gap)."""
+    import numpy as np
+
+    n = config.num_requests
+    if math.isinf(config.request_rate):
+        return [0.0] * n
+    gaps = np.random.default_rng(config.seed).exponential(1.0 / config.request_rate, n)
+    return np.cumsum(gaps).tolist()
 
 
 def make_prompts(config: BenchConfig) -> list[str]:
     rng = random.Random(config.seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(config.input_len))
-            for _ in range(config.num_requests)]
+    return [
+        " ".join(rng.choice(_WORDS) for _ in range(config.input_len))
+        for _ in range(config.num_requests)
+    ]
 
 
 def _request_body(config: BenchConfig, model: str, prompt: str) -> tuple[str, dict]:
     body: dict[str, Any] = {
-        "model": model, "max_tokens": config.output_len, "stream": True, "temperature": 0.0,
-        "ignore_eos": True, "stream_options": {"include_usage": True},
+        "model": model,
+        "max_tokens": config.output_len,
+        "stream": True,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
     }
     if config.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -178,25 +211,50 @@ async def run_bench_async(config: BenchConfig) -> BenchResult:
 
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     limits = httpx.Limits(max_connections=config.concurrency)
-    async with httpx.AsyncClient(base_url=config.url, headers=headers, limits=limits,
-                                 timeout=config.timeout) as client:
+    async with httpx.AsyncClient(
+        base_url=config.url, headers=headers, limits=limits, timeout=config.timeout
+    ) as client:
         try:
             model = config.model or await _first_model(client)
         except httpx.HTTPStatusError as e:  # reached, but refused (e.g. 401 without --api-key)
-            raise OSError(f"{config.url}/v1/models answered {e.response.status_code}: "
-                          f"{e.response.text[:200]}") from e
+            raise OSError(
+                f"{config.url}/v1/models answered {e.response.status_code}: {e.response.text[:200]}"
+            ) from e
         except httpx.HTTPError as e:
             raise OSError(f"cannot reach {config.url}: {e}") from e
         gate = asyncio.Semaphore(config.concurrency)
-
-        async def gated(prompt: str) -> RequestResult:
-            async with gate:
-                return await _one(client, config, model, prompt)
-
+        bar = _progress_bar(config)
         start = time.perf_counter()
-        results = await asyncio.gather(*(gated(p) for p in make_prompts(config)))
+
+        async def gated(prompt: str, at: float) -> RequestResult:
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            async with gate:
+                result = await _one(client, config, model, prompt)
+            if bar is not None:
+                bar.update(1)
+            return result
+
+        try:
+            prompts, times = make_prompts(config), arrival_times(config)
+            results = await asyncio.gather(
+                *(gated(p, t) for p, t in zip(prompts, times, strict=True))
+            )
+        finally:
+            if bar is not None:
+                bar.close()
         duration = time.perf_counter() - start
     return _aggregate(config, results, duration)
+
+
+def _progress_bar(config: BenchConfig) -> Any:
+    """A tqdm bar of finished requests on stderr, or None when `config.progress` is off."""
+    if not config.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=config.num_requests, desc="requests", unit="req", file=sys.stderr)
 
 
 def _aggregate(config: BenchConfig, results: list[RequestResult], duration: float) -> BenchResult:
@@ -209,9 +267,13 @@ def _aggregate(config: BenchConfig, results: list[RequestResult], duration: floa
         "e2e_s": summarize([r.e2e for r in ok]),
     }
     return BenchResult(
-        config=config, duration=duration, num_ok=len(ok), num_failed=len(results) - len(ok),
+        config=config,
+        duration=duration,
+        num_ok=len(ok),
+        num_failed=len(results) - len(ok),
         prompt_tokens=sum(r.prompt_tokens for r in ok),
-        output_tokens=sum(r.output_tokens for r in ok), percentiles=percentiles,
+        output_tokens=sum(r.output_tokens for r in ok),
+        percentiles=percentiles,
         errors=sorted({r.error for r in results if r.error})[:5],
     )
 
@@ -222,14 +284,17 @@ def run_bench(config: BenchConfig) -> BenchResult:
 
 def format_table(result: BenchResult) -> str:
     c = result.config
+    rate = "inf" if math.isinf(c.request_rate) else f"{c.request_rate:g}/s (Poisson)"
     lines = [
         f"hyla bench serve: {c.num_requests} requests, concurrency {c.concurrency}, "
-        f"input ~{c.input_len} words, output {c.output_len} tokens, {c.endpoint} @ {c.url}",
+        f"request rate {rate}, input ~{c.input_len} words, output {c.output_len} tokens, "
+        f"{c.endpoint} @ {c.url}",
         f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
     ]
     for name, stats in result.percentiles.items():
-        lines.append(f"{name:<10}" + "".join(f"{stats[k]:>10.2f}"
-                                            for k in ("mean", "p50", "p90", "p99")))
+        lines.append(
+            f"{name:<10}" + "".join(f"{stats[k]:>10.2f}" for k in ("mean", "p50", "p90", "p99"))
+        )
     lines += [
         f"successful requests   {result.num_ok} (failed {result.num_failed})",
         f"duration              {result.duration:.2f} s",
@@ -245,6 +310,8 @@ def format_table(result: BenchResult) -> str:
 def to_dict(result: BenchResult) -> dict[str, Any]:
     out = asdict(result)
     out["config"] = {k: v for k, v in out["config"].items() if k != "api_key"}
+    if math.isinf(result.config.request_rate):  # JSON has no inf
+        out["config"]["request_rate"] = "inf"
     out["request_throughput"] = result.request_throughput
     out["output_throughput"] = result.output_throughput
     out["total_throughput"] = result.total_throughput

@@ -212,7 +212,11 @@ def bench_serve(
     output_len: int = typer.Option(64, help="Tokens to generate per request (ignore_eos)."),
     endpoint: str = typer.Option("completions", help="completions | chat"),
     api_key: str | None = typer.Option(None, envvar="HYLA_API_KEY", help="Bearer token."),
-    seed: int = typer.Option(0, help="Seed of the synthetic prompts."),
+    seed: int = typer.Option(0, help="Seed of the synthetic prompts and arrival times."),
+    request_rate: float = typer.Option(
+        float("inf"), help="Requests per second, Poisson arrivals (inf: all at once)."
+    ),
+    disable_tqdm: bool = typer.Option(False, "--disable-tqdm", help="No progress bar."),
     json_out: str | None = typer.Option(None, "--json", help="Also write the results here."),
 ) -> None:
     """Send N concurrent streaming requests; print TTFT/TPOT/ITL/E2E percentiles, throughput."""
@@ -220,7 +224,8 @@ def bench_serve(
 
     config = BenchConfig(url=url, model=model, num_requests=num_requests,
                          concurrency=concurrency, input_len=input_len, output_len=output_len,
-                         endpoint=endpoint, api_key=api_key, seed=seed)
+                         endpoint=endpoint, api_key=api_key, seed=seed,
+                         request_rate=request_rate, progress=not disable_tqdm)
     try:
         result = run_bench(config)
     except (ValueError, OSError) as e:

@@ -215,7 +215,8 @@ class GQAttention(nn.Module):
     `config.rope.rotary_dim` channels of each head (partial rotary). Caches "k" / "v"
     [P, B, HKV, K] hold the normed, roped keys and the values. A static-shape (captured) step
     attends through `paged_gqa_bounded` (lengths on the device), any other step through
-    `paged_gqa` (host lengths, one sequence at a time).
+    `paged_gqa` (on CUDA one FlashAttention-style Triton launch over the paged K/V; elsewhere
+    the dense reference, one sequence at a time).
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -263,10 +264,11 @@ class GQAttention(nn.Module):
                 q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
                 batch.seq_lens_tensor, batch.max_seq_len, self.scale,
             ).flatten(1)  # fmt: skip
-        else:
+        else:  # on CUDA one Triton launch, lengths from the device (`hyla.ops.gqa.kernels`)
+            lens = batch.seq_lens_tensor if use_triton(q) else batch.seq_lens
             out = paged_gqa(
                 q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
-                batch.seq_lens, self.scale,
+                lens, self.scale,
             ).flatten(1)  # [T, H*K]  # fmt: skip
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(num_tokens, -1))

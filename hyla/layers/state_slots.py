@@ -10,7 +10,9 @@ Sequence i owns slot `batch.state_indices[i]`; the slot of a sequence without co
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -24,23 +26,38 @@ DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 def read_slots(cache: LayerCache, name: str, batch: ForwardBatch) -> torch.Tensor:
     """This step's sequences' rows of cache[name]; zeros for sequences without context."""
     rows = cache[name].index_select(0, batch.state_indices)
-    fresh = [i for i, has_state in enumerate(batch.has_initial_state) if not has_state]
-    if fresh:
-        rows.index_fill_(0, index_tensor(fresh, rows.device), 0)
+    fresh = batch.shared(("fresh_state_rows", rows.device), lambda: _fresh_rows(batch, rows.device))
+    if fresh is not None:
+        rows.index_fill_(0, fresh, 0)
     return rows
+
+
+def _fresh_rows(batch: ForwardBatch, device: torch.device) -> torch.Tensor | None:
+    """Positions of the sequences without context (their slots are never read), or None."""
+    fresh = [i for i, has_state in enumerate(batch.has_initial_state) if not has_state]
+    return index_tensor(fresh, device) if fresh else None
 
 
 def short_conv_step(
     mixed: torch.Tensor, weight: torch.Tensor, cache: LayerCache, batch: ForwardBatch
 ) -> torch.Tensor:
     """SiLU short conv of `mixed` [T, C] (weight [C, W]) continuing each sequence's conv state;
-    writes the new states back to their slots. Returns [T, C]. A pure decode step where the
-    Triton kernel runs (CUDA) reads and writes the slots in place in one launch."""
+    writes the new states back to their slots. Returns [T, C]. Where the Triton kernels run
+    (CUDA) the slots are read and written in place: one launch for a pure decode step
+    (`kernels.conv_update_slots`), two for any other (`varlen_kernels.conv_varlen_slots`)."""
     pool = cache["conv_state"]
     if _is_pure_decode(batch) and triton_runs_on(pool):
         from hyla.ops.short_conv import kernels
 
         return kernels.conv_update_slots(mixed, weight, None, pool, batch.state_indices, "silu")
+    if varlen_conv_runs(pool, batch):
+        from hyla.ops.short_conv import varlen_kernels
+
+        has_state = batch.shared(("has_initial_state", pool.device), lambda: index_tensor(
+            [int(h) for h in batch.has_initial_state], pool.device, torch.int32))  # fmt: skip
+        return varlen_kernels.conv_varlen_slots(
+            mixed, weight, None, batch.cu_seqlens, pool, batch.state_indices, has_state, "silu"
+        )
     state = read_slots(cache, "conv_state", batch)
     out, new_state = causal_conv1d(
         mixed, weight, None, batch.cu_seqlens, state, "silu", cu_seqlens_host=batch.cu_seqlens_host
@@ -49,15 +66,60 @@ def short_conv_step(
     return out
 
 
+def varlen_conv_runs(pool: torch.Tensor, batch: ForwardBatch) -> bool:
+    """Whether a multi-token step's short conv takes the Triton kernel (bench/gpu_mixed_step.py
+    patches this to time the path it replaced)."""
+    return triton_runs_on(pool) and not batch.static_shapes
+
+
 def _is_pure_decode(batch: ForwardBatch) -> bool:
     """One token per sequence, every sequence with a state to continue from."""
     lens = batch.query_lens
     return bool(lens) and all(n == 1 for n in lens) and all(batch.has_initial_state)
 
 
-def _token_rows(bounds: list[int], seqs: list[int], device: torch.device) -> torch.Tensor:
+@dataclass(frozen=True)
+class SubBatch:
+    """The sequences of a mixed step that one delta-rule op runs (decodes, or chunked ones),
+    built once per step (`ForwardBatch.shared`) for every linear layer: the same `cu_seqlens`
+    objects in every layer let fla plan its chunks once per step (`prepare_chunk_indices` is
+    memoized by tensor identity), and the index tensors are copied to the device once.
+
+    Attributes:
+        rows: [T'] int64 packed rows of these sequences' tokens (device).
+        seqs: [N'] int64 their positions in the batch (device).
+        cu_seqlens: [N' + 1] int32 offsets within the rows (device); cu_seqlens_cpu: the same, CPU.
+    """
+
+    rows: torch.Tensor
+    seqs: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_cpu: torch.Tensor
+
+
+def _sub_batch(batch: ForwardBatch, seqs: list[int], device: torch.device) -> SubBatch:
+    bounds, lens = batch.cu_seqlens_host, batch.query_lens
     rows = [r for i in seqs for r in range(bounds[i], bounds[i + 1])]
-    return index_tensor(rows, device)
+    cu = list(itertools.accumulate((lens[i] for i in seqs), initial=0))
+    return SubBatch(
+        rows=index_tensor(rows, device),
+        seqs=index_tensor(seqs, device),
+        cu_seqlens=index_tensor(cu, device, torch.int32),
+        cu_seqlens_cpu=torch.tensor(cu, dtype=torch.int32),
+    )
+
+
+def split_by_length(batch: ForwardBatch, device: torch.device) -> tuple[SubBatch, SubBatch]:
+    """(single-token sequences, multi-token sequences) of this step, built anew."""
+    lens = batch.query_lens
+    ones = [i for i, n in enumerate(lens) if n == 1]
+    many = [i for i, n in enumerate(lens) if n > 1]
+    return _sub_batch(batch, ones, device), _sub_batch(batch, many, device)
+
+
+def mixed_split(batch: ForwardBatch, device: torch.device) -> tuple[SubBatch, SubBatch]:
+    """`split_by_length` once per step (every linear layer gets the same objects)."""
+    return batch.shared(("delta_rule_split", device), lambda: split_by_length(batch, device))
 
 
 def _slot_range(
@@ -139,20 +201,13 @@ def delta_rule_step(
         return o
     final = state.clone()
     o = torch.zeros_like(v)
-    bounds = batch.cu_seqlens_host
-    for fn, seqs in (
-        (recurrent_fn, [i for i, n in enumerate(lens) if n == 1]),
-        (chunk_fn, [i for i, n in enumerate(lens) if n > 1]),
-    ):
-        if not seqs:
+    for fn, sub in zip((recurrent_fn, chunk_fn), mixed_split(batch, v.device), strict=True):
+        if sub.seqs.numel() == 0:
             continue
-        rows = _token_rows(bounds, seqs, v.device)
-        sub_cu = torch.tensor([0] + [lens[i] for i in seqs]).cumsum(0, dtype=torch.int32)
-        idx = index_tensor(seqs, v.device)
-        extra = {"cu_seqlens_cpu": sub_cu} if fn is chunk_fn else {}
-        sub_cu_dev = index_tensor(sub_cu.tolist(), v.device, torch.int32)
-        sub = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub_cu_dev, state[idx])
-        o_sub, final_sub = fn(*sub, use_qk_l2norm=True, **extra)
+        rows, idx = sub.rows, sub.seqs
+        extra = {"cu_seqlens_cpu": sub.cu_seqlens_cpu} if fn is chunk_fn else {}
+        args = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub.cu_seqlens, state[idx])
+        o_sub, final_sub = fn(*args, use_qk_l2norm=True, **extra)
         o[rows] = o_sub
         final[idx] = final_sub
     cache["recurrent_state"].index_copy_(0, batch.state_indices, final)

@@ -1,7 +1,38 @@
 """Paged causal grouped-query attention over a packed varlen batch. See `reference.py`;
-`bounded.py` is the same attention with the lengths on the device (captured decode steps)."""
+`bounded.py` is the same attention with the lengths on the device (captured decode steps);
+`kernels.py` is one FlashAttention-style Triton launch (imported on first use), which
+`paged_gqa` takes for CUDA tensors outside autograd."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hyla.ops.gpu import needs_grad, use_triton
+from hyla.ops.gqa import reference
 from hyla.ops.gqa.bounded import paged_gqa_bounded
-from hyla.ops.gqa.reference import causal_mask, masked_attention, paged_gqa
+from hyla.ops.gqa.reference import causal_mask, masked_attention
+
+
+def paged_gqa(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    seq_lens: Sequence[int] | torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """`reference.paged_gqa` (see there for shapes): `kernels.paged_gqa` for CUDA tensors, which
+    also takes `seq_lens` as an [N] device tensor (the reference needs host ints)."""
+    if use_triton(q) and not needs_grad(q, k_cache, v_cache):
+        from hyla.ops.gqa import kernels
+
+        return kernels.paged_gqa(q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale)
+    if isinstance(seq_lens, torch.Tensor):
+        seq_lens = seq_lens.tolist()
+    return reference.paged_gqa(q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale)
+
 
 __all__ = ["causal_mask", "masked_attention", "paged_gqa", "paged_gqa_bounded"]

@@ -16,7 +16,9 @@ Forms, picked from host ints (T tokens, k slots, E experts, P = T * k pairs):
                     token keeps its k experts' outputs (with triton: `gemv.combine`, one kernel
                     for the selection and the weighted sum); bytes ~ E experts read once, E / k
                     times the FLOPs (bounded by the T E limit)
-  otherwise         `cpu.moe_experts` (prefill: its sync is amortised over many tokens)
+  otherwise, triton `grouped.moe_experts`: pairs sorted by expert on the device, one
+                    grouped-GEMM launch per projection (prefill and mixed steps; no sync)
+  otherwise         `cpu.moe_experts` (autograd on, or no triton: one sync per call)
 
 The limits are first guesses from byte and FLOP counts, not yet measured on a GPU.
 
@@ -30,15 +32,15 @@ import torch
 import torch.nn.functional as F
 
 from hyla.ops.activation import silu_and_mul
-from hyla.ops.gpu import use_triton
+from hyla.ops.gpu import needs_grad, use_triton
 from hyla.ops.moe.cpu import moe_experts as grouped_moe_experts
 
 DENSE_MAX_ROWS = 8192  # T * E expert rows of the dense form
 
 
 def sync_free(num_tokens: int, topk: int, num_experts: int) -> bool:
-    """Whether `moe_experts` on T = num_tokens CUDA rows (triton installed) takes a sync-free form,
-    capturable in a CUDA graph, rather than the grouped fallback."""
+    """Whether `moe_experts` on T = num_tokens CUDA rows (triton installed) takes one of the
+    GEMV / gathered / dense forms rather than the grouped GEMM (`grouped.py`, sync-free too)."""
     return num_tokens * topk <= num_experts or num_tokens * num_experts <= DENSE_MAX_ROWS
 
 
@@ -75,6 +77,10 @@ def moe_experts(
 
             return combine(y, topk_weights, topk_ids, hidden_states.dtype)
         y = _select(y, topk_ids)
+    elif use_triton(hidden_states) and not needs_grad(hidden_states, gate_up_proj, down_proj):
+        from hyla.ops.moe import grouped
+
+        return grouped.moe_experts(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids)
     else:
         return grouped_moe_experts(
             hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, packed=packed
