@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -135,16 +136,38 @@ def _assert_ended_with(streams: list[Stream], reason: str, timeout: float) -> No
         assert s.finish_reason() == reason, s.events[-3:]
 
 
+def _stalled_upload(server: Serve) -> socket.socket:
+    """A request whose body is still arriving: not admitted, so not a request in flight."""
+    host, port = server.url.rsplit("//", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+    return sock
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    received = b""
+    with sock:
+        while chunk := sock.recv(4096):
+            received += chunk
+    return received
+
+
 def test_drain_timeout_zero_ends_open_streams_at_once(serve):
+    """Also: a request still uploading its body when the server closes its connections (it
+    was cancelled there) is answered with a JSON 503, not uvicorn's text/plain 500."""
     server = serve("--drain-timeout", "0")
     streams = _open_streams(server, 3)
     chat = {"messages": [{"role": "user", "content": "def f(n):"}], **LONG}
     del chat["prompt"]
     streams.append(Stream(server.url, chat, "/v1/chat/completions"))
     assert streams[-1].first.wait(60) and streams[-1].error is None, streams[-1].error
+    upload = _stalled_upload(server)
     start = time.monotonic()
     server.proc.send_signal(signal.SIGINT)
     _assert_ended_with(streams, "abort", timeout=10)
+    answer = _read_answer(upload)
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "shutting_down"
     assert server.wait(timeout=10) == 0
     assert time.monotonic() - start < 10
 
@@ -219,3 +242,4 @@ def test_idle_server_exits_soon_after_sigterm(serve):
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) == 0
     assert time.monotonic() - start < 2.0
+
