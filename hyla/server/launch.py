@@ -14,6 +14,7 @@ A second signal exits at once with code 1 (streams are cut).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -48,6 +49,14 @@ class DrainingServer(uvicorn.Server):
         self.drain_timeout = drain_timeout
         self.drain_started: float | None = None
         self.is_aborting = False
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """`serve()` on a fresh event loop, left as it is when it returns: the process exits
+        right after (`run_until_signal`). asyncio.run's teardown would first wait for every
+        worker thread, e.g. an 8 MB prompt's tokenization (tens of seconds)."""
+        loop_factory = self.config.get_loop_factory()
+        loop = loop_factory() if loop_factory is not None else asyncio.new_event_loop()
+        loop.run_until_complete(self.serve(sockets=sockets))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_started is not None or self.should_exit:

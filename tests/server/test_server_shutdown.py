@@ -243,3 +243,52 @@ def test_idle_server_exits_soon_after_sigterm(serve):
     assert server.wait(timeout=30) == 0
     assert time.monotonic() - start < 2.0
 
+
+_BUSY_WORKER_APP = """
+import asyncio, sys, time
+from fastapi import FastAPI
+from hyla.server.launch import make_server, run_until_signal
+
+class Idle:  # the drain interface of the AsyncEngine, with nothing in flight
+    def begin_drain(self): pass
+    def abort_all(self): pass
+    def num_in_flight(self): return 0
+
+app = FastAPI()
+
+@app.get("/busy")
+async def busy():  # as a huge prompt's tokenization holds a worker thread
+    await asyncio.to_thread(time.sleep, 120)
+
+run_until_signal(make_server(app, Idle(), port=int(sys.argv[1]), log_level="warning"))
+"""
+
+
+def test_exit_does_not_wait_for_busy_worker_threads():
+    """After a signal the process waited for every worker thread (asyncio.run's teardown): an
+    8 MB prompt's tokenization held the exit for 25 s after the drain had ended."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY_WORKER_APP, str(port)], env=env)
+    try:
+        url = f"http://127.0.0.1:{port}/busy"
+        deadline = time.monotonic() + 60
+        while True:  # wait for the listener, then keep a worker thread busy
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        threading.Thread(target=lambda: httpx.get(url, timeout=60), daemon=True).start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        from hyla.server.launch import CLOSE_TIMEOUT
+
+        assert time.monotonic() - start < CLOSE_TIMEOUT + 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
