@@ -175,7 +175,7 @@ def test_stream_include_obfuscation_is_accepted(server):
 # -- auth ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["option", "env", "blank"])
+@pytest.mark.parametrize("how", ["option", "env", "blank", "env-padded"])
 def test_empty_api_key_is_an_error_at_start(how, monkeypatch):
     from hyla import cli
 
@@ -185,11 +185,13 @@ def test_empty_api_key_is_an_error_at_start(how, monkeypatch):
         args += ["--api-key", ""]
     elif how == "env":
         env["HYLA_API_KEY"] = ""
+    elif how == "env-padded":
+        env["HYLA_API_KEY"] = " s3cret"
     else:
         args += ["--api-key", "  "]
     result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 2, result.output
-    assert ("HYLA_API_KEY" if how == "env" else "--api-key") in result.output
+    assert ("HYLA_API_KEY" if how.startswith("env") else "--api-key") in result.output
 
 
 def test_empty_api_key_in_build_app_is_an_error(server):
