@@ -86,6 +86,10 @@ UNSUPPORTED = [
         "messages[0].content[0].cache_control",
     ),
     ("chat", {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+    # max_tokens is 4 in every request here: a different max_completion_tokens hid it
+    ("chat", {"max_completion_tokens": 5}, "max_completion_tokens"),
+    # the default model's chat template has no place for a name: it was dropped
+    ("chat", {"messages": [{"role": "user", "content": "Hi", "name": "bob"}]}, "messages[0].name"),
     ("completions", {"suffix": "x"}, "suffix"),
     ("completions", {"logit_bias": {"5": 10}}, "logit_bias"),
     ("completions", {"store": True}, "store"),
@@ -135,6 +139,7 @@ NO_OPS = {
         "function_call": "none",
         "modalities": ["text"],
         "response_format": {"type": "text"},
+        "max_completion_tokens": 6,  # equal to max_tokens
         "audio": None,  # null: an unimplemented field left unset
         "metadata": None,
     },
@@ -158,6 +163,35 @@ def test_noop_fields_are_accepted_and_change_nothing(server, endpoint):
         else (lambda r: r.choices[0].text)
     )
     assert text(with_noops) == text(plain)
+
+
+def test_chat_template_arguments_that_change_nothing_are_400(server):
+    """Oracle: the rendered prompt. Without a chat template (the plain fallback) every
+    chat_template_kwargs was dropped; `name` counts when the template renders it."""
+    import copy
+
+    from hyla.server.convert import chat_prompt_ids
+    from hyla.server.errors import APIError
+    from hyla.server.protocol import ChatCompletionRequest
+
+    def ids(tokenizer, **fields):
+        return chat_prompt_ids(tokenizer, ChatCompletionRequest(messages=USER, **fields))
+
+    plain = copy.copy(server.engine.tokenizer)
+    plain.chat_template = None
+    with pytest.raises(APIError) as e:
+        ids(plain, chat_template_kwargs={"enable_thinking": False})
+    assert e.value.status == 400 and e.value.param == "chat_template_kwargs"
+    assert ids(plain, chat_template_kwargs={}) == ids(plain)
+    named = copy.copy(server.engine.tokenizer)
+    named.chat_template = (
+        "{% for m in messages %}{{ m.name or m.role }}: "
+        "{{ m.content }}\n{% endfor %}"
+    )
+    bob = [{"role": "user", "content": "Hi", "name": "bob"}]
+    with_name = chat_prompt_ids(named, ChatCompletionRequest(messages=bob))
+    assert with_name != ids(named)
+    assert named.decode(with_name).startswith("bob: Hi")
 
 
 def test_stream_include_obfuscation_is_accepted(server):
