@@ -6,9 +6,11 @@ Shutdown sequence (first signal):
   2. the requests in flight run to their end, for at most `drain_timeout` seconds (0: none);
   3. then every request still open is ended: a stream gets a final chunk with finish_reason
      "abort" (an error event when it had no token yet) and `data: [DONE]`;
-  4. uvicorn closes the listener and the finished connections, the app's shutdown stops the
-     engine thread, and the process exits with code 0 through `os._exit`, skipping the
-     interpreter's teardown (seconds of garbage collection over the model's objects).
+  4. uvicorn closes the listener and the finished connections (after `CLOSE_TIMEOUT` it
+     cancels the rest: one never admitted, still uploading or tokenizing, gets a 503), the
+     app's shutdown stops the engine thread, and the process exits with code 0 through
+     `os._exit`, skipping asyncio's and the interpreter's teardown (waits for busy worker
+     threads; seconds of garbage collection over the model's objects).
 A second signal exits at once with code 1 (streams are cut).
 """
 
