@@ -349,11 +349,11 @@ class AsyncEngine:
             return
         with self._cond:
             del self._streams[request_id]
-        final = "abort" if reason == "shutdown" else reason
-        if reason != "abort" and stream.last_output is not None:
-            self._put(stream, with_finish_reason(stream.last_output, final))
-        elif reason != "abort":
-            self._put(stream, empty_output(request_id, stream.num_outputs, final))
+        if reason != "abort":  # a client's abort: nobody reads a final output
+            final = "abort" if reason == "shutdown" else reason
+            last = stream.last_output
+            self._put(stream, with_finish_reason(last, final) if last is not None
+                      else empty_output(request_id, stream.num_outputs, final))
         self._put(stream, DONE)
 
     def _expire(self) -> None:
