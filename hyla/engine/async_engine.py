@@ -159,8 +159,11 @@ class AsyncEngine:
         with self._cond:
             self._commands.append(("stop",))
             self._cond.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 10.0)
+        # Polled, not joined in a worker thread: every worker may be busy (huge prompts being
+        # tokenized) and the join would wait for one of them.
+        deadline = time.monotonic() + 10.0
+        while self.is_running and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         self._thread = None
 
     # -- requests ---------------------------------------------------------------------------

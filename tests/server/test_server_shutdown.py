@@ -7,6 +7,7 @@ process's exit code and the time it takes to exit.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -292,3 +293,27 @@ def test_exit_does_not_wait_for_busy_worker_threads():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_engine_shutdown_does_not_wait_for_busy_worker_threads():
+    """The engine thread was joined through the default executor: with every worker busy (huge
+    prompts being tokenized) the shutdown waited for one of them to finish."""
+    from hyla.engine.async_engine import AsyncEngine
+    from tests.server.conftest import load_tokenizer, tiny_engine
+
+    async def main() -> float:
+        engine = AsyncEngine(tiny_engine(load_tokenizer()))
+        engine.start()
+        release = threading.Event()
+        loop = asyncio.get_running_loop()
+        busy = [loop.run_in_executor(None, release.wait, 60) for _ in range(64)]
+        try:
+            start = time.monotonic()
+            await asyncio.wait_for(engine.shutdown(drain=False), 5)
+            assert not engine.is_running
+            return time.monotonic() - start
+        finally:
+            release.set()
+            await asyncio.gather(*busy)
+
+    assert asyncio.run(main()) < 2
