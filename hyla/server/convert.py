@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jinja2
+import jinja2.meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from hyla.request import SamplingParams, SamplingParamsError
 from hyla.server.errors import APIError
 from hyla.server.protocol import (
@@ -31,6 +35,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # apply_chat_template arguments a client may not override through chat_template_kwargs.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "tokenize", "chat_template", "return_dict",
                              "add_generation_prompt", "tokenizer_kwargs", "return_tensors"}
+# apply_chat_template arguments that are not template variables but act with tokenize=False.
+_TEMPLATE_ARGUMENTS = {"continue_final_message"}
 _OPTIONAL_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
                     "repetition_penalty")
 
@@ -231,6 +237,12 @@ def _render(tokenizer: Any, conversation: list[dict], req: ChatCompletionRequest
     if reserved:
         raise APIError(400, f"chat_template_kwargs.{reserved[0]}: set by the server, not "
                        "by the request", param=f"chat_template_kwargs.{reserved[0]}")
+    read = _template_variables(tokenizer.chat_template)
+    unread = [] if read is None else sorted(set(kwargs) - _TEMPLATE_ARGUMENTS - read)
+    if unread:
+        raise APIError(400, f"chat_template_kwargs.{unread[0]}: this model's chat template does "
+                       "not use it; omit it", param=f"chat_template_kwargs.{unread[0]}",
+                       code="unsupported_parameter")
     try:
         return tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=req.add_generation_prompt,
@@ -269,6 +281,16 @@ def _message_text(i: int, content: Any) -> str:
                            code="unsupported_parameter")
         texts.append(check_text(part["text"], f"messages[{i}].content"))
     return "".join(texts)
+
+
+def _template_variables(template: Any) -> set[str] | None:
+    """The variables a chat template reads, or None when it cannot be parsed here (a tag of
+    an extension, a dict of named templates)."""
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return jinja2.meta.find_undeclared_variables(env.parse(template))
+    except (jinja2.TemplateSyntaxError, TypeError):
+        return None
 
 
 # -- logprobs --------------------------------------------------------------------------------

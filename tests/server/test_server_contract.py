@@ -86,6 +86,12 @@ UNSUPPORTED = [
         "messages[0].content[0].cache_control",
     ),
     ("chat", {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+    # the default model's chat template reads no such variable: it was dropped
+    (
+        "chat",
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        "chat_template_kwargs.enable_thinking",
+    ),
     # max_tokens is 4 in every request here: a different max_completion_tokens hid it
     ("chat", {"max_completion_tokens": 5}, "max_completion_tokens"),
     # the default model's chat template has no place for a name: it was dropped
@@ -192,6 +198,8 @@ def test_chat_template_arguments_that_change_nothing_are_400(server):
     with_name = chat_prompt_ids(named, ChatCompletionRequest(messages=bob))
     assert with_name != ids(named)
     assert named.decode(with_name).startswith("bob: Hi")
+    named.chat_template += "{% if greeting %}{{ greeting }}{% endif %}"
+    assert named.decode(ids(named, chat_template_kwargs={"greeting": "Hello"})).endswith("Hello")
 
 
 def test_stream_include_obfuscation_is_accepted(server):
