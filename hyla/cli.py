@@ -91,8 +91,9 @@ def _check_api_key(api_key: str | None) -> None:
     (click reads an empty HYLA_API_KEY as unset, so that case is checked here too)."""
     import os
 
-    from_env = api_key is None and "HYLA_API_KEY" in os.environ
-    value = os.environ["HYLA_API_KEY"] if from_env else api_key
+    env_value = os.environ.get("HYLA_API_KEY")
+    from_env = env_value is not None and api_key in (None, env_value)
+    value = env_value if from_env else api_key
     if value is not None and (not value.strip() or value != value.strip()):
         source = "HYLA_API_KEY" if from_env else "--api-key"
         _fail(f"{source}: the API key must be non-empty without surrounding whitespace (leave "

@@ -159,8 +159,11 @@ class AsyncEngine:
         with self._cond:
             self._commands.append(("stop",))
             self._cond.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 10.0)
+        # Polled, not joined in a worker thread: every worker may be busy (huge prompts being
+        # tokenized) and the join would wait for one of them.
+        deadline = time.monotonic() + 10.0
+        while self.is_running and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         self._thread = None
 
     # -- requests ---------------------------------------------------------------------------
@@ -349,11 +352,11 @@ class AsyncEngine:
             return
         with self._cond:
             del self._streams[request_id]
-        final = "abort" if reason == "shutdown" else reason
-        if reason != "abort" and stream.last_output is not None:
-            self._put(stream, with_finish_reason(stream.last_output, final))
-        elif reason != "abort":
-            self._put(stream, empty_output(request_id, stream.num_outputs, final))
+        if reason != "abort":  # a client's abort: nobody reads a final output
+            final = "abort" if reason == "shutdown" else reason
+            last = stream.last_output
+            self._put(stream, with_finish_reason(last, final) if last is not None
+                      else empty_output(request_id, stream.num_outputs, final))
         self._put(stream, DONE)
 
     def _expire(self) -> None:

@@ -2,8 +2,9 @@
 
 Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (JSON or SSE with
 `stream: true`), GET /health, GET /metrics. Middleware, outermost first: per-status counts,
-API key (every route but /health), body size and time limits. Errors are OpenAI error JSON (see
-`errors.py`); the POST routes' statuses are listed in the OpenAPI schema.
+a 503 for requests cut by the shutdown, API key (every route but /health), body size and time
+limits. Errors are OpenAI error JSON (see `errors.py`); the POST routes' statuses are listed in
+the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from hyla.server.errors import (
     to_api_error,
 )
 from hyla.server.metrics import ServerMetrics
-from hyla.server.middleware import APIKeyGuard, BodyLimit, StatusCounter, check_api_key
+from hyla.server.middleware import (
+    APIKeyGuard,
+    BodyLimit,
+    ShutdownAnswer,
+    StatusCounter,
+    check_api_key,
+)
 from hyla.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -94,6 +101,7 @@ def build_app(
     if api_key is not None:
         check_api_key(api_key)
         app.add_middleware(APIKeyGuard, api_key=api_key)
+    app.add_middleware(ShutdownAnswer)
     app.add_middleware(StatusCounter, metrics=metrics, routes=ROUTES)
     _add_routes(app, ctx)
     return app

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jinja2
+import jinja2.meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from hyla.request import SamplingParams, SamplingParamsError
 from hyla.server.errors import APIError
 from hyla.server.protocol import (
@@ -31,6 +35,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # apply_chat_template arguments a client may not override through chat_template_kwargs.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "tokenize", "chat_template", "return_dict",
                              "add_generation_prompt", "tokenizer_kwargs", "return_tensors"}
+# apply_chat_template arguments that are not template variables but act with tokenize=False.
+_TEMPLATE_ARGUMENTS = {"continue_final_message"}
 _OPTIONAL_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
                     "repetition_penalty")
 
@@ -83,6 +89,10 @@ def chat_params(req: ChatCompletionRequest, max_model_len: int) -> SamplingParam
     """SamplingParams of a chat request (max_completion_tokens wins over max_tokens)."""
     _check_unsupported_chat(req)
     use_new = req.max_completion_tokens is not None
+    if use_new and req.max_tokens not in (None, req.max_completion_tokens):
+        raise APIError(400, f"max_completion_tokens: {req.max_completion_tokens} conflicts with "
+                       f"max_tokens {req.max_tokens}; send one of them",
+                       param="max_completion_tokens", code="invalid_value")
     max_tokens = req.max_completion_tokens if use_new else req.max_tokens
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
@@ -203,23 +213,44 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     if tokenizer is None:
         raise APIError(400, "messages: this model has no tokenizer; use /v1/completions with "
                        "token ids", param="messages")
-    if getattr(tokenizer, "chat_template", None):
-        kwargs = dict(req.chat_template_kwargs or {})
-        reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_KWARGS)
-        if reserved:
-            raise APIError(400, f"chat_template_kwargs.{reserved[0]}: set by the server, not "
-                           "by the request", param=f"chat_template_kwargs.{reserved[0]}")
-        try:
-            text = tokenizer.apply_chat_template(
-                conversation, tokenize=False,
-                add_generation_prompt=req.add_generation_prompt, **kwargs,
-            )
-        except Exception as e:  # jinja errors, raise_exception() in templates, bad kwargs
-            raise APIError(400, f"messages: the chat template rejected the conversation: {e}",
-                           param="messages") from e
-        return list(tokenizer(check_text(text, "messages"), add_special_tokens=False)["input_ids"])
-    text = default_chat_prompt(conversation, req.add_generation_prompt)
-    return list(tokenizer(text)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        if req.chat_template_kwargs:
+            raise APIError(400, "chat_template_kwargs: this model has no chat template (its "
+                           "plain fallback takes no arguments); omit it",
+                           param="chat_template_kwargs", code="unsupported_parameter")
+        text = default_chat_prompt(conversation, req.add_generation_prompt)
+        return list(tokenizer(text)["input_ids"])
+    text = _render(tokenizer, conversation, req)
+    named = [i for i, m in enumerate(conversation) if "name" in m]
+    if named:  # a template without a place for names drops them: say so
+        nameless = [{k: v for k, v in m.items() if k != "name"} for m in conversation]
+        if _render(tokenizer, nameless, req) == text:
+            raise APIError(400, f"messages[{named[0]}].name: this model's chat template does "
+                           "not use it; omit it", param=f"messages[{named[0]}].name",
+                           code="unsupported_parameter")
+    return list(tokenizer(check_text(text, "messages"), add_special_tokens=False)["input_ids"])
+
+
+def _render(tokenizer: Any, conversation: list[dict], req: ChatCompletionRequest) -> str:
+    kwargs = dict(req.chat_template_kwargs or {})
+    reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs.{reserved[0]}: set by the server, not "
+                       "by the request", param=f"chat_template_kwargs.{reserved[0]}")
+    read = _template_variables(tokenizer.chat_template)
+    unread = [] if read is None else sorted(set(kwargs) - _TEMPLATE_ARGUMENTS - read)
+    if unread:
+        raise APIError(400, f"chat_template_kwargs.{unread[0]}: this model's chat template does "
+                       "not use it; omit it", param=f"chat_template_kwargs.{unread[0]}",
+                       code="unsupported_parameter")
+    try:
+        return tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=req.add_generation_prompt,
+            **kwargs,
+        )
+    except Exception as e:  # jinja errors, raise_exception() in templates, bad kwargs
+        raise APIError(400, f"messages: the chat template rejected the conversation: {e}",
+                       param="messages") from e
 
 
 def _message_dict(i: int, message: ChatMessage) -> dict[str, str]:
@@ -250,6 +281,16 @@ def _message_text(i: int, content: Any) -> str:
                            code="unsupported_parameter")
         texts.append(check_text(part["text"], f"messages[{i}].content"))
     return "".join(texts)
+
+
+def _template_variables(template: Any) -> set[str] | None:
+    """The variables a chat template reads, or None when it cannot be parsed here (a tag of
+    an extension, a dict of named templates)."""
+    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        return jinja2.meta.find_undeclared_variables(env.parse(template))
+    except (jinja2.TemplateSyntaxError, TypeError):
+        return None
 
 
 # -- logprobs --------------------------------------------------------------------------------

@@ -6,14 +6,17 @@ Shutdown sequence (first signal):
   2. the requests in flight run to their end, for at most `drain_timeout` seconds (0: none);
   3. then every request still open is ended: a stream gets a final chunk with finish_reason
      "abort" (an error event when it had no token yet) and `data: [DONE]`;
-  4. uvicorn closes the listener and the finished connections, the app's shutdown stops the
-     engine thread, and the process exits with code 0 through `os._exit`, skipping the
-     interpreter's teardown (seconds of garbage collection over the model's objects).
+  4. uvicorn closes the listener and the finished connections (after `CLOSE_TIMEOUT` it
+     cancels the rest: one never admitted, still uploading or tokenizing, gets a 503), the
+     app's shutdown stops the engine thread, and the process exits with code 0 through
+     `os._exit`, skipping asyncio's and the interpreter's teardown (waits for busy worker
+     threads; seconds of garbage collection over the model's objects).
 A second signal exits at once with code 1 (streams are cut).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -48,6 +51,14 @@ class DrainingServer(uvicorn.Server):
         self.drain_timeout = drain_timeout
         self.drain_started: float | None = None
         self.is_aborting = False
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        """`serve()` on a fresh event loop, left as it is when it returns: the process exits
+        right after (`run_until_signal`). asyncio.run's teardown would first wait for every
+        worker thread, e.g. an 8 MB prompt's tokenization (tens of seconds)."""
+        loop_factory = self.config.get_loop_factory()
+        loop = loop_factory() if loop_factory is not None else asyncio.new_event_loop()
+        loop.run_until_complete(self.serve(sockets=sockets))
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_started is not None or self.should_exit:

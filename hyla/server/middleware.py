@@ -1,5 +1,5 @@
-"""Pure-ASGI middleware: per-status request counts, API-key check, request-body size and
-time limits.
+"""Pure-ASGI middleware: per-status request counts, a 503 for requests cut by the shutdown,
+API-key check, request-body size and time limits.
 
 They wrap `receive`/`send` rather than subclassing BaseHTTPMiddleware so streaming responses
 and client-disconnect messages pass through untouched.
@@ -62,6 +62,40 @@ class StatusCounter:
             raise
         finally:
             self.metrics.requests.labels(route, str(status["code"])).inc()
+
+
+class ShutdownAnswer:
+    """Answers 503 `shutting_down` to a request cancelled before its response started.
+
+    uvicorn cancels the requests still open `CLOSE_TIMEOUT` seconds into its shutdown (one
+    still uploading its body or tokenizing a huge prompt: never admitted to the engine, so the
+    drain did not wait for it) and would answer them with a text/plain 500.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_wrapper(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except asyncio.CancelledError:
+            if started:
+                raise
+            # Not re-raised: uvicorn would log it as an application error. Nothing awaits
+            # this task after cancelling it.
+            await send_error(send, 503, "the server is shutting down: the request was not "
+                             "admitted before it closed its connections", code="shutting_down",
+                             headers={"Retry-After": "5", "Connection": "close"})
 
 
 def check_api_key(api_key: str) -> None:

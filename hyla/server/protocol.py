@@ -10,7 +10,9 @@ refuses the rest with 400), or no-ops by OpenAI's own semantics: `user`, `safety
 (end-user ids for abuse monitoring), `prompt_cache_key` (a cache-routing hint; prefix caching here
 is automatic), `stream_options.include_obfuscation` (side-channel padding, never needed on a local
 link), `parallel_tool_calls` (no tool can be called); `messages[].name` goes to the chat template,
-as Hugging Face templates take it. An explicit `null` for an optional field means its default (the
+as Hugging Face templates take it (a 400 when the template renders the same prompt without it;
+so is a `chat_template_kwargs` key the template does not read).
+An explicit `null` for an optional field means its default (the
 OpenAI reference marks them nullable, and generated clients send `null` for unset fields); where
 `None` is itself a meaningful value (`max_tokens`: up to the context window) it is kept.
 

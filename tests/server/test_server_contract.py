@@ -86,6 +86,16 @@ UNSUPPORTED = [
         "messages[0].content[0].cache_control",
     ),
     ("chat", {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+    # the default model's chat template reads no such variable: it was dropped
+    (
+        "chat",
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        "chat_template_kwargs.enable_thinking",
+    ),
+    # max_tokens is 4 in every request here: a different max_completion_tokens hid it
+    ("chat", {"max_completion_tokens": 5}, "max_completion_tokens"),
+    # the default model's chat template has no place for a name: it was dropped
+    ("chat", {"messages": [{"role": "user", "content": "Hi", "name": "bob"}]}, "messages[0].name"),
     ("completions", {"suffix": "x"}, "suffix"),
     ("completions", {"logit_bias": {"5": 10}}, "logit_bias"),
     ("completions", {"store": True}, "store"),
@@ -135,6 +145,7 @@ NO_OPS = {
         "function_call": "none",
         "modalities": ["text"],
         "response_format": {"type": "text"},
+        "max_completion_tokens": 6,  # equal to max_tokens
         "audio": None,  # null: an unimplemented field left unset
         "metadata": None,
     },
@@ -160,6 +171,37 @@ def test_noop_fields_are_accepted_and_change_nothing(server, endpoint):
     assert text(with_noops) == text(plain)
 
 
+def test_chat_template_arguments_that_change_nothing_are_400(server):
+    """Oracle: the rendered prompt. Without a chat template (the plain fallback) every
+    chat_template_kwargs was dropped; `name` counts when the template renders it."""
+    import copy
+
+    from hyla.server.convert import chat_prompt_ids
+    from hyla.server.errors import APIError
+    from hyla.server.protocol import ChatCompletionRequest
+
+    def ids(tokenizer, **fields):
+        return chat_prompt_ids(tokenizer, ChatCompletionRequest(messages=USER, **fields))
+
+    plain = copy.copy(server.engine.tokenizer)
+    plain.chat_template = None
+    with pytest.raises(APIError) as e:
+        ids(plain, chat_template_kwargs={"enable_thinking": False})
+    assert e.value.status == 400 and e.value.param == "chat_template_kwargs"
+    assert ids(plain, chat_template_kwargs={}) == ids(plain)
+    named = copy.copy(server.engine.tokenizer)
+    named.chat_template = (
+        "{% for m in messages %}{{ m.name or m.role }}: "
+        "{{ m.content }}\n{% endfor %}"
+    )
+    bob = [{"role": "user", "content": "Hi", "name": "bob"}]
+    with_name = chat_prompt_ids(named, ChatCompletionRequest(messages=bob))
+    assert with_name != ids(named)
+    assert named.decode(with_name).startswith("bob: Hi")
+    named.chat_template += "{% if greeting %}{{ greeting }}{% endif %}"
+    assert named.decode(ids(named, chat_template_kwargs={"greeting": "Hello"})).endswith("Hello")
+
+
 def test_stream_include_obfuscation_is_accepted(server):
     stream = server.client().chat.completions.create(
         model=MODEL,
@@ -175,7 +217,7 @@ def test_stream_include_obfuscation_is_accepted(server):
 # -- auth ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["option", "env", "blank"])
+@pytest.mark.parametrize("how", ["option", "env", "blank", "env-padded"])
 def test_empty_api_key_is_an_error_at_start(how, monkeypatch):
     from hyla import cli
 
@@ -185,11 +227,13 @@ def test_empty_api_key_is_an_error_at_start(how, monkeypatch):
         args += ["--api-key", ""]
     elif how == "env":
         env["HYLA_API_KEY"] = ""
+    elif how == "env-padded":
+        env["HYLA_API_KEY"] = " s3cret"
     else:
         args += ["--api-key", "  "]
     result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 2, result.output
-    assert ("HYLA_API_KEY" if how == "env" else "--api-key") in result.output
+    assert ("HYLA_API_KEY" if how.startswith("env") else "--api-key") in result.output
 
 
 def test_empty_api_key_in_build_app_is_an_error(server):

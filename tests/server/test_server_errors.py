@@ -84,7 +84,7 @@ def test_max_tokens_not_positive(server, max_tokens):
 def test_max_tokens_over_limit(server):
     err = _completion_error(server, 400, prompt="Hi", max_tokens=10**6)
     assert err["param"] == "max_tokens" and str(MAX_CONTEXT) in err["message"]
-    err = _chat_error(server, 400, messages=USER, max_completion_tokens=10**6)
+    err = _chat_error(server, 400, messages=USER, max_tokens=None, max_completion_tokens=10**6)
     assert err["param"] == "max_completion_tokens" and str(MAX_CONTEXT) in err["message"]
 
 

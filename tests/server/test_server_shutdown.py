@@ -7,9 +7,11 @@ process's exit code and the time it takes to exit.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -135,16 +137,38 @@ def _assert_ended_with(streams: list[Stream], reason: str, timeout: float) -> No
         assert s.finish_reason() == reason, s.events[-3:]
 
 
+def _stalled_upload(server: Serve) -> socket.socket:
+    """A request whose body is still arriving: not admitted, so not a request in flight."""
+    host, port = server.url.rsplit("//", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+    return sock
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    received = b""
+    with sock:
+        while chunk := sock.recv(4096):
+            received += chunk
+    return received
+
+
 def test_drain_timeout_zero_ends_open_streams_at_once(serve):
+    """Also: a request still uploading its body when the server closes its connections (it
+    was cancelled there) is answered with a JSON 503, not uvicorn's text/plain 500."""
     server = serve("--drain-timeout", "0")
     streams = _open_streams(server, 3)
     chat = {"messages": [{"role": "user", "content": "def f(n):"}], **LONG}
     del chat["prompt"]
     streams.append(Stream(server.url, chat, "/v1/chat/completions"))
     assert streams[-1].first.wait(60) and streams[-1].error is None, streams[-1].error
+    upload = _stalled_upload(server)
     start = time.monotonic()
     server.proc.send_signal(signal.SIGINT)
     _assert_ended_with(streams, "abort", timeout=10)
+    answer = _read_answer(upload)
+    assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "shutting_down"
     assert server.wait(timeout=10) == 0
     assert time.monotonic() - start < 10
 
@@ -219,3 +243,77 @@ def test_idle_server_exits_soon_after_sigterm(serve):
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) == 0
     assert time.monotonic() - start < 2.0
+
+
+_BUSY_WORKER_APP = """
+import asyncio, sys, time
+from fastapi import FastAPI
+from hyla.server.launch import make_server, run_until_signal
+
+class Idle:  # the drain interface of the AsyncEngine, with nothing in flight
+    def begin_drain(self): pass
+    def abort_all(self): pass
+    def num_in_flight(self): return 0
+
+app = FastAPI()
+
+@app.get("/busy")
+async def busy():  # as a huge prompt's tokenization holds a worker thread
+    await asyncio.to_thread(time.sleep, 120)
+
+run_until_signal(make_server(app, Idle(), port=int(sys.argv[1]), log_level="warning"))
+"""
+
+
+def test_exit_does_not_wait_for_busy_worker_threads():
+    """After a signal the process waited for every worker thread (asyncio.run's teardown): an
+    8 MB prompt's tokenization held the exit for 25 s after the drain had ended."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY_WORKER_APP, str(port)], env=env)
+    try:
+        url = f"http://127.0.0.1:{port}/busy"
+        deadline = time.monotonic() + 60
+        while True:  # wait for the listener, then keep a worker thread busy
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        threading.Thread(target=lambda: httpx.get(url, timeout=60), daemon=True).start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        from hyla.server.launch import CLOSE_TIMEOUT
+
+        assert time.monotonic() - start < CLOSE_TIMEOUT + 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_engine_shutdown_does_not_wait_for_busy_worker_threads():
+    """The engine thread was joined through the default executor: with every worker busy (huge
+    prompts being tokenized) the shutdown waited for one of them to finish."""
+    from hyla.engine.async_engine import AsyncEngine
+    from tests.server.conftest import load_tokenizer, tiny_engine
+
+    async def main() -> float:
+        engine = AsyncEngine(tiny_engine(load_tokenizer()))
+        engine.start()
+        release = threading.Event()
+        loop = asyncio.get_running_loop()
+        busy = [loop.run_in_executor(None, release.wait, 60) for _ in range(64)]
+        try:
+            start = time.monotonic()
+            await asyncio.wait_for(engine.shutdown(drain=False), 5)
+            assert not engine.is_running
+            return time.monotonic() - start
+        finally:
+            release.set()
+            await asyncio.gather(*busy)
+
+    assert asyncio.run(main()) < 2
