@@ -18,19 +18,30 @@ def sparse_mla(
     topk_indices: torch.Tensor,
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MLA of each new token over its selected tokens: `reference.sparse_mla` (args, [T, H, Dv]
     result), dispatched to `kernels.sparse_mla` for CUDA tensors (which returns NaN rows instead
-    of raising when a row selects no token)."""
+    of raising when a row selects no token). `latent_scale` [P, B] float32: per-token scales
+    of an fp8 latent cache (read as e4m3 and scaled on load), else None."""
     if use_triton(q_nope):
         from hyla.ops.sparse_attention import kernels
 
         return kernels.sparse_mla(
             q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight,
-            scale,
+            scale, latent_scale=latent_scale,
         )  # fmt: skip
     return reference.sparse_mla(
-        q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale
+        q_nope,
+        q_rope,
+        latent_cache,
+        block_tables,
+        cu_seqlens,
+        topk_indices,
+        kv_b_weight,
+        scale,
+        latent_scale=latent_scale,
     )
 
 

@@ -23,6 +23,8 @@ def sparse_mla(
     topk_indices: torch.Tensor,
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MLA of each new token over its selected tokens only.
 
@@ -34,6 +36,7 @@ def sparse_mla(
         topk_indices: [T, k] int32 token positions within the row's sequence, -1 = none; each
             row needs at least one entry >= 0.
         kv_b_weight: [H * (Dn + Dv), R]; scale: softmax scale.
+        latent_scale: [P, B] float32 per-token scales of an fp8 latent cache, else None.
     Returns: [T, H, Dv] in q's dtype.
     Raises: ValueError when a row selects no token.
     """
@@ -46,7 +49,9 @@ def sparse_mla(
             selected = topk_indices[t][topk_indices[t] >= 0].long()
             if selected.numel() == 0:
                 raise ValueError(f"sparse_mla: row {t} selects no token")
-            latents = gather_paged_tokens(latent_cache, block_tables[i], selected)  # [k', R+Dr]
+            latents = gather_paged_tokens(
+                latent_cache, block_tables[i], selected, latent_scale
+            )  # [k', R+Dr]
             q_lat = absorb_query(q_nope[t : t + 1], w_uk)  # [1, H, R]
             o_lat = latent_attention(
                 q_lat, q_rope[t : t + 1], latents.to(q_nope.dtype), None, scale
