@@ -119,9 +119,11 @@ def convert_modules(
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
         setattr(owner, child, _fp8_module(getattr(owner, child), block, device))
+    if torch.device(device).type == "meta":
+        return
     for module in model.modules():
         for pname, param in list(module._parameters.items()):
-            if param is not None and param.is_meta:
+            if param is not None and param.is_meta and defers(module, pname):
                 new = torch.empty(param.shape, dtype=dtype, device=device)
                 module._parameters[pname] = nn.Parameter(new, requires_grad=False)
 
