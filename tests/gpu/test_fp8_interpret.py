@@ -1,0 +1,37 @@
+"""The fp8 kernels (`hyla.ops.fp8.kernels`, `moe_kernels`) on CPU tensors under
+TRITON_INTERPRET=1 (small shapes): the checks of `test_fp8_gpu.py` without a GPU. Skipped as
+the other interpreter files are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
+from tests.gpu.test_fp8_gpu import BOUNDS, check_linear, check_moe, check_saturation
+
+pytestmark = interpreter.marks("test_fp8_gpu.py")
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 33])
+@pytest.mark.parametrize("n, k", [(40, 200), (7, 129)])
+def test_fp8_linear(m: int, n: int, k: int) -> None:
+    assert check_linear(m, n, k, torch.float32, "cpu") <= BOUNDS[torch.float32]
+
+
+def test_fp8_linear_small_blocks_bf16() -> None:
+    assert check_linear(18, 50, 70, torch.bfloat16, "cpu", block=(16, 32)) <= BOUNDS[torch.bfloat16]
+
+
+@pytest.mark.parametrize("m", [2, 20])
+def test_fp8_linear_zero_blocks_and_extreme_scales(m: int) -> None:
+    assert check_linear(m, 40, 80, torch.float32, "cpu", block=(16, 32), extreme=True) <= 1e-5
+
+
+def test_fp8_linear_saturation_is_finite() -> None:
+    check_saturation("cpu")
+
+
+@pytest.mark.parametrize("num_tokens, gemv_rows", [(3, None), (3, 0)])
+def test_fp8_moe(num_tokens: int, gemv_rows) -> None:
+    assert check_moe(num_tokens, torch.float32, "cpu", gemv_rows) <= 2e-5
