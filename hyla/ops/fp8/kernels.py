@@ -9,8 +9,9 @@ then take x_q [M, K] e4m3 with x_s [M, ceil(K/bk)] and W_q [N, K] e4m3 with W_s
         acc[m, n] += (sum_k x_q[m, k] W_q[n, k]) * x_s[m, j] * W_s[n // bn, j]   (fp32)
 
 GEMM (`_gemm_kernel`, more than GEMV_ROWS rows): BLOCK_M x BLOCK_N tiles, the k-block product
-on tensor cores in fp8 (sm_89+ and the interpreter; tf32 before sm_89, exact for e4m3 values). GEMV (`_gemv_kernel`, decode rows): one program per row and BLOCK_N columns streams
-the fp8 weight once per row at half bf16's bytes; `expert_ids` lets each row read another
+on tensor cores in fp8 (sm_89+ and the interpreter; tf32 before sm_89, exact for e4m3 values).
+GEMV (`_gemv_kernel`, decode rows): one program per row and BLOCK_N columns streams the fp8
+weight once per row at half bf16's bytes; `expert_ids` lets each row read another
 weight of a stacked [E, N, K] tensor (the MoE experts, `moe_kernels.py`). Edges (K, N not
 multiples of the block) are masked loads. No host sync: capturable.
 """
