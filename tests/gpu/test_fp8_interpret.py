@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
-from tests.gpu.test_fp8_gpu import BOUNDS, check_linear, check_moe, check_saturation
+from tests.gpu.test_fp8_gpu import (
+    BOUNDS,
+    check_linear,
+    check_moe,
+    check_quantize_rows,
+    check_saturation,
+)
 
 pytestmark = interpreter.marks("test_fp8_gpu.py")
 
@@ -30,6 +36,10 @@ def test_fp8_linear_zero_blocks_and_extreme_scales(m: int) -> None:
 
 def test_fp8_linear_saturation_is_finite() -> None:
     check_saturation("cpu")
+
+
+def test_quantize_rows_is_the_reference() -> None:
+    check_quantize_rows("cpu")
 
 
 @pytest.mark.parametrize("num_tokens, gemv_rows", [(3, None), (3, 0)])

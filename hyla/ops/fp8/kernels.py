@@ -1,9 +1,8 @@
 """Triton block-scaled fp8 GEMM and GEMV: the CUDA path of `reference.fp8_linear`.
 
-The activation is quantized per token and bk columns by the reference's own torch code
-(`quantize_activation`: the rounding is torch's, identical to the definition); the kernels
-then take x_q [M, K] e4m3 with x_s [M, ceil(K/bk)] and W_q [N, K] e4m3 with W_s
-[ceil(N/bn), ceil(K/bk)]:
+The activation is quantized per token and bk columns in one launch (`quantize_rows`, equal to
+`reference.quantize_activation`: round to nearest even as torch); the kernels then take
+x_q [M, K] e4m3 with x_s [M, ceil(K/bk)] and W_q [N, K] e4m3 with W_s [ceil(N/bn), ceil(K/bk)]:
 
     for each k-block j (BLOCK_K = bk columns):
         acc[m, n] += (sum_k x_q[m, k] W_q[n, k]) * x_s[m, j] * W_s[n // bn, j]   (fp32)
@@ -22,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hyla.ops.fp8.reference import FP8, quantize_activation
+from hyla.ops.fp8.reference import FP8
 
 GEMV_ROWS = 4
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
@@ -94,6 +93,32 @@ def _gemv_kernel(
     tl.store(o_ptr + m * stride_om + offs_n, acc.to(o_ptr.dtype.element_ty), mask=mask_n)
 
 
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm,
+    GROUP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One (row, group) per program: scale = amax / 448 (1 for zeros), q = RNE_e4m3(x / scale)
+    rounded in fp32 with exact power-of-two steps (the interpreter's direct f32 -> e4m3
+    conversion mis-rounds across binades), so q equals torch's `.to(float8_e4m3fn)`."""
+    m, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = j * GROUP + tl.arange(0, BLOCK)
+    mask = (offs < K) & (tl.arange(0, BLOCK) < GROUP)
+    x = tl.load(x_ptr + m * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+    v = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
+    bits = v.to(tl.int32, bitcast=True)
+    e = tl.maximum((bits >> 23) & 0xFF, 127 - 6)  # biased exponent; e4m3 normals from 2^-6
+    step = ((e - 3) << 23).to(tl.float32, bitcast=True)  # 2^(exp - 3): 3 mantissa bits
+    inv = ((254 - e + 3) << 23).to(tl.float32, bitcast=True)
+    magic = 12582912.0  # 1.5 * 2^23: adding it rounds to an integer, half to even
+    r = ((tl.abs(v) * inv + magic) - magic) * step
+    v = (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+    tl.store(q_ptr + m * stride_qm + offs, v.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + m * stride_sm + j, scale)
+
+
 def supports(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size) -> bool:
     """True when the kernels take the call: x float [..., K], weight fp8 [N, K] (or [E, N, K])
     with unit-stride rows, float32 scales, bk a power of two in 16 .. 256, one device."""
@@ -118,9 +143,20 @@ def _dot_fp8(device: torch.device) -> bool:
 
 
 def quantize_rows(x: torch.Tensor, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] -> (x_q [M, K] fp8 contiguous, x_s [M, ceil(K/bk)] float32)."""
-    q, s = quantize_activation(x.reshape(-1, x.shape[-1]), bk)
-    return q.contiguous(), s.contiguous()
+    """`reference.quantize_activation` in one launch: x [..., K] -> (x_q [M, K] fp8,
+    x_s [M, ceil(K/bk)] float32)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, k = x2.shape
+    q = torch.empty(m, k, dtype=FP8, device=x.device)
+    s = torch.empty(m, triton.cdiv(k, bk), dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_rows_kernel[(m, s.shape[1])](
+            x2, q, s, k, x2.stride(0), q.stride(0), s.stride(0),
+            GROUP=bk, BLOCK=triton.next_power_of_2(bk), num_warps=1,
+        )  # fmt: skip
+    return q, s
 
 
 def fp8_gemm(
