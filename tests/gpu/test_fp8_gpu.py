@@ -83,8 +83,9 @@ def check_saturation(device) -> None:
     torch.testing.assert_close(got.cpu(), reference.fp8_linear(x, q, s, (128, 128)))
 
 
-def check_moe(num_tokens, dtype, device, gemv_rows=None, block=(16, 32)) -> float:
-    """`moe_kernels.fp8_moe_experts` vs the reference; I = 40 is not a multiple of bn."""
+def check_moe(num_tokens, dtype, device, grouped: bool, block=(16, 32)) -> float:
+    """`moe_kernels.fp8_moe_experts` vs the reference through the GEMV rows or (`grouped`)
+    the per-expert GEMMs; I = 40 is not a multiple of bn."""
     from hyla.ops.fp8 import moe_kernels
 
     gen = torch.Generator().manual_seed(num_tokens)
@@ -100,14 +101,13 @@ def check_moe(num_tokens, dtype, device, gemv_rows=None, block=(16, 32)) -> floa
     args = (x, gu_q, gu_s, dn_q, dn_s, wts, ids, block)
     want = reference.fp8_moe_experts(*args)
     dev = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-    saved = moe_kernels.MAX_GEMV_ROWS
-    if gemv_rows is not None:
-        moe_kernels.MAX_GEMV_ROWS = gemv_rows
+    saved = moe_kernels.rows_path
+    moe_kernels.rows_path = lambda *_: not grouped
     try:
         assert moe_kernels.supports(*dev)
         got = moe_kernels.fp8_moe_experts(*dev)
     finally:
-        moe_kernels.MAX_GEMV_ROWS = saved
+        moe_kernels.rows_path = saved
     return rel_err(got, want)
 
 
@@ -138,15 +138,23 @@ def test_quantize_rows_is_the_reference() -> None:
     check_quantize_rows("cuda")
 
 
-@pytest.mark.parametrize("num_tokens, gemv_rows", [(1, None), (7, None), (300, None), (7, 0)])
+@pytest.mark.parametrize("num_tokens, grouped", [(1, False), (7, False), (300, True), (7, True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_fp8_moe_matches_reference(num_tokens, gemv_rows, dtype) -> None:
-    # the grouped GEMM (num_tokens * k > MAX_GEMV_ROWS) sums on Hopper's fp8 tensor cores
-    # (~2^-14 within a block): an intermediate activation can then round to the neighbouring
-    # e4m3 value (2^-3 apart), measured 4.3e-3 in fp32 on the H200
-    grouped = num_tokens * 2 > 256 or gemv_rows == 0
+def test_fp8_moe_matches_reference(num_tokens, grouped, dtype) -> None:
+    # the grouped GEMMs sum on Hopper's fp8 tensor cores (~2^-14 within a block): an
+    # intermediate activation can then round to the neighbouring e4m3 value (2^-3 apart),
+    # measured 4.3e-3 in fp32 on the H200
     bound = 1e-2 if grouped and dtype == torch.float32 else BOUNDS[dtype] * 2
-    assert check_moe(num_tokens, dtype, "cuda", gemv_rows) <= bound
+    assert check_moe(num_tokens, dtype, "cuda", grouped) <= bound
+
+
+def test_fp8_moe_rows_path_covers_every_sync_free_batch() -> None:
+    from hyla.ops.fp8.moe_kernels import rows_path
+    from hyla.ops.moe.kernels import sync_free
+
+    for experts, k in ((32, 4), (256, 8), (512, 10), (6, 2)):
+        for t in range(1, 600):
+            assert rows_path(t, k, experts) or not sync_free(t, k, experts)
 
 
 def test_fp8_kernels_in_cuda_graph_equal_eager() -> None:

@@ -16,6 +16,14 @@ from hyla.ops.fp8 import kernels
 MAX_GEMV_ROWS = 256
 
 
+def rows_path(num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether the sync-free GEMV rows run: up to MAX_GEMV_ROWS rows, and every batch for which
+    the bf16 experts are sync-free (`hyla.ops.moe.kernels.sync_free`: T k <= E or
+    T E <= 8192), so each batch size the decode graphs capture stays capturable."""
+    rows = num_tokens * top_k
+    return rows <= max(MAX_GEMV_ROWS, num_experts) or num_tokens * num_experts <= 8192
+
+
 def supports(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
              topk_ids, block_size) -> bool:  # fmt: skip
     """True when both products fit the kernels (see `kernels.supports`)."""
@@ -75,6 +83,7 @@ def fp8_moe_experts(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_
     num_tokens, k = topk_ids.shape
     args = (hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_ids,
             tuple(block_size))  # fmt: skip
-    rows = _rows_gemv(*args) if topk_ids.numel() <= MAX_GEMV_ROWS else _grouped_gemm(*args)
+    rows = _rows_gemv(*args) if rows_path(num_tokens, k, gate_up_proj.shape[0]) else (
+        _grouped_gemm(*args))  # fmt: skip
     weighted = rows.float().view(num_tokens, k, -1) * topk_weights.float()[..., None]
     return weighted.sum(1).to(hidden_states.dtype)
