@@ -104,8 +104,8 @@ def _fp8_module(module: nn.Module, block: tuple[int, int] | None, device) -> nn.
         return Fp8Linear(module.in_features, module.out_features, module.bias is not None,
                          block, module.bias.dtype if module.bias is not None else None,
                          device)  # fmt: skip
-    E, two_i, D = module.gate_up_proj.shape
-    return Fp8Experts(E, D, two_i // 2, block or (1, D), device)
+    E, two_i, D = module.gate_up_proj.shape  # experts are candidates with block scales only
+    return Fp8Experts(E, D, two_i // 2, block, device)
 
 
 @torch.no_grad()

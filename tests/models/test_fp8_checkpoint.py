@@ -120,9 +120,10 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return out
 
 
-def _w8a8_oracle(deq_dir: Path):
+def _w8a8_oracle(deq_dir: Path, per_channel: bool = False):
     """The transformers model of the dequantized checkpoint with e4m3 activation rounding at
-    the inputs of every quantized projection."""
+    the inputs of every quantized projection (per token and bk columns; per token with
+    per-channel weights, whose experts hyla dequantizes at load)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(deq_dir, attn_implementation="eager").float()
@@ -130,8 +131,9 @@ def _w8a8_oracle(deq_dir: Path):
         if isinstance(mod, torch.nn.Linear) and _quantized(name + ".weight", mod.weight):
             if "kv_b_proj" in name:  # hyla keeps it dequantized: MLA absorbs it into queries
                 continue
-            mod.register_forward_pre_hook(lambda m, args: (fake_quant_rows(args[0], BLOCK[1]),))
-        if name.endswith("mlp.experts"):
+            group = mod.in_features if per_channel else BLOCK[1]
+            mod.register_forward_pre_hook(lambda m, args, g=group: (fake_quant_rows(args[0], g),))
+        if name.endswith("mlp.experts") and not per_channel:
             mod.forward = types.MethodType(_experts_forward, mod)
     return model.eval()
 
@@ -174,3 +176,41 @@ def test_fp8_weights_stay_as_stored(fp8_dirs, family: str) -> None:
     fp8_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bf16 = load_model(fp8_dirs[family][0], dtype="bfloat16", progress=False)
     assert fp8_bytes < sum(p.numel() * p.element_size() for p in bf16.parameters())
+
+
+def test_per_tensor_and_per_channel_scales(tmp_path) -> None:
+    """A checkpoint without `weight_block_size` (vLLM's fp8 format): `weight_scale` per tensor
+    ([]) on some projections, per output channel ([N, 1]) on the others; static `input_scale`
+    tensors are skipped (activations are scaled per token at run time)."""
+    family = "qwen3_next"
+    float_dir, fp8_dir, deq_dir = tmp_path / "float", tmp_path / "fp8", tmp_path / "deq"
+    save_tiny_hf_model(family, float_dir, seed=6)
+    state = load_file(float_dir / "model.safetensors")
+    fp8_state, deq_state = {}, {}
+    for i, (name, t) in enumerate(sorted(state.items())):
+        if not _quantized(name, t):
+            fp8_state[name] = deq_state[name] = t
+            continue
+        rows = t.abs().amax(1, keepdim=True) if i % 2 else t.abs().amax().reshape(())
+        scale = torch.where(rows > 0, rows / E4M3_MAX, torch.ones_like(rows))
+        q = (t / scale).to(torch.float8_e4m3fn)
+        fp8_state[name], fp8_state[name[: -len("weight")] + "weight_scale"] = q, scale
+        fp8_state[name[: -len("weight")] + "input_scale"] = torch.tensor(1.0)
+        deq_state[name] = q.float() * scale
+    config = json.loads((float_dir / "config.json").read_text())
+    quant = {"quant_method": "fp8", "activation_scheme": "static"}
+    for path, tensors, cfg in ((fp8_dir, fp8_state, {**config, "quantization_config": quant}),
+                               (deq_dir, deq_state, config)):  # fmt: skip
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(cfg))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, path / "model.safetensors")
+    ids = torch.randint(3, 256, (24,), generator=torch.Generator().manual_seed(2)).tolist()
+    got, model = _hyla_logits(fp8_dir, ids)
+    linears = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    assert linears and all(m.block_size == (1, m.in_features) for m in linears)
+    with torch.no_grad():
+        want = _w8a8_oracle(deq_dir, per_channel=True)(torch.tensor([ids])).logits[0].float()
+    unquantized, _ = _hyla_logits(float_dir, ids)
+    err = (got - want).abs().max().item()
+    assert err <= 1e-4, err
+    assert err * 10 <= (unquantized - want).abs().max().item()
