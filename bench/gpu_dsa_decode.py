@@ -38,7 +38,12 @@ once for 16 x 1M tokens (19.3 GB latents + 4.3 GB keys) and sliced per point.
 
     PYTHONPATH=. python3 bench/gpu_dsa_decode.py            # H200, < 3 min
     PYTHONPATH=. python3 bench/gpu_dsa_decode.py --sweep    # tunables at 128K/1M, B 1 and 16
+    PYTHONPATH=. python3 bench/gpu_dsa_decode.py --kv-cache-dtype fp8   # + fp8 cache rows
     TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/gpu_dsa_decode.py --smoke   # CPU bug check
+
+`--kv-cache-dtype fp8` adds, per point, the same sparse path over an fp8 cache (e4m3 latents
+and indexer keys with one float32 scale per token, `hyla.cache.spec`; random values) with
+`fp8_vs_bf16_total` (and `_graph`) = fp8 time / bf16 time of the same point, same run.
 
 Tunables can be overridden from the environment: HYLA_IDX_BLOCK_N, HYLA_IDX_WARPS,
 HYLA_IDX_STAGES, HYLA_MLA_BLOCK_H, HYLA_MLA_BLOCK_N, HYLA_MLA_WARPS, HYLA_MLA_STAGES,
@@ -109,11 +114,19 @@ def copy_bandwidth(device: str) -> float:
 class Setup:
     """Caches for max_batch x max_context tokens, allocated once; per-point views."""
 
-    def __init__(self, max_batch: int, max_context: int, device: str, topk: int) -> None:
-        self.device, self.topk = device, topk
+    def __init__(
+        self, max_batch: int, max_context: int, device: str, topk: int, fp8: bool = False
+    ) -> None:
+        self.device, self.topk, self.fp8 = device, topk, fp8
         num_pages = max_batch * max_context // PAGE
         self.latent = torch.randn(num_pages, PAGE, R + DR, dtype=torch.bfloat16, device=device)
         self.keys = torch.randn(num_pages, PAGE, DI, dtype=torch.bfloat16, device=device)
+        self.latent_scale = self.keys_scale = None
+        if fp8:  # e4m3 entries (random: timing only) and one float32 scale per token
+            self.latent = self.latent.to(torch.float8_e4m3fn)
+            self.keys = self.keys.to(torch.float8_e4m3fn)
+            self.latent_scale = torch.rand(num_pages, PAGE, device=device) + 0.5
+            self.keys_scale = torch.rand(num_pages, PAGE, device=device) + 0.5
         perm = torch.randperm(num_pages, device=device).to(torch.int32)
         self.tables = perm.view(max_batch, -1)
         gen = torch.Generator(device=device).manual_seed(0)
@@ -142,12 +155,12 @@ def sparse_fns(s: Setup, p: dict) -> dict:
 
     def index_scores():
         idx_k._launch(
-            p["q_idx"], p["w"], s.keys, None, p["tables"], row_seq, row_pos, key_buf, 0,
+            p["q_idx"], p["w"], s.keys, s.keys_scale, p["tables"], row_seq, row_pos, key_buf, 0,
             DI**-0.5, 1, write_keys=True,
         )  # fmt: skip
 
     def indexer():
-        return idx_k.lightning_indexer_topk(p["q_idx"], p["w"], *args)
+        return idx_k.lightning_indexer_topk(p["q_idx"], p["w"], *args, s.keys_scale)
 
     selected = indexer()
     w_uk, _ = split_kv_b(s.kv_b, H, DN)
@@ -155,7 +168,9 @@ def sparse_fns(s: Setup, p: dict) -> dict:
     mla_args = (s.latent, p["tables"], p["cu"])
 
     def sparse_mla(sel=selected):
-        return mla_k.sparse_mla(p["q_nope"], p["q_rope"], *mla_args, sel, s.kv_b, scale)
+        return mla_k.sparse_mla(
+            p["q_nope"], p["q_rope"], *mla_args, sel, s.kv_b, scale, latent_scale=s.latent_scale
+        )
 
     index_scores()
     k = min(s.topk, context)
@@ -169,8 +184,15 @@ def sparse_fns(s: Setup, p: dict) -> dict:
         "segmented_topk": lambda: idx_select.segmented_topk_columns(key_buf, row_pos, s.topk),
         "indexer": indexer,
         "sparse_latent": lambda: mla_k.sparse_latent_attention(
-            q_lat, p["q_rope"], s.latent, p["tables"], row_seq, selected, scale
-        ),
+            q_lat,
+            p["q_rope"],
+            s.latent,
+            p["tables"],
+            row_seq,
+            selected,
+            scale,
+            latent_scale=s.latent_scale,
+        ),  # fmt: skip
         "sparse_mla": sparse_mla,
         "total": lambda: sparse_mla(indexer()),
     }
@@ -216,11 +238,12 @@ def captured_total(s: Setup, p: dict):
     def step():
         selected = idx_k.lightning_indexer_topk(
             p["q_idx"], p["w"], s.keys, p["tables"], p["cu"], lens, s.topk, DI**-0.5,
-            max_seq_len=bound,
+            s.keys_scale, max_seq_len=bound,
         )  # fmt: skip
         return mla_k.sparse_mla(
-            p["q_nope"], p["q_rope"], s.latent, p["tables"], p["cu"], selected, s.kv_b, scale
-        )
+            p["q_nope"], p["q_rope"], s.latent, p["tables"], p["cu"], selected, s.kv_b, scale,
+            latent_scale=s.latent_scale,
+        )  # fmt: skip
 
     return step
 
@@ -260,9 +283,10 @@ def dense_times(s: Setup, p: dict) -> dict:
     return out
 
 
-def bytes_read(batch: int, context: int, topk: int) -> int:
-    keys = context * DI * 2
-    latents = min(context, topk) * (R + DR) * 2
+def bytes_read(batch: int, context: int, topk: int, fp8: bool = False) -> int:
+    per, scale = (1, 4) if fp8 else (2, 0)  # bytes per element; a float32 scale per token
+    keys = context * (DI * per + scale)
+    latents = min(context, topk) * ((R + DR) * per + scale)
     queries = HI * DI * 2 + HI * 4 + H * (DN + DR) * 2
     return batch * (keys + latents + queries)
 
@@ -280,9 +304,10 @@ def run_point(s: Setup, batch: int, context: int, bw: float, dense: bool) -> dic
     if dense:
         res.update(dense_times(s, p))
     total_s = res["total"] * 1e-3
-    res["bytes"] = bytes_read(batch, context, s.topk)
+    res["bytes"] = bytes_read(batch, context, s.topk, s.fp8)
     res["bw_fraction"] = res["bytes"] / total_s / bw
-    res["index_scores_bw_fraction"] = batch * context * DI * 2 / (res["index_scores"] * 1e-3) / bw
+    key_bytes = batch * context * (DI + 4 if s.fp8 else 2 * DI)
+    res["index_scores_bw_fraction"] = key_bytes / (res["index_scores"] * 1e-3) / bw
     for base in ("dense_einsum", "dense_sdpa"):
         if isinstance(res.get(base), float):
             res[f"speedup_vs_{base[6:]}"] = res[base] / res["total"]
@@ -304,6 +329,10 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--contexts", default=None, help="comma-separated, e.g. 131072,1048576")
     parser.add_argument("--batches", default=None, help="comma-separated, e.g. 1")
+    parser.add_argument(
+        "--kv-cache-dtype", default="bfloat16", choices=["bfloat16", "fp8"],
+        help="fp8: also time every point over an fp8 cache (ratio to bf16)",
+    )  # fmt: skip
     args = parser.parse_args()
     knobs = apply_knobs()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -314,6 +343,11 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")] if args.batches else batches
     bw = copy_bandwidth(device)
     s = Setup(max(batches), max(contexts), device, topk)
+    s8 = (
+        Setup(max(batches), max(contexts), device, topk, fp8=True)
+        if args.kv_cache_dtype == "fp8"
+        else None
+    )
     print(f"D2D copy {bw / 1e12:.2f} TB/s; knobs {knobs}")
     results = sweep(s, bw, topk) if args.sweep else []
     for context in [] if args.sweep else contexts:
@@ -321,7 +355,15 @@ def main() -> None:
             res = run_point(s, batch, context, bw, dense=True)
             results.append(res)
             print(" ".join(f"{k}={fmt(v)}" for k, v in res.items()), flush=True)
+            if s8 is not None:
+                res8 = {"kv_cache_dtype": "fp8", **run_point(s8, batch, context, bw, dense=False)}
+                for key in ("total", "total_graph"):
+                    if isinstance(res8.get(key), float) and isinstance(res.get(key), float):
+                        res8[f"fp8_vs_bf16_{key}"] = res8[key] / res[key]
+                results.append(res8)
+                print(" ".join(f"{k}={fmt(v)}" for k, v in res8.items()), flush=True)
     name = "gpu_dsa_decode_sweep_h200" if args.sweep else "gpu_dsa_decode_h200"
+    name += "_fp8" if s8 is not None else ""
     out = Path(args.out or ROOT / "bench" / "results" / f"{name}.json")
     record = {
         "command": " ".join(["python3", *sys.argv]),

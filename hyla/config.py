@@ -22,6 +22,8 @@ LAYER_KINDS = LINEAR_KINDS + ATTENTION_KINDS
 FFN_KINDS = ("dense", "moe")
 ROPE_SCALING_TYPES = ("default", "linear", "yarn")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")
+MAMBA_SSM_CACHE_DTYPES = ("float32", "bfloat16")
+QUANTIZATION_METHODS = ("fp8",)
 
 
 class ConfigError(ValueError):
@@ -285,7 +287,38 @@ class MoEConfig:
         _require(self.topk_group <= self.n_group, "moe.topk_group", f"must be <= {self.n_group}")
 
 
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """Weight quantization (vLLM's `quantization` / HF `quantization_config`): `method` "fp8"
+    (float8_e4m3fn weights); `weight_block_size` (bn, bk) rows x columns per weight scale, None
+    for one scale per output channel; `activation_scheme` "dynamic" (per-token, per-bk-column
+    group scales computed at run time); `modules_to_not_convert` module names (HF or hyla,
+    matched as substrings) kept in the model dtype."""
+
+    method: str = "fp8"
+    weight_block_size: tuple[int, int] | None = (128, 128)
+    activation_scheme: str = "dynamic"
+    modules_to_not_convert: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(self.method in QUANTIZATION_METHODS, "quantization.method",
+                 f"must be one of {QUANTIZATION_METHODS}, got {self.method!r}")  # fmt: skip
+        _require(self.activation_scheme == "dynamic", "quantization.activation_scheme",
+                 f"only 'dynamic' is supported, got {self.activation_scheme!r}")  # fmt: skip
+        block = self.weight_block_size
+        if block is not None:
+            ok = isinstance(block, (list, tuple)) and len(block) == 2
+            ok = ok and all(isinstance(b, int) and b > 0 for b in block)
+            _require(ok, "quantization.weight_block_size", f"must be two ints > 0, got {block!r}")
+            object.__setattr__(self, "weight_block_size", tuple(block))
+        names = self.modules_to_not_convert
+        _require(isinstance(names, (list, tuple)) and all(isinstance(n, str) for n in names),
+                 "quantization.modules_to_not_convert", "must be a list of names")  # fmt: skip
+        object.__setattr__(self, "modules_to_not_convert", tuple(names))
+
+
 _SUBCONFIGS = {
+    "quantization": QuantizationConfig,
     "rope": RopeConfig,
     "linear": LinearAttentionConfig,
     "mla": MLAConfig,
@@ -322,7 +355,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_context_len: int = 4096
     kv_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "float32"
     dtype: str = "float32"
+    quantization: QuantizationConfig | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     rope: RopeConfig | None = None
@@ -355,6 +390,8 @@ class ModelConfig:
         _require(
             self.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32|bfloat16|float16"
         )
+        _require(self.mamba_ssm_cache_dtype in MAMBA_SSM_CACHE_DTYPES, "mamba_ssm_cache_dtype",
+                 f"not in {MAMBA_SSM_CACHE_DTYPES}")  # fmt: skip
         kinds = set(self.layer_pattern)
         self._need(kinds & set(LINEAR_KINDS), "linear")
         self._need(kinds & {"mla", "dsa"}, "mla")
@@ -568,6 +605,16 @@ class CacheConfig:
         default=None,
         metadata={"help": "State checkpoints for prefix caching (default: one per stride)."},
     )
+    kv_cache_dtype: str | None = field(
+        default=None,
+        metadata={"help": "Attention cache entries: auto, float32, bfloat16, float16 or fp8 "
+                  "(e4m3 with one scale per token and head; default: the checkpoint's)."},
+    )  # fmt: skip
+    mamba_ssm_cache_dtype: str | None = field(
+        default=None,
+        metadata={"help": "Linear-attention recurrent state: float32 or bfloat16 (default: "
+                  "float32)."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _positive(self, "", "block_size", "state_checkpoint_stride", "cpu_cache_memory_default")
@@ -579,6 +626,10 @@ class CacheConfig:
             n is None or (isinstance(n, int) and n >= 0), "num_state_checkpoints", "must be >= 0"
         )
         _require(0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]")
+        for name, allowed in (("kv_cache_dtype", KV_CACHE_DTYPES),
+                              ("mamba_ssm_cache_dtype", MAMBA_SSM_CACHE_DTYPES)):  # fmt: skip
+            value = getattr(self, name)
+            _require(value is None or value in allowed, name, f"not in {allowed}, got {value!r}")
         _require(
             self.state_checkpoint_stride % self.block_size == 0,
             "state_checkpoint_stride",
@@ -641,6 +692,11 @@ class EngineConfig:
         default=None,
         metadata={"help": "float32, bfloat16 or float16 (default: the checkpoint's dtype)."},
     )
+    quantization: str | None = field(
+        default=None,
+        metadata={"help": "Quantize a float checkpoint's weights at load: fp8 (e4m3, 128x128 "
+                  "blocks, dynamic activation scales). Default: as stored (fp8 stays fp8)."},
+    )  # fmt: skip
     device: str = field(
         default="auto",
         metadata={"help": "Torch device: cpu, cuda, cuda:N, or auto (cuda when available)."},
@@ -690,6 +746,8 @@ class EngineConfig:
                 "dtype",
                 f"must be float32|bfloat16|float16, got {self.dtype!r}",
             )
+        _require(self.quantization in (None, *QUANTIZATION_METHODS), "quantization",
+                 f"must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")  # fmt: skip
         _require(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "integer")
         if self.request_timeout is not None:
             _require(self.request_timeout > 0, "request_timeout", "must be > 0 seconds")

@@ -45,6 +45,17 @@ def kv_dtype(config: ModelConfig) -> str:
     return config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
 
 
+def with_scales(specs: list[CacheTensorSpec]) -> tuple[CacheTensorSpec, ...]:
+    """`specs` plus, for each fp8 entry, its `<name>_scale` float32 tensor: one scale per vector
+    of the last dim (per token; per token and head for GQA), as `hyla.ops.fp8` quantizes.
+    Per-block scales would need the block's amax before its last token arrives."""
+    out = list(specs)
+    for s in specs:
+        if s.dtype == "fp8":
+            out.append(CacheTensorSpec(f"{s.name}_scale", s.per, s.shape[:-1], "float32"))
+    return tuple(out)
+
+
 def conv_dim(config: ModelConfig) -> int:
     """Channels of the short convolution of a linear layer: q, k and v concatenated."""
     lin = config.linear
@@ -63,8 +74,11 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
       dsa with index_kpool (GLM-5.3-Flash): index_keys, index_gates, index_pool_keys
                per token [index_head_dim] (`hyla.ops.kpool_indexer`); a "shared" one: latent only
       gqa      k, v        per token [num_kv_heads, head_dim]
-      kda/gdn  recurrent_state per slot [num_v_heads, head_k_dim, head_v_dim] float32
+      kda/gdn  recurrent_state per slot [num_v_heads, head_k_dim, head_v_dim]
+               (`mamba_ssm_cache_dtype`: float32 unless bfloat16 is asked for)
                conv_state      per slot [conv_dim, conv_kernel_size - 1]
+    With `kv_cache_dtype` fp8 each per-token tensor X has an `X_scale` beside it
+    (`with_scales`).
     """
     kind = config.layer_pattern[layer_idx]
     kvd = kv_dtype(config)
@@ -77,12 +91,11 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
             specs += [CacheTensorSpec(n, "token", dim, idx_dtype) for n in names]
         elif kind == "dsa":
             specs.append(CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd))
-        return tuple(specs)
+        return with_scales(specs)
     if kind == "gqa":
         shape = (config.gqa.num_kv_heads, config.gqa.head_dim)
-        return (
-            CacheTensorSpec("k", "token", shape, kvd),
-            CacheTensorSpec("v", "token", shape, kvd),
+        return with_scales(
+            [CacheTensorSpec("k", "token", shape, kvd), CacheTensorSpec("v", "token", shape, kvd)]
         )
     lin = config.linear
     return (
@@ -90,7 +103,7 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
             "recurrent_state",
             "slot",
             (lin.num_v_heads, lin.head_k_dim, lin.head_v_dim),
-            "float32",
+            config.mamba_ssm_cache_dtype,
         ),
         CacheTensorSpec(
             "conv_state", "slot", (conv_dim(config), lin.conv_kernel_size - 1), config.dtype

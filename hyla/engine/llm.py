@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hyla.config import ModelConfig
+from hyla.config import ConfigError, ModelConfig
 from hyla.engine.llm_engine import LLMEngine, resolve_device
 from hyla.request import InvalidRequestError, RequestOutput, SamplingParams
 
@@ -74,6 +74,11 @@ def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> 
         from hyla.config import EngineConfig
 
         config = resolve_device(EngineConfig.from_kwargs(**overrides))
+        if config.quantization is not None:
+            raise ConfigError("quantization: applies to a checkpoint's weights (pass a path)")
+        cache = {"kv_cache_dtype": config.cache.kv_cache_dtype,
+                 "mamba_ssm_cache_dtype": config.cache.mamba_ssm_cache_dtype}  # fmt: skip
+        model = model.replace(**{k: v for k, v in cache.items() if v is not None})
         net = random_model(model, config.seed, config.device)
         return LLMEngine(net, None, config)
     return LLMEngine.from_path(model, **overrides)

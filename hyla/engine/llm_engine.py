@@ -171,7 +171,11 @@ class LLMEngine:
             raise ConfigError(
                 f"tokenizer: no tokenizer.json or tokenizer_config.json in {config.tokenizer}"
             )
-        model = load_model(str(directory), dtype=_load_dtype(config), device=config.device)
+        model = load_model(
+            str(directory), dtype=_load_dtype(config), device=config.device,
+            quantization=config.quantization, kv_cache_dtype=config.cache.kv_cache_dtype,
+            mamba_ssm_cache_dtype=config.cache.mamba_ssm_cache_dtype,
+        )  # fmt: skip
         engine = cls(model, tokenizer, config)
         engine.model_name = "default" if path is None else directory.name
         return engine

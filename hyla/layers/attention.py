@@ -24,7 +24,7 @@ from hyla.ops.dsa_indexer.rows import row_positions
 from hyla.ops.gpu import use_triton
 from hyla.ops.gqa import paged_gqa, paged_gqa_bounded
 from hyla.ops.mla import mla_absorbed_batched, mla_expanded, mla_paged
-from hyla.ops.paged import write_paged
+from hyla.ops.paged import write_paged_entries
 from hyla.ops.rotary import rope_softmax_mscale
 
 
@@ -153,6 +153,7 @@ class MLAttention(nn.Module):
         """Fill `out` [T, H, Dv] rows of `seq_ids` with causal MLA over their whole context:
         absorbed for one-token (decode) sequences, expanded otherwise."""
         latent_cache = batch.caches[self.layer_idx]["latent"]
+        latent_scale = batch.caches[self.layer_idx].get("latent_scale")
         decode = [i for i in seq_ids if batch.query_lens[i] == 1]
         prefill = [i for i in seq_ids if batch.query_lens[i] > 1]
         if len(decode) == batch.num_seqs:  # a pure decode step: the batch as it is
@@ -166,6 +167,7 @@ class MLAttention(nn.Module):
                 self.kv_b_proj.weight,
                 self.scale,
                 query_lens=batch.query_lens,
+                latent_scale=latent_scale,
             )
             return
         for ids, op in ((decode, mla_absorbed_batched), (prefill, mla_expanded)):
@@ -181,6 +183,7 @@ class MLAttention(nn.Module):
                 g.seq_lens,
                 self.kv_b_proj.weight,
                 self.scale,
+                latent_scale=latent_scale,
             )
 
     def forward(
@@ -188,8 +191,9 @@ class MLAttention(nn.Module):
     ) -> torch.Tensor:
         """hidden_states [T, D], positions [T] int64 -> [T, D]."""
         proj = self.project(hidden_states, positions)
-        latent_cache = batch.caches[self.layer_idx]["latent"]
-        write_paged(latent_cache, batch.slot_mapping, proj.latent)
+        cache = batch.caches[self.layer_idx]
+        latent_cache = cache["latent"]
+        write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
         if use_triton(hidden_states) or batch.static_shapes:  # lengths from the device
             num_rows = hidden_states.shape[0]
             rows = batch.shared(("row_positions", num_rows), lambda: row_positions(
@@ -197,7 +201,7 @@ class MLAttention(nn.Module):
             out = mla_paged(
                 proj.q_nope, proj.q_rope, latent_cache, batch.block_tables, batch.cu_seqlens,
                 batch.seq_lens_tensor, batch.max_seq_len, self.kv_b_proj.weight, self.scale,
-                rows=rows,
+                rows=rows, latent_scale=cache.get("latent_scale"),
             )  # fmt: skip
             return self.o_proj(out.flatten(1))
         out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
@@ -257,18 +261,19 @@ class GQAttention(nn.Module):
         cos, sin = self.rotary(positions)
         q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
         cache = batch.caches[self.layer_idx]
-        write_paged(cache["k"], batch.slot_mapping, k)
-        write_paged(cache["v"], batch.slot_mapping, v)
+        write_paged_entries(cache, "k", batch.slot_mapping, k)
+        write_paged_entries(cache, "v", batch.slot_mapping, v)
+        kv_scales = {"k_scale": cache.get("k_scale"), "v_scale": cache.get("v_scale")}
         if batch.static_shapes:  # a captured step: lengths from the device, size from the bound
             out = paged_gqa_bounded(
                 q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
-                batch.seq_lens_tensor, batch.max_seq_len, self.scale,
+                batch.seq_lens_tensor, batch.max_seq_len, self.scale, **kv_scales,
             ).flatten(1)  # fmt: skip
         else:  # on CUDA one Triton launch, lengths from the device (`hyla.ops.gqa.kernels`)
             lens = batch.seq_lens_tensor if use_triton(q) else batch.seq_lens
             out = paged_gqa(
                 q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
-                lens, self.scale,
+                lens, self.scale, **kv_scales,
             ).flatten(1)  # [T, H*K]  # fmt: skip
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(num_tokens, -1))

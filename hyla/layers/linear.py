@@ -1,4 +1,5 @@
 """`Linear`: nn.Linear whose fp32 CPU inference runs `hyla.ops.linear.prepacked_linear`;
+`Fp8Linear`: the same projection with block-scaled float8_e4m3fn weights (`hyla.ops.fp8`);
 `stacked_linear`: several bias-free projections of one input as one matmul."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from hyla.ops.fp8 import FP8, fp8_linear
 from hyla.ops.linear import Prepacked, prepacked_linear, prepacked_stacked_linear
 
 
@@ -26,6 +28,52 @@ class Linear(nn.Linear):
         return prepacked_linear(x, self.weight, self.packed, self.bias)
 
 
+def resolve_block(block_size: tuple[int, int] | None, in_features: int) -> tuple[int, int]:
+    """A weight's (rows, columns) per scale: `block_size`, or one scale per output channel
+    (1, in_features) when None."""
+    return (1, in_features) if block_size is None else tuple(block_size)
+
+
+class Fp8Linear(nn.Module):
+    """A linear projection whose weight is stored in float8_e4m3fn with block scales.
+
+    Parameters: `weight` [N, K] float8_e4m3fn, `weight_scale_inv` [ceil(N/bn), ceil(K/bk)]
+    float32 (the dequantization multiplier, as named in DeepSeek/Qwen fp8 checkpoints), `bias`
+    [N] or None. forward is `hyla.ops.fp8.fp8_linear` (activations quantized per token and bk
+    columns at run time)."""
+
+    keep_fp32 = ("weight_scale_inv",)
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        block_size: tuple[int, int] | None = (128, 128),
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.block_size = resolve_block(block_size, in_features)
+        bn, bk = self.block_size
+        scale_shape = (-(-out_features // bn), -(-in_features // bk))
+        empty = lambda *shape, dt: torch.empty(*shape, dtype=dt, device=device)  # noqa: E731
+        self.weight = nn.Parameter(empty(out_features, in_features, dt=FP8), requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(empty(*scale_shape, dt=torch.float32),
+                                             requires_grad=False)  # fmt: skip
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(empty(out_features, dt=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., in_features] -> [..., out_features] in x's dtype."""
+        return fp8_linear(x, self.weight, self.weight_scale_inv, self.block_size, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, block={self.block_size}"
+
+
 def stacked_linear(x: torch.Tensor, linears: Sequence[nn.Linear], cache: Prepacked) -> torch.Tensor:
     """`torch.cat([m(x) for m in linears], -1)` for bias-free modules, as one matmul over their
     stacked weights (`cache` keeps the packed stack; see `prepacked_stacked_linear`).
@@ -33,4 +81,6 @@ def stacked_linear(x: torch.Tensor, linears: Sequence[nn.Linear], cache: Prepack
     Raises: ValueError when a module has a bias."""
     if any(m.bias is not None for m in linears):
         raise ValueError("stacked_linear: modules with a bias are not supported")
+    if any(isinstance(m, Fp8Linear) for m in linears):  # each weight has its own scales
+        return torch.cat([m(x) for m in linears], dim=-1)
     return prepacked_stacked_linear(x, [m.weight for m in linears], cache)

@@ -177,6 +177,8 @@ class MoE(nn.Module):
         mlp, e = self.shared_experts, self.experts
         if mlp is None or self.shared_expert_gate is not None or torch.is_grad_enabled():
             return None
+        if not isinstance(e, Experts):  # fp8 experts (`layers.fp8_experts`) run on their own
+            return None
         if not use_triton(hidden_states) or topk_ids.numel() > e.gate_up_proj.shape[0]:
             return None  # (cheap checks first: CPU and prefill steps skip the weight lookup)
         gate_up = adjacent_rows([m.weight for m in mlp.stacked_projections()])

@@ -17,7 +17,7 @@ from hyla.layers.linear import Linear
 from hyla.ops.dsa_indexer import lightning_indexer_topk
 from hyla.ops.dsa_indexer.rows import dense_topk_indices
 from hyla.ops.gpu import use_triton
-from hyla.ops.paged import write_paged
+from hyla.ops.paged import write_paged_entries
 from hyla.ops.rotary import apply_rope
 from hyla.ops.sparse_attention import sparse_mla
 
@@ -89,9 +89,9 @@ class DSAttention(MLAttention):
         """hidden_states [T, D], positions [T] int64 -> [T, D]."""
         proj = self.project(hidden_states, positions)
         cache = batch.caches[self.layer_idx]
-        write_paged(cache["latent"], batch.slot_mapping, proj.latent)
+        write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
         index_q, index_w, index_k = self.indexer(hidden_states, proj.q_resid, proj.cos_sin)
-        write_paged(cache["index_keys"], batch.slot_mapping, index_k)
+        write_paged_entries(cache, "index_keys", batch.slot_mapping, index_k)
         if use_triton(hidden_states) or batch.static_shapes:  # one sparse_mla call, all rows
             out = self.attend_selected(proj, index_q, index_w, batch)
             return self.o_proj(out.flatten(1))
@@ -126,11 +126,13 @@ class DSAttention(MLAttention):
             topk_indices = lightning_indexer_topk(
                 index_q, index_w, cache["index_keys"], batch.block_tables, batch.cu_seqlens,
                 batch.seq_lens_tensor, k, self.indexer.softmax_scale,
-                max_seq_len=batch.max_seq_len, static_shapes=batch.static_shapes,
+                cache.get("index_keys_scale"), max_seq_len=batch.max_seq_len,
+                static_shapes=batch.static_shapes,
             )  # fmt: skip
         return sparse_mla(
             proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,
             topk_indices, self.kv_b_proj.weight, self.scale,
+            latent_scale=cache.get("latent_scale"),
         )  # fmt: skip
 
     def attend_sparse(
@@ -154,6 +156,7 @@ class DSAttention(MLAttention):
             g.seq_lens,
             self.index_topk,
             self.indexer.softmax_scale,
+            cache.get("index_keys_scale"),
         )
         out[g.rows] = sparse_mla(
             proj.q_nope[g.rows],
@@ -164,4 +167,5 @@ class DSAttention(MLAttention):
             topk_indices,
             self.kv_b_proj.weight,
             self.scale,
+            latent_scale=cache.get("latent_scale"),
         )

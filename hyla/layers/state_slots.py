@@ -197,7 +197,8 @@ def delta_rule_step(
         else:  # the host offsets spare the op a device sync (see `kda.kernels.chunk_kda`)
             host = batch.shared("cu_seqlens_cpu", lambda: torch.tensor(batch.cu_seqlens_host))
             o, final = chunk_fn(*args, use_qk_l2norm=True, inplace_state=True, cu_seqlens_cpu=host)
-        cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
+        pool = cache["recurrent_state"]  # float32, or bfloat16 (`mamba_ssm_cache_dtype`)
+        pool.index_copy_(0, batch.state_indices, final.to(pool.dtype))
         return o
     final = state.clone()
     o = torch.zeros_like(v)
@@ -210,5 +211,6 @@ def delta_rule_step(
         o_sub, final_sub = fn(*args, use_qk_l2norm=True, **extra)
         o[rows] = o_sub
         final[idx] = final_sub
-    cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
+    pool = cache["recurrent_state"]
+    pool.index_copy_(0, batch.state_indices, final.to(pool.dtype))
     return o

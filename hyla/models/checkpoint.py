@@ -19,7 +19,8 @@ from hyla.config import ModelConfig
 from hyla.models.registry import placement_for
 from hyla.models.weights import Placement
 
-FP8_SCALE_SUFFIX = "_scale_inv"
+FP8_SCALE_SUFFIXES = ("_scale_inv", "_scale")  # block scales (DeepSeek/Qwen); per-tensor/channel
+SKIPPED_SUFFIXES = (".input_scale",)  # static activation scales: hyla computes them per token
 
 
 class CheckpointError(ValueError):
@@ -78,7 +79,7 @@ def plan_checkpoint(
     mismatched: list[str] = []
     filled: dict[str, set[tuple[int | None, int, int]]] = {}
     for name, (file, shape, dtype) in headers.items():
-        if name.endswith(FP8_SCALE_SUFFIX) and name.removesuffix(FP8_SCALE_SUFFIX) in headers:
+        if _is_scale(name, headers) or name.endswith(SKIPPED_SUFFIXES):
             continue
         placements = placement_for(config, name)
         if not placements or all(p.target in aliases for p in placements):
@@ -95,17 +96,22 @@ def plan_checkpoint(
             filled.setdefault(p.target, set()).add((p.expert, p.part, p.num_parts))
         scale = None
         if dtype.startswith("F8"):
-            scale_name = name + FP8_SCALE_SUFFIX
-            if scale_name not in headers:
-                mismatched.append(f"{name}: FP8 tensor without {scale_name}")
+            names = [name + s for s in FP8_SCALE_SUFFIXES if name + s in headers]
+            if dtype != "F8_E4M3" or not names:
+                why = "not e4m3" if dtype != "F8_E4M3" else f"without {name}_scale_inv"
+                mismatched.append(f"{name}: {dtype} tensor {why}")
                 continue
-            scale = (scale_name, headers[scale_name][0])
+            scale = (names[0], headers[names[0]][0])
         entries.append(Entry(name, file, placements, scale))
     missing = _missing(targets, filled)
     _raise_if("unexpected tensors in checkpoint", unexpected)
     _raise_if("shape mismatch", mismatched)
     _raise_if("tensors missing from checkpoint", missing)
     return entries
+
+
+def _is_scale(name: str, headers: dict) -> bool:
+    return any(name.endswith(s) and name.removesuffix(s) in headers for s in FP8_SCALE_SUFFIXES)
 
 
 def _check_shapes(

@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyla.cache.spec import DTYPE_BYTES, bytes_per_state_slot, bytes_per_token, kv_dtype
+from hyla.cache.spec import bytes_per_state_slot, bytes_per_token, kv_dtype
 from hyla.config import ModelConfig
-from hyla.models.loader import build_empty_model, config_path, load_config
+from hyla.models.checkpoint import plan_checkpoint, targets_of
+from hyla.models.loader import DTYPES, build_empty_model, checkpoint_files, config_path, load_config
+from hyla.models.quantization import choose_fp8, convert_modules
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,23 @@ def count_params(config: ModelConfig) -> tuple[int, int]:
     return total, total - inactive
 
 
+def stored_weight_bytes(config: ModelConfig, path: Path) -> int:
+    """Bytes of the weights as the loader keeps them: fp8 modules at one byte per weight plus
+    their float32 block scales (those the checkpoint stores in fp8, from the safetensors
+    headers; without a checkpoint, every candidate), the rest in `config.dtype`."""
+    model = build_empty_model(config, "meta")
+    if config.quantization is not None:
+        files = list(path.glob("*.safetensors")) if path.is_dir() else []
+        stored: set[str] = set()
+        if files:
+            targets, aliases = targets_of(model)
+            entries = plan_checkpoint(config, targets, aliases, checkpoint_files(path))
+            stored = {p.target for e in entries if e.scale is not None for p in e.placements}
+        chosen = choose_fp8(model, stored, quantize_floats=not files)
+        convert_modules(model, chosen, DTYPES[config.dtype], "meta")
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def _checkpoint_size(path: Path) -> tuple[int, int]:
     if not path.is_dir():
         return 0, 0
@@ -114,7 +133,7 @@ def inspect_model(path: str | Path) -> InspectReport:
         layer_counts=tuple(sorted(Counter(config.layer_pattern).items())),
         num_params=total,
         num_active_params=active,
-        weight_bytes=total * DTYPE_BYTES[config.dtype],
+        weight_bytes=stored_weight_bytes(config, path),
         cache_dtype=kv_dtype(config),
         cache_bytes_per_token=bytes_per_token(config),
         state_bytes_per_seq=bytes_per_state_slot(config),
@@ -135,6 +154,15 @@ def _bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def _precision(config: ModelConfig) -> str:
+    quant = config.quantization
+    if quant is None:
+        return config.dtype
+    block = "per channel" if quant.weight_block_size is None else "x".join(
+        map(str, quant.weight_block_size))  # fmt: skip
+    return f"fp8 e4m3 (scales {block}) + {config.dtype}"
 
 
 def format_report(report: InspectReport) -> str:
@@ -158,11 +186,11 @@ def format_report(report: InspectReport) -> str:
                    f"{'yes' if c.tie_word_embeddings else 'no'}"),
         ("parameters", f"{_count(report.num_params)} total, "
                        f"{_count(report.num_active_params)} active per token"),
-        ("weights", f"{_bytes(report.weight_bytes)} in {c.dtype}; checkpoint: {ckpt}"),
+        ("weights", f"{_bytes(report.weight_bytes)} in {_precision(c)}; checkpoint: {ckpt}"),
         ("kv cache", f"{_bytes(report.cache_bytes_per_token)} per token "
                      f"({report.cache_dtype}, attention/DSA layers)"),
         ("linear state", f"{_bytes(report.state_bytes_per_seq)} per sequence "
-                         "(recurrent float32 + conv, any length)"),
+                         f"(recurrent {c.mamba_ssm_cache_dtype} + conv, any length)"),
         ("context", f"{c.max_context_len:,} tokens max; one full-length sequence caches "
                     f"{_bytes(full)}"),
     ]  # fmt: skip

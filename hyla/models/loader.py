@@ -21,7 +21,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from hyla.config import ConfigError, ModelConfig
+from hyla.config import ConfigError, ModelConfig, QuantizationConfig
 from hyla.models.checkpoint import (
     CheckpointError,
     Entry,
@@ -30,7 +30,18 @@ from hyla.models.checkpoint import (
     targets_of,
 )
 from hyla.models.hybrid import HybridModel
+from hyla.models.quantization import (
+    choose_fp8,
+    convert_modules,
+    defers,
+    dequantize_stored,
+    fill_fp8,
+    quantization_from_hf,
+    scale_block,
+)
 from hyla.models.registry import config_from_hf
+from hyla.models.weights import Placement
+from hyla.ops.fp8 import FP8
 
 __all__ = [
     "CheckpointError",
@@ -66,7 +77,10 @@ def load_config(path: str | Path) -> ModelConfig:
     file = config_path(path)
     if not file.is_file():
         raise FileNotFoundError(f"no config.json at {file}")
-    config = config_from_hf(_read_json(file))
+    raw = _read_json(file)
+    config = config_from_hf(raw)
+    if config.quantization is None and isinstance(raw, dict):
+        config = config.replace(quantization=quantization_from_hf(raw))
     gen_file = file.parent / "generation_config.json"
     if config.architecture != "hyla" and gen_file.is_file():
         extra = _read_json(gen_file).get("eos_token_id")
@@ -108,17 +122,22 @@ def checkpoint_files(path: str | Path) -> list[Path]:
 
 
 @contextmanager
-def _allocate_only(dtype: torch.dtype) -> Iterator[None]:
+def _allocate_only(dtype: torch.dtype, defer_fp8: bool = False) -> Iterator[None]:
     """While building modules: allocate every floating parameter empty in `dtype` (float32 for
-    names a module lists in `keep_fp32`) and skip `torch.nn.init`. Buffers keep their dtype and
-    values (rotary tables, the float32 router bias)."""
+    names a module lists in `keep_fp32`; fp8 stays fp8) and skip `torch.nn.init`. Buffers keep
+    their dtype and values (rotary tables, the float32 router bias). `defer_fp8`: weights that
+    may be stored in fp8 stay on the meta device (`quantization.defers`) until the loader
+    knows their storage."""
 
     def cast(module: nn.Module, name: str, param: nn.Parameter | None) -> nn.Parameter | None:
         if param is None or getattr(param, "_hyla_allocated", False):
             return None  # re-registration of an allocated parameter (tied weights)
         keep = param.is_floating_point() and name in getattr(module, "keep_fp32", ())
         target = torch.float32 if keep else dtype if param.is_floating_point() else param.dtype
-        new = nn.Parameter(torch.empty_like(param, dtype=target), requires_grad=False)
+        target = FP8 if param.dtype == FP8 else target
+        device = "meta" if defer_fp8 and defers(module, name) else None
+        new = torch.empty_like(param, dtype=target, device=device)
+        new = nn.Parameter(new, requires_grad=False)
         new._hyla_allocated = True
         return new
 
@@ -135,33 +154,63 @@ def _allocate_only(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_empty_model(config: ModelConfig, device: str | torch.device = "cpu") -> HybridModel:
-    """HybridModel with parameters allocated in `config.dtype` on `device`, left uninitialised."""
-    with torch.device(device), _allocate_only(DTYPES[config.dtype]):
+    """HybridModel with parameters allocated in `config.dtype` on `device`, left uninitialised.
+    With `config.quantization`, the weights that may be fp8 stay unallocated (meta) until
+    `load_weights` decides their storage."""
+    defer = config.quantization is not None
+    with torch.device(device), _allocate_only(DTYPES[config.dtype], defer):
         return HybridModel(config)
 
 
-def _copy_entry(entry: Entry, open_file, targets: dict[str, torch.Tensor]) -> None:
+def _copy_entry(
+    entry: Entry, open_file, targets: dict[str, torch.Tensor], model: HybridModel
+) -> None:
     tensor = open_file(entry.file).get_tensor(entry.name)
+    scale = None
     if entry.scale is not None:
-        scale_name, scale_file = entry.scale
-        tensor = dequantize_fp8(tensor, open_file(scale_file).get_tensor(scale_name))
+        scale = open_file(entry.scale[1]).get_tensor(entry.scale[0])
+    quant = model.config.quantization
+    src_block = quant.weight_block_size if quant is not None else None
+    if scale is not None and len(entry.placements) > 1:  # a stored tensor split across targets
+        tensor, scale = dequantize_stored(tensor, scale, src_block), None
     offset = 0
     for p in entry.placements:
         dst = p.view(targets[p.target])
         src = tensor if len(entry.placements) == 1 else tensor[offset : offset + dst.shape[0]]
         offset += dst.shape[0]
-        dst.copy_(src)
+        if dst.dtype == FP8:
+            owner, _, leaf = p.target.rpartition(".")
+            block, parts = scale_block(model.get_submodule(owner), leaf)
+            scale_name = p.target + "_scale_inv"
+            dst_scale = Placement(scale_name, p.expert, p.part, p.num_parts).view(
+                targets[scale_name])  # fmt: skip
+            fill_fp8(dst, dst_scale, src, scale, block, parts // p.num_parts, src_block)
+        elif scale is not None:
+            dst.copy_(dequantize_stored(src, scale, src_block))
+        else:
+            dst.copy_(src)
 
 
 @torch.no_grad()
-def load_weights(model: HybridModel, path: str | Path, progress: bool = True) -> None:
+def load_weights(
+    model: HybridModel, path: str | Path, progress: bool = True, quantize_floats: bool = False
+) -> None:
     """Copy a checkpoint directory's tensors into `model` (names mapped by its config's adapter).
 
+    With `model.config.quantization`, modules whose weights the checkpoint stores in fp8 (all
+    candidates with `quantize_floats`) become `Fp8Linear` / `Fp8Experts` first
+    (`hyla.models.quantization`); stored fp8 tensors of other modules are dequantized.
     Raises: CheckpointError (see `plan_checkpoint`) before any weight is read.
     """
     files = checkpoint_files(path)
     targets, aliases = targets_of(model)
     entries = plan_checkpoint(model.config, targets, aliases, files)
+    if model.config.quantization is not None:
+        stored_fp8 = {p.target for e in entries if e.scale is not None for p in e.placements}
+        chosen = choose_fp8(model, stored_fp8, quantize_floats)
+        device = model.embed_tokens.weight.device
+        convert_modules(model, chosen, DTYPES[model.config.dtype], device)
+        targets, aliases = targets_of(model)
     handles: dict[Path, object] = {}
 
     def open_file(file: Path):
@@ -176,7 +225,7 @@ def load_weights(model: HybridModel, path: str | Path, progress: bool = True) ->
     try:
         for file in files:  # shard by shard: a shard's handle is dropped once it is read
             for entry in by_file.get(file, []):
-                _copy_entry(entry, open_file, targets)
+                _copy_entry(entry, open_file, targets, model)
                 bar.update(1)
             handles.clear()
     finally:
@@ -189,6 +238,10 @@ def load_model(
     dtype: str | None = None,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    *,
+    quantization: str | None = None,
+    kv_cache_dtype: str | None = None,
+    mamba_ssm_cache_dtype: str | None = None,
 ) -> HybridModel:
     """Build the HybridModel of a checkpoint directory and load its weights.
 
@@ -197,6 +250,9 @@ def load_model(
         dtype: "float32" | "bfloat16" | "float16"; None keeps the checkpoint's dtype.
         device: where the parameters live.
         progress: show a tqdm progress bar.
+        quantization: "fp8" quantizes a float checkpoint's weights at load (128x128 blocks);
+            None keeps them as stored (an fp8 checkpoint stays fp8 either way).
+        kv_cache_dtype, mamba_ssm_cache_dtype: override the config's cache dtypes.
     Returns: the model in eval mode, `model.config.dtype == dtype`.
     Raises: ConfigError (bad config or dtype), CheckpointError (tensors do not fit the model).
     """
@@ -205,6 +261,13 @@ def load_model(
         if dtype not in DTYPES:
             raise ConfigError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
         config = config.replace(dtype=dtype)
+    quantize_floats = quantization is not None and config.quantization is None
+    if quantization is not None and quantization != "fp8":
+        raise ConfigError(f"quantization: expected 'fp8' or None, got {quantization!r}")
+    if quantize_floats:
+        config = config.replace(quantization=QuantizationConfig())
+    caches = {"kv_cache_dtype": kv_cache_dtype, "mamba_ssm_cache_dtype": mamba_ssm_cache_dtype}
+    config = config.replace(**{k: v for k, v in caches.items() if v is not None})
     model = build_empty_model(config, device)
-    load_weights(model, Path(path), progress)
+    load_weights(model, Path(path), progress, quantize_floats)
     return model.eval()

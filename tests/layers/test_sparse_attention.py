@@ -18,6 +18,7 @@ from hyla.forward_batch import build_forward_batch
 from hyla.layers import sparse_attention
 from hyla.layers.attention import MLAttention
 from hyla.layers.sparse_attention import DSAttention
+from hyla.ops.paged import write_paged
 from tests.paged_steps import PagedSteps
 
 D, BLOCK, TOPK = 64, 4, 8
@@ -162,9 +163,9 @@ def test_c03_dense_when_length_le_topk(length: int, recorded_topk: list) -> None
     batch = build_forward_batch([length], [0], steps.tables, [1], BLOCK, steps.caches)
     with torch.no_grad():
         proj = layer.project(x, batch.positions)
-        sparse_mod.write_paged(steps.caches[0]["latent"], batch.slot_mapping, proj.latent)
+        write_paged(steps.caches[0]["latent"], batch.slot_mapping, proj.latent)
         iq, iw, ik = layer.indexer(x, proj.q_resid, proj.cos_sin)
-        sparse_mod.write_paged(steps.caches[0]["index_keys"], batch.slot_mapping, ik)
+        write_paged(steps.caches[0]["index_keys"], batch.slot_mapping, ik)
         out = torch.empty(length, 4, 12)
         layer.attend_sparse(out, proj, iq, iw, batch, [0])
         torch.testing.assert_close(layer.o_proj(out.flatten(1)), got, rtol=1e-5, atol=1e-6)

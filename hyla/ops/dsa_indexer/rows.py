@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
+from hyla.ops.paged.reference import _raw, dequantized
+
 
 def row_sequences(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
     """[T] int32 sequence index of each packed row (cu_seqlens [N + 1] int32; on the device)."""
@@ -68,6 +70,7 @@ def gather_rows_bounded(
     num_rows: int,
     *,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scales: Sequence[torch.Tensor | None] | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Each packed row's entries of each paged cache at positions 0 .. max_seq_len - 1 of its
     sequence: the gather of the bounded (device-length) references of MLA, GQA and the indexer.
@@ -75,14 +78,22 @@ def gather_rows_bounded(
     Args:
         caches: [P, B, ...] each; block_tables: [N, >= ceil(max_seq_len / B)] int32;
         cu_seqlens: [N + 1] int32; seq_lens: as `row_positions`; max_seq_len: host bound L;
-        num_rows: T; rows: `row_positions(cu_seqlens, seq_lens, num_rows)` when the caller has it.
-    Returns: (entries: [T, L, ...] per cache in its dtype, unmasked: positions past a row's
-        own may hold anything, NaN included; visible: [T, L] bool, position <= the row's).
+        num_rows: T; rows: `row_positions(cu_seqlens, seq_lens, num_rows)` when the caller has it;
+        scales: per cache, the per-vector scales of an fp8 cache ([P, B, ...] without the last
+        dim) or None.
+    Returns: (entries: [T, L, ...] per cache in its dtype (float32, dequantized, where a scale
+        is given), unmasked: positions past a row's own may hold anything, NaN included;
+        visible: [T, L] bool, position <= the row's).
     """
     row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     block = caches[0].shape[1]
     pos = torch.arange(max_seq_len, device=cu_seqlens.device)
     slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]
     rows = slots[row_seq.long()]  # [T, L]
-    entries = [cache.flatten(0, 1)[rows] for cache in caches]
+    scales = scales or [None] * len(caches)
+    entries = [
+        dequantized(_raw(cache.flatten(0, 1))[rows].view(cache.dtype),
+                    None if scale is None else scale.flatten(0, 1)[rows])
+        for cache, scale in zip(caches, scales, strict=True)
+    ]  # fmt: skip
     return entries, pos[None, :] <= row_pos[:, None]

@@ -23,16 +23,23 @@ def paged_gqa(
     cu_seqlens: torch.Tensor,
     seq_lens: Sequence[int] | torch.Tensor,
     scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`reference.paged_gqa` (see there for shapes): `kernels.paged_gqa` for CUDA tensors, which
-    also takes `seq_lens` as an [N] device tensor (the reference needs host ints)."""
-    if use_triton(q) and not needs_grad(q, k_cache, v_cache):
+    """`reference.paged_gqa` (see there for shapes): `kernels.paged_gqa` for CUDA tensors of a
+    float cache, which also takes `seq_lens` as an [N] device tensor (the reference needs host
+    ints); an fp8 cache (`k_scale`/`v_scale`) goes to the reference."""
+    if use_triton(q) and k_scale is None and not needs_grad(q, k_cache, v_cache):
         from hyla.ops.gqa import kernels
 
         return kernels.paged_gqa(q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale)
     if isinstance(seq_lens, torch.Tensor):
         seq_lens = seq_lens.tolist()
-    return reference.paged_gqa(q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale)
+    return reference.paged_gqa(
+        q, k_cache, v_cache, block_tables, cu_seqlens, seq_lens, scale,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
 
 
 __all__ = ["causal_mask", "masked_attention", "paged_gqa", "paged_gqa_bounded"]

@@ -26,6 +26,9 @@ def paged_gqa_bounded(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA of every packed row over its sequence's paged K/V (no host read).
 
@@ -36,7 +39,7 @@ def paged_gqa_bounded(
         cu_seqlens: [N + 1] int32.
         seq_lens: [N] int32 or int64 device tensor, cached tokens per sequence (this step's
             included); max_seq_len: host int >= every entry.
-        scale: softmax scale.
+        scale: softmax scale; k_scale, v_scale: [P, B, HKV] float32 scales of an fp8 cache.
     Returns: [T, H, V] in q's dtype; softmax in float32 (as `reference.masked_attention`).
     Raises: ValueError when H is not a multiple of HKV.
     """
@@ -46,7 +49,13 @@ def paged_gqa_bounded(
         raise ValueError(f"paged_gqa: {num_heads} query heads, {num_kv_heads} kv heads")
     group = num_heads // num_kv_heads
     (k, v), visible = gather_rows_bounded(
-        [k_cache, v_cache], block_tables, cu_seqlens, seq_lens, max_seq_len, num_rows
+        [k_cache, v_cache],
+        block_tables,
+        cu_seqlens,
+        seq_lens,
+        max_seq_len,
+        num_rows,
+        scales=[k_scale, v_scale],
     )  # [T, L, HKV, K] each, [T, L]
     k = k.to(q.dtype).masked_fill(~visible[..., None, None], 0.0)
     v = v.to(q.dtype).masked_fill(~visible[..., None, None], 0.0)

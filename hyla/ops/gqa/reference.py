@@ -47,6 +47,9 @@ def paged_gqa(
     cu_seqlens: torch.Tensor,
     seq_lens: Sequence[int],
     scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA of each sequence's new tokens over its paged K/V.
 
@@ -58,6 +61,7 @@ def paged_gqa(
         cu_seqlens: [N + 1] int32 offsets of each sequence's rows in q.
         seq_lens: N host ints, cached tokens per sequence (including the new ones).
         scale: softmax scale.
+        k_scale, v_scale: [P, B, HKV] float32 per-token, per-head scales of an fp8 cache.
     Returns: [T, H, V] in q's dtype.
     Raises: ValueError when H is not a multiple of HKV.
     """
@@ -71,8 +75,8 @@ def paged_gqa(
         start, end = cu[i], cu[i + 1]
         if end == start:
             continue
-        k = gather_paged(k_cache, block_tables[i], seq_len).to(q.dtype)  # [L, HKV, K]
-        v = gather_paged(v_cache, block_tables[i], seq_len).to(q.dtype)
+        k = gather_paged(k_cache, block_tables[i], seq_len, k_scale).to(q.dtype)  # [L, HKV, K]
+        v = gather_paged(v_cache, block_tables[i], seq_len, v_scale).to(q.dtype)
         k = k.repeat_interleave(group, dim=1)  # [L, H, K]
         v = v.repeat_interleave(group, dim=1)
         mask = causal_mask(end - start, seq_len, q.device)

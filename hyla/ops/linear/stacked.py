@@ -41,9 +41,11 @@ def adjacent_rows(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
 def stack_rows(linears: Sequence[nn.Linear]) -> None:
     """Re-home the weights of bias-free `linears` (same input width, dtype and device) as
     consecutive row blocks of one new tensor; each `weight` stays the same Parameter, its data
-    now a view. Values are unchanged. A no-op for fewer than two modules or mixed dtypes."""
+    now a view. Values are unchanged. A no-op for fewer than two modules, mixed dtypes or fp8."""
     weights = [m.weight for m in linears]
     if len(weights) < 2 or len({(w.dtype, w.device, w.shape[1]) for w in weights}) != 1:
+        return
+    if weights[0].dtype.itemsize == 1:  # fp8 weights: each keeps its own scales
         return
     block = torch.cat([w.detach() for w in weights])
     start = 0

@@ -39,6 +39,7 @@ def mla_absorbed_batched(
     scale: float,
     *,
     query_lens: Sequence[int] | None = None,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal MLA, absorbed form, batched over sequences (see `reference.mla_absorbed`).
 
@@ -51,6 +52,7 @@ def mla_absorbed_batched(
         query_lens: N host ints, this step's tokens per sequence (cu_seqlens' differences);
             when given, the padded layout is built without reading cu_seqlens back (no device
             sync on a GPU).
+        latent_scale: [P, B] float32 per-token scales of an fp8 latent cache, else None.
     Returns: [T, H, Dv] in q's dtype; softmax in float32.
     """
     num_heads, dn = q_nope.shape[1], q_nope.shape[2]
@@ -59,7 +61,7 @@ def mla_absorbed_batched(
     N, T = len(seq_lens), q_nope.shape[0]
     if T == 0:
         return q_nope.new_empty(0, num_heads, w_uv.shape[1])
-    latents, valid = gather_paged_padded(latent_cache, block_tables, list(seq_lens))
+    latents, valid = gather_paged_padded(latent_cache, block_tables, list(seq_lens), latent_scale)
     latents = latents.to(q_nope.dtype)  # [N, L, R + Dr]
     if min(seq_lens) < latents.shape[1]:  # padding rows may hold anything, NaN included
         latents.masked_fill_(~valid[..., None], 0.0)

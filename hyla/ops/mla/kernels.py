@@ -24,6 +24,7 @@ def mla_paged(
     scale: float,
     *,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See `hyla.ops.mla.paged.mla_paged` ([T, H, Dv] in q's dtype); no host sync."""
     num_rows, num_heads, dn = q_nope.shape
@@ -31,6 +32,14 @@ def mla_paged(
     q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R] (strided)
     row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     o_lat = dense_latent_attention(
-        q_lat, q_rope, latent_cache, block_tables, row_seq, row_pos, max_seq_len, scale
+        q_lat,
+        q_rope,
+        latent_cache,
+        block_tables,
+        row_seq,
+        row_pos,
+        max_seq_len,
+        scale,
+        latent_scale=latent_scale,
     )
     return torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)

@@ -34,6 +34,7 @@ def mla_paged(
     scale: float,
     *,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal MLA of every packed row over its sequence's paged latents.
 
@@ -48,14 +49,16 @@ def mla_paged(
         kv_b_weight: [H * (Dn + Dv), R]; scale: softmax scale.
         rows: `hyla.ops.dsa_indexer.rows.row_positions(cu_seqlens, seq_lens, T)` when the caller
             already has it (shared by a pass's layers); computed here when None.
+        latent_scale: [P, B] float32 per-token scales of an fp8 latent cache (the kernel reads
+            the e4m3 rows and scales them as it loads them), else None.
     Returns: [T, H, Dv] in q's dtype; softmax in float32.
     """
     args = (q_nope, q_rope, latent_cache, block_tables, cu_seqlens, seq_lens, max_seq_len)
     if use_triton(q_nope):
         from hyla.ops.mla import kernels
 
-        return kernels.mla_paged(*args, kv_b_weight, scale, rows=rows)
-    return mla_paged_reference(*args, kv_b_weight, scale, rows=rows)
+        return kernels.mla_paged(*args, kv_b_weight, scale, rows=rows, latent_scale=latent_scale)
+    return mla_paged_reference(*args, kv_b_weight, scale, rows=rows, latent_scale=latent_scale)
 
 
 def mla_paged_reference(
@@ -70,6 +73,7 @@ def mla_paged_reference(
     scale: float,
     *,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`mla_paged` in PyTorch (any device): each row's keys gathered to [T, max_seq_len, R + Dr]
     and masked past its position; invisible slots may hold anything (NaN included)."""
@@ -77,7 +81,14 @@ def mla_paged_reference(
     w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
     rank = w_uk.shape[-1]
     (latents,), visible = gather_rows_bounded(
-        [latent_cache], block_tables, cu_seqlens, seq_lens, max_seq_len, num_rows, rows=rows
+        [latent_cache],
+        block_tables,
+        cu_seqlens,
+        seq_lens,
+        max_seq_len,
+        num_rows,
+        rows=rows,
+        scales=[latent_scale],
     )  # [T, L, R + Dr], [T, L]
     latents = latents.to(q_nope.dtype).masked_fill(~visible[..., None], 0.0)
     query = torch.cat([absorb_query(q_nope, w_uk), q_rope], dim=-1)  # [T, H, R + Dr]

@@ -86,6 +86,8 @@ def mla_expanded(
     seq_lens: Sequence[int],
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal MLA, expanded form: kv_b_proj applied to each sequence's gathered latents.
 
@@ -96,6 +98,7 @@ def mla_expanded(
         seq_lens: N host ints, cached tokens per sequence including this step's (written).
         kv_b_weight: [H * (Dn + Dv), R] (`kv_b_proj.weight`).
         scale: softmax scale.
+        latent_scale: [P, B] float32 per-token scales of an fp8 latent cache, else None.
     Returns: [T, H, Dv] in q's dtype. Query row j of sequence i sits at position
         seq_lens[i] - q_i + j and attends to tokens 0 .. that position.
     """
@@ -108,7 +111,7 @@ def mla_expanded(
         start, end = cu[i], cu[i + 1]
         if end == start:
             continue
-        latents = gather_paged(latent_cache, block_tables[i], seq_len).to(q.dtype)
+        latents = gather_paged(latent_cache, block_tables[i], seq_len, latent_scale).to(q.dtype)
         k, v = _expand(latents, kv_b_weight, num_heads, dn)
         mask = causal_mask(end - start, seq_len, q.device)
         out[start:end] = masked_attention(q[start:end], k, v, mask, scale)
@@ -124,6 +127,8 @@ def mla_absorbed(
     seq_lens: Sequence[int],
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal MLA, absorbed form (W_UK folded into the query, W_UV applied after).
 
@@ -138,7 +143,8 @@ def mla_absorbed(
         start, end = cu[i], cu[i + 1]
         if end == start:
             continue
-        latents = gather_paged(latent_cache, block_tables[i], seq_len).to(q_nope.dtype)
+        latents = gather_paged(latent_cache, block_tables[i], seq_len, latent_scale)
+        latents = latents.to(q_nope.dtype)
         mask = causal_mask(end - start, seq_len, q_nope.device)
         q_lat = absorb_query(q_nope[start:end], w_uk)  # [q_i, H, R]
         o_lat = latent_attention(q_lat, q_rope[start:end], latents, mask, scale)

@@ -8,6 +8,7 @@ import torch
 from hyla.ops.gpu import use_triton
 from hyla.ops.paged import reference
 from hyla.ops.paged.reference import (
+    dequantized,
     gather_paged,
     gather_paged_padded,
     gather_paged_tokens,
@@ -15,11 +16,13 @@ from hyla.ops.paged.reference import (
 )
 
 __all__ = [
+    "dequantized",
     "gather_paged",
     "gather_paged_padded",
     "gather_paged_tokens",
     "token_slots",
     "write_paged",
+    "write_paged_entries",
 ]
 
 
@@ -33,3 +36,14 @@ def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.T
             kernels.write_paged(cache, slot_mapping, values)
             return
     reference.write_paged(cache, slot_mapping, values)
+
+
+def write_paged_entries(
+    layer_cache: dict[str, torch.Tensor],
+    name: str,
+    slot_mapping: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """`reference.write_paged_entries` with this module's `write_paged` (Triton on CUDA): an
+    fp8 layer cache gets e4m3 values and their per-vector scales."""
+    reference.write_paged_entries(layer_cache, name, slot_mapping, values, write_paged)

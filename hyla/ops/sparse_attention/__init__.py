@@ -20,20 +20,23 @@ def sparse_mla(
     kv_b_weight: torch.Tensor,
     scale: float,
     seq_lens: torch.Tensor | None = None,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MLA of each new token over its selected tokens: `reference.sparse_mla` (args, [T, H, Dv]
     result), dispatched to `kernels.sparse_mla` for CUDA tensors (which returns NaN rows instead
     of raising when a row selects no token). With `seq_lens` the selection is made safe first
     (`valid_topk_indices`: no duplicate, future or out-of-range entry is read) and a row left
-    empty gets zeros on both paths."""
+    empty gets zeros on both paths. `latent_scale` [P, B] float32: per-token scales of an fp8
+    latent cache (read as e4m3 and scaled on load), else None."""
     if use_triton(q_nope):
         return kernel_sparse_mla(
             q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight,
-            scale, seq_lens,
+            scale, seq_lens, latent_scale=latent_scale,
         )  # fmt: skip
     return reference.sparse_mla(
         q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale,
-        seq_lens,
+        seq_lens, latent_scale=latent_scale,
     )  # fmt: skip
 
 
@@ -47,6 +50,8 @@ def kernel_sparse_mla(
     kv_b_weight: torch.Tensor,
     scale: float,
     seq_lens: torch.Tensor | None = None,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton path of `sparse_mla` (also on CPU tensors under TRITON_INTERPRET)."""
     from hyla.ops.sparse_attention import kernels
@@ -54,8 +59,9 @@ def kernel_sparse_mla(
     if seq_lens is not None:
         topk_indices = valid_topk_indices(topk_indices, cu_seqlens, seq_lens)
     out = kernels.sparse_mla(
-        q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale
-    )
+        q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight, scale,
+        latent_scale=latent_scale,
+    )  # fmt: skip
     if seq_lens is None:
         return out
     return out.masked_fill(~(topk_indices >= 0).any(dim=1)[:, None, None], 0)

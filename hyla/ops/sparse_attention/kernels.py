@@ -48,6 +48,7 @@ def _sparse_mla_kernel(
     ql_ptr,
     qr_ptr,
     c_ptr,
+    cs_ptr,
     bt_ptr,
     row_seq_ptr,
     idx_ptr,
@@ -63,6 +64,8 @@ def _sparse_mla_kernel(
     stride_qrh,
     stride_cp,
     stride_cb,
+    stride_sp,
+    stride_sb,
     stride_bt,
     stride_it,
     stride_ot,
@@ -81,6 +84,7 @@ def _sparse_mla_kernel(
     SPLIT: tl.constexpr,
     IEEE: tl.constexpr,
     DENSE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
@@ -124,6 +128,11 @@ def _sparse_mla_kernel(
             c = tl.load(c_ptr + rows[:, None] + offs_r[None, :], mask=c_mask, other=0.0)
             kr_mask = valid[:, None] & mask_dr[None, :]
             kr = tl.load(c_ptr + rows[:, None] + R + offs_dr[None, :], mask=kr_mask, other=0.0)
+            if HAS_SCALE:  # an fp8 cache: e4m3 rows times their token's scale
+                s_rows = blocks.to(tl.int64) * stride_sp + (idx % PAGE).to(tl.int64) * stride_sb
+                sc = tl.load(cs_ptr + s_rows, mask=valid, other=0.0)
+                c = c.to(tl.float32) * sc[:, None]
+                kr = kr.to(tl.float32) * sc[:, None]
             if IEEE:
                 c = c.to(tl.float32)
                 kr = kr.to(tl.float32)
@@ -209,6 +218,8 @@ def sparse_latent_attention(
     row_seq: torch.Tensor,
     topk_indices: torch.Tensor,
     scale: float,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Latent-space attention of each row over its selected tokens (the Triton part).
 
@@ -216,14 +227,14 @@ def sparse_latent_attention(
         q_lat: [T, H, R]; q_rope: [T, H, Dr] (last dims contiguous; same dtype).
         latent_cache: [P, B, R + Dr]; block_tables: [N, max_blocks] int32.
         row_seq: [T] int32 sequence of each row; topk_indices: [T, k] int32 (-1 = none).
-        scale: softmax scale.
+        scale: softmax scale; latent_scale: [P, B] float32 per-token scales of an fp8 cache.
     Returns: o_lat [T, H, R] in q_lat's dtype (softmax in fp32). A row selecting no token
         gives NaN (the reference raises; checking here would cost a host sync).
     """
     topk_indices = topk_indices.to(torch.int32).contiguous()  # the kernel reads unit strides
     return _latent_attention(
         q_lat, q_rope, latent_cache, block_tables, row_seq, topk_indices, None,
-        topk_indices.shape[1], scale,
+        topk_indices.shape[1], scale, latent_scale,
     )  # fmt: skip
 
 
@@ -236,6 +247,8 @@ def dense_latent_attention(
     row_pos: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Latent-space attention of each row over positions 0 .. row_pos[t] of its sequence (dense
     causal MLA; `hyla.ops.mla.paged`): the same kernel walking positions, split by
@@ -243,7 +256,7 @@ def dense_latent_attention(
     top-k list; max_seq_len: host bound on row_pos + 1. Returns o_lat [T, H, R]."""
     return _latent_attention(
         q_lat, q_rope, latent_cache, block_tables, row_seq, None, row_pos.contiguous(),
-        max_seq_len, scale,
+        max_seq_len, scale, latent_scale,
     )  # fmt: skip
 
 
@@ -257,9 +270,11 @@ def _latent_attention(
     row_pos: torch.Tensor | None,
     num_idx: int,
     scale: float,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the kernel (and the merge) over `topk_indices` or, when None, over positions
-    0 .. row_pos[t]; num_idx: the top-k width or the bound on row_pos + 1."""
+    0 .. row_pos[t]; num_idx: the top-k width or the bound on row_pos + 1; latent_scale: the
+    per-token scales [P, B] of an fp8 cache, or None."""
     num_rows, num_heads, rank = q_lat.shape
     dr = q_rope.shape[-1]
     o_lat = q_lat.new_empty(num_rows, num_heads, rank)
@@ -283,12 +298,15 @@ def _latent_attention(
         ml = o_lat
         out, strides = o_lat, (o_lat.stride(0), o_lat.stride(1), 0)
     idx_arg = row_pos if dense else topk_indices  # a placeholder pointer where unused
+    has_scale = latent_scale is not None
+    cs = latent_scale if has_scale else latent_cache  # a placeholder pointer where unused
+    cs_strides = (cs.stride(0), cs.stride(1)) if has_scale else (0, 0)
     _sparse_mla_kernel[(num_head_blocks, num_rows, splits)](
-        q_lat, q_rope, latent_cache, block_tables, row_seq, idx_arg,
+        q_lat, q_rope, latent_cache, cs, block_tables, row_seq, idx_arg,
         row_pos if dense else topk_indices, out, ml,
         num_heads, num_idx, per_split,
         q_lat.stride(0), q_lat.stride(1), q_rope.stride(0), q_rope.stride(1),
-        latent_cache.stride(0), latent_cache.stride(1), block_tables.stride(0),
+        latent_cache.stride(0), latent_cache.stride(1), *cs_strides, block_tables.stride(0),
         0 if dense else topk_indices.stride(0), *strides, ml.stride(0), ml.stride(1),
         scale * _LOG2E,
         R=rank,
@@ -301,6 +319,7 @@ def _latent_attention(
         SPLIT=splits > 1,
         IEEE=_ieee(q_lat),
         DENSE=dense,
+        HAS_SCALE=has_scale,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )  # fmt: skip
@@ -326,19 +345,28 @@ def sparse_mla(
     topk_indices: torch.Tensor,
     kv_b_weight: torch.Tensor,
     scale: float,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MLA of each new token over its selected tokens only (CUDA tensors).
 
     Args and result as `reference.sparse_mla` ([T, H, Dv] in q's dtype), except that a row
     selecting no token gives NaN instead of raising ValueError (no host sync). Differences from
     the reference are fp32 rounding: scores and the softmax run in fp32, probabilities enter the
-    value sum in the latent dtype.
+    value sum in the latent dtype (q's dtype for an fp8 cache, whose rows are scaled on load).
     """
     num_rows, num_heads, dn = q_nope.shape
     w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
     q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R] (strided)
     row_seq = row_sequences(cu_seqlens, num_rows)
     o_lat = sparse_latent_attention(
-        q_lat, q_rope, latent_cache, block_tables, row_seq, topk_indices, scale
+        q_lat,
+        q_rope,
+        latent_cache,
+        block_tables,
+        row_seq,
+        topk_indices,
+        scale,
+        latent_scale=latent_scale,
     )
     return torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, Dv]

@@ -27,6 +27,8 @@ def sparse_mla(
     kv_b_weight: torch.Tensor,
     scale: float,
     seq_lens: torch.Tensor | None = None,
+    *,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """MLA of each new token over its selected tokens only.
 
@@ -40,6 +42,7 @@ def sparse_mla(
         kv_b_weight: [H * (Dn + Dv), R]; scale: softmax scale.
         seq_lens: [N] lengths including this step's tokens; given, entries that are repeated,
             in the row's future or outside the sequence are dropped, and an empty row is 0.
+        latent_scale: [P, B] float32 per-token scales of an fp8 latent cache, else None.
     Returns: [T, H, Dv] in q's dtype.
     Raises: ValueError when a row selects no token (without `seq_lens`).
     """
@@ -57,7 +60,9 @@ def sparse_mla(
                 continue
             if selected.numel() == 0:
                 raise ValueError(f"sparse_mla: row {t} selects no token")
-            latents = gather_paged_tokens(latent_cache, block_tables[i], selected)  # [k', R+Dr]
+            latents = gather_paged_tokens(
+                latent_cache, block_tables[i], selected, latent_scale
+            )  # [k', R+Dr]
             q_lat = absorb_query(q_nope[t : t + 1], w_uk)  # [1, H, R]
             o_lat = latent_attention(
                 q_lat, q_rope[t : t + 1], latents.to(q_nope.dtype), None, scale

@@ -1,0 +1,196 @@
+"""FP8 weights at load: which modules keep their weights in float8_e4m3fn, and how a stored
+tensor (fp8 with its scales, or float) fills an fp8 destination.
+
+    config.json quantization_config ---> ModelConfig.quantization (QuantizationConfig)
+    build: the weights of `Linear` / `Experts` modules are left on the meta device
+    plan:  a candidate module becomes fp8 when its stored weight is fp8 (a checkpoint's
+           choice), or every candidate when a float checkpoint is quantized at load
+           (`--quantization fp8`); the rest get float storage
+    copy:  fp8 + scale -> fp8 as stored (scales re-blocked only when the layouts differ);
+           float -> quantized block-wise here; fp8 -> float targets dequantized
+
+Candidates are the `Linear` modules and routed experts (block-scaled only) whose weights
+only their forward reads: not `lm_head` (kept in the model dtype as fp8 releases do), not
+`kv_b_proj` (MLA reads its weight to absorb queries) or the indexer's `weights_proj`, nor any
+module named by `modules_to_not_convert` (a substring of the hyla or the checkpoint name, as
+transformers matches them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from hyla.config import ConfigError, ModelConfig, QuantizationConfig
+from hyla.layers.fp8_experts import Fp8Experts
+from hyla.layers.linear import Fp8Linear, Linear
+from hyla.layers.moe import Experts
+from hyla.models.registry import placement_for
+from hyla.ops.fp8 import FP8, dequantize_stacked, quantize_weight_blockwise
+
+SCALE_SUFFIXES = ("_scale_inv", "_scale")  # DeepSeek/Qwen block scales; per-tensor/channel
+SKIPPED_SUFFIXES = (".input_scale",)  # static activation scales: hyla computes them per token
+NOT_FP8 = ("lm_head", "kv_b_proj", "weights_proj")
+QUANTIZABLE = (Linear, Experts)
+
+
+def quantization_from_hf(raw: dict[str, Any]) -> QuantizationConfig | None:
+    """QuantizationConfig of a config.json's `quantization_config` (None without one).
+
+    fp8 only: `weight_block_size` (absent: per-channel or per-tensor scales),
+    `modules_to_not_convert` or vLLM's `ignored_layers`. A static `activation_scheme` is
+    served with dynamic activation scales (its `input_scale` tensors are skipped).
+    Raises: ConfigError naming `quantization_config.<field>`.
+    """
+    quant = raw.get("quantization_config")
+    if quant is None:
+        return None
+    if not isinstance(quant, dict):
+        raise ConfigError("quantization_config: expected an object")
+    method = quant.get("quant_method")
+    if method != "fp8":
+        raise ConfigError(f"quantization_config.quant_method: {method!r} is not supported "
+                          "(supported: fp8)")  # fmt: skip
+    fmt = quant.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ConfigError(f"quantization_config.fmt: {fmt!r} is not supported (e4m3)")
+    skip = quant.get("modules_to_not_convert") or quant.get("ignored_layers") or ()
+    block = quant.get("weight_block_size")
+    try:
+        return QuantizationConfig(
+            weight_block_size=None if block is None else tuple(block),
+            modules_to_not_convert=tuple(skip),
+        )
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(f"quantization_config: {e}") from e
+
+
+def _excluded(config: ModelConfig, name: str) -> bool:
+    quant = config.quantization
+    if any(name.endswith(s) for s in NOT_FP8):
+        return True
+    for skip in quant.modules_to_not_convert:
+        if skip in name:
+            return True
+        hf = [p.target for p in placement_for(config, f"{skip}.weight")]
+        if any(t.startswith(f"{name}.") or t == name for t in hf):
+            return True
+    return False
+
+
+def fp8_candidates(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules (by qualified name) whose weights may be stored in fp8."""
+    config = model.config
+    if config.quantization is None:
+        return {}
+    kinds = QUANTIZABLE if config.quantization.weight_block_size else (Linear,)
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, kinds) and not _excluded(config, name)
+    }
+
+
+def defers(module: nn.Module, name: str) -> bool:
+    """Whether the loader leaves parameter `name` of `module` unallocated (meta) until it
+    knows the weight's storage dtype."""
+    return isinstance(module, QUANTIZABLE) and name in ("weight", "gate_up_proj", "down_proj")
+
+
+def _fp8_module(module: nn.Module, block: tuple[int, int] | None, device) -> nn.Module:
+    if isinstance(module, Linear):
+        return Fp8Linear(module.in_features, module.out_features, module.bias is not None,
+                         block, module.bias.dtype if module.bias is not None else None,
+                         device)  # fmt: skip
+    E, two_i, D = module.gate_up_proj.shape  # experts are candidates with block scales only
+    return Fp8Experts(E, D, two_i // 2, block, device)
+
+
+@torch.no_grad()
+def convert_modules(
+    model: nn.Module, names: set[str], dtype: torch.dtype, device: torch.device | str
+) -> None:
+    """Replace the modules `names` by their fp8 forms (`Fp8Linear`, `Fp8Experts`, empty) and
+    give every other deferred (meta) parameter empty `dtype` storage on `device`."""
+    block = model.config.quantization.weight_block_size if model.config.quantization else None
+    for name in sorted(names):
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        setattr(owner, child, _fp8_module(getattr(owner, child), block, device))
+    if torch.device(device).type == "meta":
+        return
+    for module in model.modules():
+        for pname, param in list(module._parameters.items()):
+            if param is not None and param.is_meta and defers(module, pname):
+                new = torch.empty(param.shape, dtype=dtype, device=device)
+                module._parameters[pname] = nn.Parameter(new, requires_grad=False)
+
+
+def choose_fp8(model: nn.Module, stored_fp8: set[str], quantize_floats: bool) -> set[str]:
+    """Names of the candidate modules to store in fp8: those whose weight the checkpoint stores
+    in fp8 (`stored_fp8`: hyla target names), or all of them with `quantize_floats`."""
+    chosen = set()
+    for name, module in fp8_candidates(model).items():
+        leaf = "weight" if isinstance(module, Linear) else "gate_up_proj"
+        if quantize_floats or f"{name}.{leaf}" in stored_fp8:
+            chosen.add(name)
+    return chosen
+
+
+def scale_block(module: nn.Module, target_leaf: str) -> tuple[tuple[int, int], int]:
+    """(block, num_parts) of an fp8 weight `target_leaf` of `module`."""
+    if isinstance(module, Fp8Linear):
+        return module.block_size, 1
+    return module.block_size, module.num_parts[target_leaf]
+
+
+def fill_fp8(
+    dst: torch.Tensor,
+    dst_scale: torch.Tensor,
+    src: torch.Tensor,
+    src_scale: torch.Tensor | None,
+    block: tuple[int, int],
+    num_parts: int,
+    src_block: tuple[int, int] | None,
+) -> None:
+    """Fill an fp8 destination (dst [..., R, C], dst_scale its block scales) from a stored
+    tensor: fp8 with a scale of the same layout is copied as stored, fp8 with one scale for the
+    whole tensor keeps its values (the scale broadcast), anything else is dequantized (fp8,
+    with `src_block`) and quantized block-wise here. Leading dims (experts) are walked."""
+    if src.dim() > 2:
+        for i in range(src.shape[0]):
+            s = None if src_scale is None or src_scale.numel() == 1 else src_scale[i]
+            fill_fp8(dst[i], dst_scale[i], src[i], s if s is not None else src_scale, block,
+                     num_parts, src_block)  # fmt: skip
+        return
+    if src.dtype == FP8 and src_scale is not None:
+        if tuple(src_scale.shape) == tuple(dst_scale.shape) or src_scale.numel() == 1:
+            dst.copy_(src)
+            dst_scale.copy_(src_scale.float().reshape(-1)[0] if src_scale.numel() == 1
+                            else src_scale.float())  # fmt: skip
+            return
+        src = dequantize_stored(src, src_scale, src_block, num_parts)
+    for q_dst, s_dst, w in zip(dst.chunk(num_parts), dst_scale.chunk(num_parts),
+                               src.chunk(num_parts), strict=True):  # fmt: skip
+        q, s = quantize_weight_blockwise(w, block)
+        q_dst.copy_(q)
+        s_dst.copy_(s)
+
+
+def dequantize_stored(
+    q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, num_parts: int = 1
+) -> torch.Tensor:
+    """A stored fp8 matrix [R, C] as float32: one scale for all (per-tensor), one per row
+    ([R] or [R, 1], per-channel), or one per `block` (the checkpoint's `weight_block_size`;
+    without one, the block is inferred from the shapes, exact when R and C are multiples of
+    it)."""
+    scale = scale.float()
+    if scale.numel() == 1:
+        return q.float() * scale.reshape(())
+    if scale.dim() == 1 or (scale.shape[-1] == 1 and scale.shape[0] == q.shape[0]):
+        return q.float() * scale.reshape(-1, 1)
+    if block is None:
+        block = (-(-q.shape[0] // scale.shape[0]), -(-q.shape[1] // scale.shape[1]))
+    return dequantize_stacked(q, scale, block, num_parts)

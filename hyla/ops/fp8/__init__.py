@@ -1,0 +1,78 @@
+"""FP8 (e4m3) weights, activations and cache entries. `reference.py` holds the definitions
+(block-scaled weights, per-token-group activations, per-token cache entries, `fp8_linear`,
+`fp8_moe_experts`); CUDA tensors take the Triton kernels of `kernels.py` where they exist
+(imported on first use), every other call the reference, which dequantizes."""
+
+from __future__ import annotations
+
+import torch
+
+from hyla.ops.fp8 import reference
+from hyla.ops.fp8.reference import (
+    FP8,
+    FP8_MAX,
+    dequantize_activation,
+    dequantize_per_token,
+    dequantize_stacked,
+    dequantize_weight_blockwise,
+    fake_quantize_activation,
+    quantize_activation,
+    quantize_per_token,
+    quantize_weight_blockwise,
+)
+from hyla.ops.gpu import needs_grad, use_triton
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    block_size: tuple[int, int],
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`reference.fp8_linear` (x [..., K], weight [N, K] fp8, weight_scale
+    [ceil(N/bn), ceil(K/bk)] -> [..., N] in x's dtype); the Triton GEMM/GEMV on CUDA."""
+    if use_triton(x) and not needs_grad(x):
+        from hyla.ops.fp8 import kernels
+
+        if kernels.supports(x, weight, weight_scale, block_size):
+            out = kernels.fp8_linear(x, weight, weight_scale, block_size)
+            return out if bias is None else out + bias
+    return reference.fp8_linear(x, weight, weight_scale, block_size, bias)
+
+
+def fp8_moe_experts(
+    hidden_states: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down_proj: torch.Tensor,
+    down_scale: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block_size: tuple[int, int],
+) -> torch.Tensor:
+    """`reference.fp8_moe_experts` (see there for shapes); the Triton form on CUDA."""
+    args = (hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
+            topk_ids, block_size)  # fmt: skip
+    if use_triton(hidden_states):
+        from hyla.ops.fp8 import moe_kernels
+
+        if moe_kernels.supports(*args):
+            return moe_kernels.fp8_moe_experts(*args)
+    return reference.fp8_moe_experts(*args)
+
+
+__all__ = [
+    "FP8",
+    "FP8_MAX",
+    "dequantize_activation",
+    "dequantize_per_token",
+    "dequantize_stacked",
+    "dequantize_weight_blockwise",
+    "fake_quantize_activation",
+    "fp8_linear",
+    "fp8_moe_experts",
+    "quantize_activation",
+    "quantize_per_token",
+    "quantize_weight_blockwise",
+]
