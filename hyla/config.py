@@ -501,6 +501,13 @@ class CacheConfig:
         default=None,
         metadata={"help": "State checkpoints for prefix caching (default: one per stride)."},
     )
+    prefix_checkpoint_policy: str = field(
+        default="all",
+        metadata={
+            "help": "Stride boundaries whose linear state is checkpointed: 'all', or 'deepest' "
+            "(per chunk, plus those a waiting request asks for); LRU under the budget."
+        },
+    )
 
     def __post_init__(self) -> None:
         _positive(self, "", "block_size", "state_checkpoint_stride", "cpu_cache_memory_default")
@@ -512,6 +519,11 @@ class CacheConfig:
             n is None or (isinstance(n, int) and n >= 0), "num_state_checkpoints", "must be >= 0"
         )
         _require(0 < self.memory_fraction <= 1, "memory_fraction", "must be in (0, 1]")
+        _require(
+            self.prefix_checkpoint_policy in ("all", "deepest"),
+            "prefix_checkpoint_policy",
+            "must be 'all' or 'deepest'",
+        )
         _require(
             self.state_checkpoint_stride % self.block_size == 0,
             "state_checkpoint_stride",

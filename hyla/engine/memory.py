@@ -60,7 +60,7 @@ class CachePlan:
             f"{tokens} tokens ({self.num_blocks * self.bytes_per_block / MIB:.1f} MiB); "
             f"{self.num_usable_slots} state slots "
             f"({self.num_slots * self.bytes_per_slot / MIB:.1f} MiB); "
-            f"{self.num_checkpoints} state checkpoints "
+            f"{self.num_checkpoints} state checkpoints of {self.bytes_per_slot} bytes "
             f"({self.num_checkpoints * self.bytes_per_slot / MIB:.1f} MiB)"
         )
 

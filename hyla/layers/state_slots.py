@@ -16,7 +16,7 @@ import torch
 
 from hyla.forward_batch import ForwardBatch, LayerCache, index_tensor
 from hyla.ops.gpu import triton_runs_on
-from hyla.ops.short_conv import causal_conv1d
+from hyla.ops.short_conv import causal_conv1d, conv_states_at
 
 DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -42,6 +42,10 @@ def short_conv_step(
 
         return kernels.conv_update_slots(mixed, weight, None, pool, batch.state_indices, "silu")
     state = read_slots(cache, "conv_state", batch)
+    if batch.state_boundaries is not None:  # checkpoints inside the chunks
+        W = weight.shape[-1]
+        inside = conv_states_at(mixed, batch.cu_seqlens_host, state, batch.state_boundaries, W)
+        pool.index_copy_(0, batch.boundary_rows, inside.to(pool.dtype))
     out, new_state = causal_conv1d(
         mixed, weight, None, batch.cu_seqlens, state, "silu", cu_seqlens_host=batch.cu_seqlens_host
     )
@@ -116,8 +120,9 @@ def delta_rule_step(
     Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
     """
     lens = batch.query_lens
+    pool = cache["recurrent_state"]
+    inside = _boundary_buffer(batch, pool)
     if _is_pure_decode(batch):
-        pool = cache["recurrent_state"]
         if pool.is_cuda:  # the op reads and writes the slots in place (fla), no host sync
             o, _ = recurrent_fn(
                 q, k, v, g, beta, batch.cu_seqlens, pool, use_qk_l2norm=True,
@@ -134,7 +139,11 @@ def delta_rule_step(
             o, final = recurrent_fn(*args, use_qk_l2norm=True, inplace_state=True)
         else:  # the host offsets spare the op a device sync (see `kda.kernels.chunk_kda`)
             host = batch.shared("cu_seqlens_cpu", lambda: torch.tensor(batch.cu_seqlens_host))
-            o, final = chunk_fn(*args, use_qk_l2norm=True, inplace_state=True, cu_seqlens_cpu=host)
+            extra = _boundary_args(batch, inside, range(len(lens)))
+            o, final = chunk_fn(
+                *args, use_qk_l2norm=True, inplace_state=True, cu_seqlens_cpu=host, **extra
+            )
+        _write_boundaries(pool, batch, inside)
         cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
         return o
     final = state.clone()
@@ -150,10 +159,39 @@ def delta_rule_step(
         sub_cu = torch.tensor([0] + [lens[i] for i in seqs]).cumsum(0, dtype=torch.int32)
         idx = index_tensor(seqs, v.device)
         extra = {"cu_seqlens_cpu": sub_cu} if fn is chunk_fn else {}
+        if fn is chunk_fn:  # only multi-token sequences have boundaries inside their chunk
+            extra.update(_boundary_args(batch, inside, seqs))
         sub_cu_dev = index_tensor(sub_cu.tolist(), v.device, torch.int32)
         sub = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub_cu_dev, state[idx])
         o_sub, final_sub = fn(*sub, use_qk_l2norm=True, **extra)
         o[rows] = o_sub
         final[idx] = final_sub
+    _write_boundaries(pool, batch, inside)
     cache["recurrent_state"].index_copy_(0, batch.state_indices, final)
     return o
+
+
+def _boundary_buffer(batch: ForwardBatch, pool: torch.Tensor) -> torch.Tensor | None:
+    """[M, HV, K, V] fp32 for the states at `batch.state_boundaries` (None when there are none;
+    a single-token sequence has none, so a pure decode step never does)."""
+    if batch.state_boundaries is None:
+        return None
+    M = sum(len(b) for b in batch.state_boundaries)
+    return torch.empty(M, *pool.shape[1:], dtype=torch.float32, device=pool.device)
+
+
+def _boundary_args(batch: ForwardBatch, inside: torch.Tensor | None, seqs) -> dict:
+    """The chunk op's boundary arguments for the batch positions `seqs` (every multi-token
+    sequence, in batch order: the others have no boundaries, so all rows of `inside` are
+    theirs)."""
+    if inside is None:
+        return {}
+    return {
+        "state_boundaries": [batch.state_boundaries[i] for i in seqs],
+        "boundary_states": inside,
+    }
+
+
+def _write_boundaries(pool: torch.Tensor, batch: ForwardBatch, inside: torch.Tensor | None) -> None:
+    if inside is not None:
+        pool.index_copy_(0, batch.boundary_rows, inside.to(pool.dtype))

@@ -62,11 +62,11 @@ def test_evicting_a_block_drops_the_checkpoint_keyed_by_it():
     hit = cm.match(req)
     assert hit.num_tokens == 0 and cm.allocate("a", 4, hit)
     cm.start(req, hit)
-    cm.plan_save(req, 4)
+    cm.plan_saves(req, 0, 4)
     req.num_computed_tokens = 4
     cm.commit(req)
     keys = cm.prefix.hashes(req)
-    assert set(cm.prefix.checkpoints.cached) == {keys[1]}
+    assert set(cm.prefix.checkpoints.cached) == {keys[0], keys[1]}
     cm.free("a")
     again = Request("b", [1, 2, 3, 4, 9], SamplingParams())
     assert cm.match(again).num_tokens == 4

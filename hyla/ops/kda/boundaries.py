@@ -68,7 +68,7 @@ def split_at_boundaries(
     sequence's `state_boundaries` written into `boundary_states` (see the module docstring).
     Shapes as in `hyla.ops.kda.reference.chunk_kda`; returns its (o, final_state)."""
     bounds = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
-    N, (T, HV, V), K = len(bounds) - 1, v.shape, q.shape[-1]
+    N, (HV, V), K = len(bounds) - 1, v.shape[1:], q.shape[-1]
     lens = [bounds[i + 1] - bounds[i] for i in range(N)]
     check_boundaries(state_boundaries, lens, boundary_states, (HV, K, V))
     edges = [[0, *bs, n] for bs, n in zip(state_boundaries, lens, strict=True)]

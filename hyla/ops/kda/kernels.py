@@ -31,12 +31,10 @@ path copies it to the host once (fla needs it there to plan its chunks) and vali
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import contextlib
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
