@@ -63,18 +63,18 @@ def test_one_chunk_saves_every_stride_boundary_and_its_tail_inside_it():
     out = step(s, sim)
     assert out.num_scheduled_tokens == {"a": 30}  # never cut for a checkpoint
     inside = out.state_boundaries["a"]
-    assert [end for end, _ in inside] == [8, 16, 24, 28]  # strides, then the tail (B = 4)
+    assert [end for end, _ in inside] == [8, 16, 24, 28]  # strides, the prompt's last block
     for end, row in inside:
         assert row >= s.cache.slot_pool.num_slots and sim.rows[row] == tuple(PROMPT[:end])
     assert not out.state_saves  # 30 is no block boundary: nothing to copy after the forward
-    assert len(s.cache.prefix.checkpoints.cached) == 3  # the tail stays a's until it ends
+    assert len(s.cache.prefix.checkpoints.cached) == 4
     step(s, sim)
     out = step(s, sim)  # decode 31 -> 32: a stride boundary at the chunk's end
     (save,) = out.state_saves
     assert save[0] == s.cache.state_slot("a") and sim.rows[save[1]] == tuple(
         s.requests["a"].all_token_ids[:32]
     )
-    assert len(s.cache.prefix.checkpoints.cached) == 4
+    assert len(s.cache.prefix.checkpoints.cached) == 5
 
 
 def test_deepest_policy_saves_one_stride_per_chunk_and_the_wanted_ones():
@@ -117,7 +117,8 @@ def test_a_full_prompt_hit_still_computes_one_token():
     run(s)
     s.add_request(req("b", PROMPT[:24]))
     out = step(s)
-    assert s.requests["b"].num_cached_tokens == 16 and out.num_scheduled_tokens == {"b": 8}
+    # the last full block before the prompt's last token: 20 of 24
+    assert s.requests["b"].num_cached_tokens == 20 and out.num_scheduled_tokens == {"b": 4}
 
 
 def test_saves_are_filed_only_once_their_step_committed():
@@ -164,7 +165,7 @@ def test_requests_sharing_a_prefix_are_admitted_together():
     assert list(step(s, sim).num_scheduled_tokens) == ["r0"]
     second = step(s, sim)
     assert set(second.num_scheduled_tokens) == {"r0", "r1", "r2", "r3"}
-    assert [s.requests[f"r{i}"].num_cached_tokens for i in range(1, 4)] == [24, 24, 24]
+    assert [s.requests[f"r{i}"].num_cached_tokens for i in range(1, 4)] == [28, 28, 28]
     run(s, sim)
 
 

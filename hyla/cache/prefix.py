@@ -22,9 +22,11 @@ Which states are saved (the keep policy; LRU under the checkpoint budget either 
     "deepest"  the deepest stride boundary of each chunk, plus the boundaries a waiting
                request asks a running one for (fewer checkpoints written, fewer hits)
 
-plus, for every request, a tail: the state where its last full block ends (B, not s,
-granularity), kept unkeyed while it runs and filed at its end, so the next turn of a chat
-(previous prompt + reply + new message) reuses all of it but at most one block.
+plus, for every request, the state where the last full block before its prompt's last token
+ends (the same prompt again reuses all of it but that token), and a tail: the state where its
+last full block ends (B, not s, granularity), kept unkeyed while it runs and filed at its end,
+so the next turn of a chat (previous prompt + reply + new message) reuses all of it but at most
+one block.
 
 A save ending a step's chunk is copied from the request's slot after the forward
 (`state_saves`); one inside the chunk is written by the linear layers during it
@@ -283,6 +285,9 @@ class PrefixCache:
         if self.policy == "deepest" and ends:
             wanted = self._wanted.get(req.request_id, set())
             ends = [p for p in ends if p in wanted or p == ends[-1]]
+        last = (req.num_prompt_tokens - 1) // self.block_size * self.block_size
+        if start < last <= end and last not in ends:  # the same prompt again can hit here
+            ends = sorted([*ends, last])
         return [p for p in ends if not self._has_checkpoint(req, p)]
 
     def _has_checkpoint(self, req: Request, end: int) -> bool:
