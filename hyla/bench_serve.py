@@ -18,12 +18,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_WORDS = (
-    "time year people way day man thing woman life child world school state family "
-    "student group country problem hand part place case week company system program "
-    "question work government number night point home water room mother area money "
-    "story fact month lot right study book eye job word business issue side kind head"
-).split()
+_WORDS = ("time year people way day man thing woman life child world school state family "
+          "student group country problem hand part place case week company system program "
+          "question work government number night point home water room mother area money "
+          "story fact month lot right study book eye job word business issue side kind head"
+          ).split()
 
 
 @dataclass(frozen=True)
@@ -108,20 +107,14 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 def make_prompts(config: BenchConfig) -> list[str]:
     rng = random.Random(config.seed)
-    return [
-        " ".join(rng.choice(_WORDS) for _ in range(config.input_len))
-        for _ in range(config.num_requests)
-    ]
+    return [" ".join(rng.choice(_WORDS) for _ in range(config.input_len))
+            for _ in range(config.num_requests)]
 
 
 def _request_body(config: BenchConfig, model: str, prompt: str) -> tuple[str, dict]:
     body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": config.output_len,
-        "stream": True,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True},
+        "model": model, "max_tokens": config.output_len, "stream": True, "temperature": 0.0,
+        "ignore_eos": True, "stream_options": {"include_usage": True},
     }
     if config.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -185,15 +178,13 @@ async def run_bench_async(config: BenchConfig) -> BenchResult:
 
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     limits = httpx.Limits(max_connections=config.concurrency)
-    async with httpx.AsyncClient(
-        base_url=config.url, headers=headers, limits=limits, timeout=config.timeout
-    ) as client:
+    async with httpx.AsyncClient(base_url=config.url, headers=headers, limits=limits,
+                                 timeout=config.timeout) as client:
         try:
             model = config.model or await _first_model(client)
         except httpx.HTTPStatusError as e:  # reached, but refused (e.g. 401 without --api-key)
-            raise OSError(
-                f"{config.url}/v1/models answered {e.response.status_code}: {e.response.text[:200]}"
-            ) from e
+            raise OSError(f"{config.url}/v1/models answered {e.response.status_code}: "
+                          f"{e.response.text[:200]}") from e
         except httpx.HTTPError as e:
             raise OSError(f"cannot reach {config.url}: {e}") from e
         gate = asyncio.Semaphore(config.concurrency)
@@ -218,13 +209,9 @@ def _aggregate(config: BenchConfig, results: list[RequestResult], duration: floa
         "e2e_s": summarize([r.e2e for r in ok]),
     }
     return BenchResult(
-        config=config,
-        duration=duration,
-        num_ok=len(ok),
-        num_failed=len(results) - len(ok),
+        config=config, duration=duration, num_ok=len(ok), num_failed=len(results) - len(ok),
         prompt_tokens=sum(r.prompt_tokens for r in ok),
-        output_tokens=sum(r.output_tokens for r in ok),
-        percentiles=percentiles,
+        output_tokens=sum(r.output_tokens for r in ok), percentiles=percentiles,
         errors=sorted({r.error for r in results if r.error})[:5],
     )
 
@@ -241,9 +228,8 @@ def format_table(result: BenchResult) -> str:
         f"{'metric':<10}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
     ]
     for name, stats in result.percentiles.items():
-        lines.append(
-            f"{name:<10}" + "".join(f"{stats[k]:>10.2f}" for k in ("mean", "p50", "p90", "p99"))
-        )
+        lines.append(f"{name:<10}" + "".join(f"{stats[k]:>10.2f}"
+                                            for k in ("mean", "p50", "p90", "p99")))
     lines += [
         f"successful requests   {result.num_ok} (failed {result.num_failed})",
         f"duration              {result.duration:.2f} s",

@@ -87,21 +87,18 @@ def _check_port(host: str, port: int) -> None:
 
 
 def serve(
-    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP, show_default=False),
+    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
+                                       show_default=False),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: any free port)."),
-    api_key: str | None = typer.Option(
-        None, envvar="HYLA_API_KEY", help="Require 'Authorization: Bearer <key>' on /v1/*."
-    ),
+    api_key: str | None = typer.Option(None, envvar="HYLA_API_KEY",
+                                       help="Require 'Authorization: Bearer <key>' on /v1/*."),
     served_model_name: str | None = typer.Option(
-        None,
-        help="Model name clients send (default: the checkpoint directory's name; "
-        "'default' for the embedded model).",
-    ),
+        None, help="Model name clients send (default: the checkpoint directory's name; "
+        "'default' for the embedded model)."),
     max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies get 413."),
-    drain_timeout: float = typer.Option(
-        30.0, min=0.0, help="Seconds to finish requests on SIGTERM."
-    ),
+    drain_timeout: float = typer.Option(30.0, min=0.0,
+                                        help="Seconds to finish requests on SIGTERM."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
     engine_options: dict | None = None,
 ) -> None:
@@ -115,27 +112,16 @@ def serve(
     engine = _load_engine(model, options)
     async_engine = AsyncEngine(engine, request_timeout=options.get("request_timeout"))
     name = served_model_name or engine.model_name
-    fastapi_app = build_app(
-        async_engine,
-        name,
-        api_key=api_key,
-        max_request_bytes=max_request_bytes,
-        drain_timeout=drain_timeout,
-    )
-    typer.echo(
-        f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on http://{host}:{port}/v1",
-        err=True,
-    )
+    fastapi_app = build_app(async_engine, name, api_key=api_key,
+                            max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)
+    typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
+               f"http://{host}:{port}/v1", err=True)
     run_until_signal(make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout))
 
 
 def generate(
-    args: list[str] = typer.Argument(
-        ...,
-        metavar="[MODEL] PROMPT",
-        show_default=False,
-        help="Optional checkpoint directory, then the prompt.",
-    ),
+    args: list[str] = typer.Argument(..., metavar="[MODEL] PROMPT", show_default=False,
+                                     help="Optional checkpoint directory, then the prompt."),
     max_tokens: int = typer.Option(64, help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 is greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass in (0, 1]."),
@@ -155,20 +141,12 @@ def generate(
     options = engine_options or {}
     _check_options(options)
     try:
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=tuple(stop),
-        )
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                top_k=top_k, seed=seed, stop=tuple(stop))
         llm = LLM(model, **options)
         if llm.tokenizer is None:
-            _fail(
-                "this model has no tokenizer (no tokenizer.json or tokenizer_config.json in "
-                "its directory); pass --tokenizer DIR"
-            )
+            _fail("this model has no tokenizer (no tokenizer.json or tokenizer_config.json in "
+                  "its directory); pass --tokenizer DIR")
         _stream_to_terminal(llm, text, params)
     except (ConfigError, InvalidRequestError, FileNotFoundError) as e:
         _fail(str(e))
@@ -188,11 +166,8 @@ def _stream_to_terminal(llm: Any, prompt: str, params: Any) -> None:
     sys.stdout.write("\n")
     if out is not None:
         c = out.outputs[0]
-        typer.echo(
-            f"[{len(out.prompt_token_ids)} prompt tokens, {len(c.token_ids)} generated, "
-            f"finish_reason={c.finish_reason}]",
-            err=True,
-        )
+        typer.echo(f"[{len(out.prompt_token_ids)} prompt tokens, {len(c.token_ids)} generated, "
+                   f"finish_reason={c.finish_reason}]", err=True)
 
 
 def inspect(
@@ -227,17 +202,9 @@ def bench_serve(
     """Send N concurrent streaming requests; print TTFT/TPOT/ITL/E2E percentiles, throughput."""
     from hyla.bench_serve import BenchConfig, format_table, run_bench, write_json
 
-    config = BenchConfig(
-        url=url,
-        model=model,
-        num_requests=num_requests,
-        concurrency=concurrency,
-        input_len=input_len,
-        output_len=output_len,
-        endpoint=endpoint,
-        api_key=api_key,
-        seed=seed,
-    )
+    config = BenchConfig(url=url, model=model, num_requests=num_requests,
+                         concurrency=concurrency, input_len=input_len, output_len=output_len,
+                         endpoint=endpoint, api_key=api_key, seed=seed)
     try:
         result = run_bench(config)
     except (ValueError, OSError) as e:

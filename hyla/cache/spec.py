@@ -66,7 +66,9 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
     if kind in ("mla", "dsa"):
         specs = [CacheTensorSpec("latent", "token", (config.mla.latent_dim,), kvd)]
         if kind == "dsa":
-            specs.append(CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd))
+            specs.append(
+                CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd)
+            )
         return tuple(specs)
     if kind == "gqa":
         shape = (config.gqa.num_kv_heads, config.gqa.head_dim)

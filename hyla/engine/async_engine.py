@@ -44,13 +44,8 @@ from hyla.engine.async_stream import (
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.request import InvalidRequestError, SamplingParams
 
-__all__ = [
-    "AsyncEngine",
-    "EngineDeadError",
-    "EngineDrainingError",
-    "QueueFullError",
-    "RequestStream",
-]
+__all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "QueueFullError",
+           "RequestStream"]
 
 logger = logging.getLogger("hyla.engine")
 
@@ -326,9 +321,8 @@ class AsyncEngine:
         num_outputs = getattr(params, "n", 1) or 1
         with self._cond:
             self._num_pending_adds -= 1
-            self._streams[request_id] = _Stream(
-                request_id, queue, deadline, num_outputs, prompt_text=text
-            )
+            self._streams[request_id] = _Stream(request_id, queue, deadline, num_outputs,
+                                                prompt_text=text)
         self._call(_set_result, admitted)
 
     def _abort(self, request_id: str, reason: str) -> None:
@@ -351,9 +345,8 @@ class AsyncEngine:
         now = time.monotonic()
         for stream in list(self._streams.values()):
             if stream.deadline is not None and stream.deadline <= now:
-                logger.info(
-                    "request %s timed out after %.1fs", stream.request_id, self.request_timeout
-                )
+                logger.info("request %s timed out after %.1fs", stream.request_id,
+                            self.request_timeout)
                 self._abort(stream.request_id, "timeout")
 
     def _step(self) -> None:

@@ -53,10 +53,8 @@ class OutputQueue:
     def put_nowait(self, item: Any) -> None:
         items = self._items
         last = items[-1] if items else None
-        if (
-            isinstance(item, RequestOutput)
-            and isinstance(last, RequestOutput)
-            and (not last.finished)
+        if isinstance(item, RequestOutput) and isinstance(last, RequestOutput) and (
+            not last.finished
         ):
             items[-1] = item
         else:
@@ -139,23 +137,10 @@ def with_finish_reason(output: RequestOutput, reason: str) -> RequestOutput:
 def timeout_output(request_id: str, num_outputs: int) -> RequestOutput:
     """The final output of a request that timed out before producing any token."""
     outputs = [
-        CompletionOutput(
-            index=k,
-            text="",
-            token_ids=[],
-            logprobs=None,
-            cumulative_logprob=None,
-            finish_reason="timeout",
-            stop_reason=None,
-        )
+        CompletionOutput(index=k, text="", token_ids=[], logprobs=None, cumulative_logprob=None,
+                         finish_reason="timeout", stop_reason=None)
         for k in range(num_outputs)
     ]
-    return RequestOutput(
-        request_id=request_id,
-        prompt=None,
-        prompt_token_ids=[],
-        prompt_logprobs=None,
-        outputs=outputs,
-        finished=True,
-        metrics=RequestMetrics(arrival_time=time.monotonic()),
-    )
+    return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[],
+                         prompt_logprobs=None, outputs=outputs, finished=True,
+                         metrics=RequestMetrics(arrival_time=time.monotonic()))

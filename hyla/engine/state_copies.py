@@ -51,7 +51,10 @@ def set_state_boundaries(
     chunk) and rows of `batch.boundary_rows` (sequence-major)."""
     if not boundaries:
         return
-    marks = [[end - c for end, _ in boundaries.get(r, ())] for r, c in zip(ids, context_lens)]
+    marks = [
+        [end - c for end, _ in boundaries.get(r, ())]
+        for r, c in zip(ids, context_lens, strict=True)
+    ]
     rows = [row for r in ids for _, row in boundaries.get(r, ())]
     batch.state_boundaries = marks
     batch.boundary_rows = index_tensor(rows, batch.state_indices.device)

@@ -149,9 +149,8 @@ async def create_completion(ctx: Context, req: CompletionRequest, request: Reque
     params = convert.completion_params(req, ctx.engine.max_model_len)
     batch = await start_streams(ctx, prompts, params, random_id("cmpl"))
     if req.stream:
-        return StreamingResponse(
-            _completion_events(ctx, req, batch), headers=SSE_HEADERS, media_type="text/event-stream"
-        )
+        return StreamingResponse(_completion_events(ctx, req, batch), headers=SSE_HEADERS,
+                                 media_type="text/event-stream")
     finals = await collect(request, batch)
     if finals is None:
         return Response(status_code=499)
@@ -160,15 +159,8 @@ async def create_completion(ctx: Context, req: CompletionRequest, request: Reque
         for i, out in enumerate(finals)
         for c in out.outputs
     ]
-    return _json(
-        CompletionResponse(
-            id=batch.id,
-            created=batch.created,
-            model=ctx.model_name,
-            choices=choices,
-            usage=usage_of(finals),
-        )
-    )
+    return _json(CompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
+                                    choices=choices, usage=usage_of(finals)))
 
 
 def _prompt_text(ctx: Context, output: Any) -> str:
@@ -178,31 +170,19 @@ def _prompt_text(ctx: Context, output: Any) -> str:
     return tok.decode(output.prompt_token_ids) if tok is not None else ""
 
 
-def _completion_choice(
-    ctx: Context, req: CompletionRequest, index: int, out: Any, completion: Any
-) -> CompletionChoice:
+def _completion_choice(ctx: Context, req: CompletionRequest, index: int, out: Any,
+                       completion: Any) -> CompletionChoice:
     prefix = _prompt_text(ctx, out) if req.echo else ""
     logprobs = None
     if req.logprobs is not None:
         logprobs = _completion_logprobs(ctx, req, out, completion, 0, prefix)
-    return CompletionChoice(
-        index=index,
-        text=prefix + completion.text,
-        logprobs=logprobs,
-        finish_reason=completion.finish_reason,
-        stop_reason=completion.stop_reason,
-    )
+    return CompletionChoice(index=index, text=prefix + completion.text, logprobs=logprobs,
+                            finish_reason=completion.finish_reason,
+                            stop_reason=completion.stop_reason)
 
 
-def _completion_logprobs(
-    ctx: Context,
-    req: CompletionRequest,
-    out: Any,
-    completion: Any,
-    first: int,
-    prefix: str,
-    offset: int = 0,
-) -> Any:
+def _completion_logprobs(ctx: Context, req: CompletionRequest, out: Any, completion: Any,
+                         first: int, prefix: str, offset: int = 0) -> Any:
     """Logprobs of generated tokens from position `first` (plus the echoed prompt's)."""
     tok, top = ctx.engine.tokenizer, req.logprobs or 0
     ids, lps = list(completion.token_ids[first:]), list((completion.logprobs or [])[first:])
@@ -234,41 +214,22 @@ async def _completion_events(ctx: Context, req: CompletionRequest, batch: Batch)
             text, _, first, is_finish = delta or ("", [], len(c.token_ids), False)
             logprobs = None
             if req.logprobs is not None:
-                logprobs = _completion_logprobs(
-                    ctx, req, out, c, first, prefix, offsets.get(index, 0)
-                )
+                logprobs = _completion_logprobs(ctx, req, out, c, first, prefix,
+                                                offsets.get(index, 0))
                 if logprobs.tokens:  # offsets count token strings, as in the non-stream answer
                     offsets[index] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
-            choice = CompletionChoice(
-                index=index,
-                text=prefix + text,
-                logprobs=logprobs,
-                finish_reason=c.finish_reason if is_finish else None,
-                stop_reason=c.stop_reason if is_finish else None,
-            )
-            chunks.append(
-                sse(
-                    CompletionResponse(
-                        id=batch.id, created=batch.created, model=ctx.model_name, choices=[choice]
-                    )
-                )
-            )
+            choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
+                                      finish_reason=c.finish_reason if is_finish else None,
+                                      stop_reason=c.stop_reason if is_finish else None)
+            chunks.append(sse(CompletionResponse(id=batch.id, created=batch.created,
+                                                 model=ctx.model_name, choices=[choice])))
         return chunks
 
     def finish() -> list[str]:
         if not (req.stream_options and req.stream_options.include_usage):
             return []
-        return [
-            sse(
-                CompletionResponse(
-                    id=batch.id,
-                    created=batch.created,
-                    model=ctx.model_name,
-                    choices=[],
-                    usage=usage_of(finals),
-                )
-            )
-        ]
+        return [sse(CompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
+                                       choices=[], usage=usage_of(finals)))]
 
     async for event in sse_events(batch, events, finish):
         yield event
@@ -286,32 +247,20 @@ async def create_chat_completion(
     params = convert.chat_params(req, ctx.engine.max_model_len)
     batch = await start_streams(ctx, [prompt_ids], params, random_id("chatcmpl"))
     if req.stream:
-        return StreamingResponse(
-            _chat_events(ctx, req, batch), headers=SSE_HEADERS, media_type="text/event-stream"
-        )
+        return StreamingResponse(_chat_events(ctx, req, batch), headers=SSE_HEADERS,
+                                 media_type="text/event-stream")
     finals = await collect(request, batch)
     if finals is None:
         return Response(status_code=499)
     out = finals[0]
     choices = [
-        ChatChoice(
-            index=c.index,
-            message=ChatResponseMessage(content=c.text),
-            logprobs=_chat_logprobs(ctx, req, c, 0),
-            finish_reason=c.finish_reason,
-            stop_reason=c.stop_reason,
-        )
+        ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                   logprobs=_chat_logprobs(ctx, req, c, 0),
+                   finish_reason=c.finish_reason, stop_reason=c.stop_reason)
         for c in out.outputs
     ]
-    return _json(
-        ChatCompletionResponse(
-            id=batch.id,
-            created=batch.created,
-            model=ctx.model_name,
-            choices=choices,
-            usage=usage_of(finals),
-        )
-    )
+    return _json(ChatCompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
+                                        choices=choices, usage=usage_of(finals)))
 
 
 def _chat_logprobs(ctx: Context, req: ChatCompletionRequest, completion: Any, first: int) -> Any:
@@ -327,24 +276,11 @@ async def _chat_events(ctx: Context, req: ChatCompletionRequest, batch: Batch) -
     finals: list[Any] = [None]
 
     def chunk(choices: list[ChatChunkChoice], usage: Any = None) -> str:
-        return sse(
-            ChatCompletionChunk(
-                id=batch.id,
-                created=batch.created,
-                model=ctx.model_name,
-                choices=choices,
-                usage=usage,
-            )
-        )
+        return sse(ChatCompletionChunk(id=batch.id, created=batch.created, model=ctx.model_name,
+                                       choices=choices, usage=usage))
 
-    start = [
-        chunk(
-            [
-                ChatChunkChoice(index=k, delta=DeltaMessage(role="assistant", content=""))
-                for k in range(batch.n)
-            ]
-        )
-    ]
+    start = [chunk([ChatChunkChoice(index=k, delta=DeltaMessage(role="assistant", content=""))
+                    for k in range(batch.n)])]
 
     def events(i: int, out: Any) -> list[str]:
         finals[i] = out
@@ -354,15 +290,12 @@ async def _chat_events(ctx: Context, req: ChatCompletionRequest, batch: Batch) -
             if delta is None:
                 continue
             text, _, first, is_finish = delta
-            choices.append(
-                ChatChunkChoice(
-                    index=c.index,
-                    delta=DeltaMessage(content=text or None),
-                    logprobs=_chat_logprobs(ctx, req, c, first),
-                    finish_reason=c.finish_reason if is_finish else None,
-                    stop_reason=c.stop_reason if is_finish else None,
-                )
-            )
+            choices.append(ChatChunkChoice(
+                index=c.index, delta=DeltaMessage(content=text or None),
+                logprobs=_chat_logprobs(ctx, req, c, first),
+                finish_reason=c.finish_reason if is_finish else None,
+                stop_reason=c.stop_reason if is_finish else None,
+            ))
         return [chunk(choices)] if choices else []
 
     def finish() -> list[str]:

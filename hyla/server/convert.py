@@ -29,34 +29,17 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_TOKEN_IDS = 1024
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # apply_chat_template arguments a client may not override through chat_template_kwargs.
-_RESERVED_TEMPLATE_KWARGS = {
-    "conversation",
-    "tokenize",
-    "chat_template",
-    "return_dict",
-    "add_generation_prompt",
-    "tokenizer_kwargs",
-    "return_tensors",
-}
-_OPTIONAL_FLOATS = (
-    "temperature",
-    "top_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "min_p",
-    "repetition_penalty",
-)
+_RESERVED_TEMPLATE_KWARGS = {"conversation", "tokenize", "chat_template", "return_dict",
+                             "add_generation_prompt", "tokenizer_kwargs", "return_tensors"}
+_OPTIONAL_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
+                    "repetition_penalty")
 
 
 def check_model(requested: str | None, served: str) -> None:
     """Raises APIError 404 unless `requested` is None or the served model's name."""
     if requested is not None and requested != served:
-        raise APIError(
-            404,
-            f"the model {requested!r} does not exist; this server serves {served!r}",
-            param="model",
-            code="model_not_found",
-        )
+        raise APIError(404, f"the model {requested!r} does not exist; this server serves "
+                       f"{served!r}", param="model", code="model_not_found")
 
 
 def check_text(value: str, field: str) -> str:
@@ -64,9 +47,8 @@ def check_text(value: str, field: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise APIError(
-            400, f"{field}: invalid unicode at position {e.start} (lone surrogate)", param=field
-        ) from e
+        raise APIError(400, f"{field}: invalid unicode at position {e.start} (lone surrogate)",
+                       param=field) from e
     return value
 
 
@@ -79,15 +61,10 @@ def normalize_prompts(prompt: Any) -> list[str | list[int]]:
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     if len(prompt) > MAX_PROMPTS:
-        raise APIError(
-            400,
-            f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompt)}",
-            param="prompt",
-        )
-    return [
-        check_text(p, f"prompt[{i}]") if isinstance(p, str) else list(p)
-        for i, p in enumerate(prompt)
-    ]
+        raise APIError(400, f"prompt: at most {MAX_PROMPTS} prompts per request, got "
+                       f"{len(prompt)}", param="prompt")
+    return [check_text(p, f"prompt[{i}]") if isinstance(p, str) else list(p)
+            for i, p in enumerate(prompt)]
 
 
 def completion_params(req: CompletionRequest, max_model_len: int) -> SamplingParams:
@@ -96,12 +73,8 @@ def completion_params(req: CompletionRequest, max_model_len: int) -> SamplingPar
         raise APIError(400, "suffix: not supported", param="suffix")
     logprobs = req.logprobs
     return _build_params(
-        req,
-        max_model_len,
-        {"max_tokens": "max_tokens", "logprobs": "logprobs"},
-        max_tokens=req.max_tokens,
-        logprobs=logprobs,
-        best_of=req.best_of,
+        req, max_model_len, {"max_tokens": "max_tokens", "logprobs": "logprobs"},
+        max_tokens=req.max_tokens, logprobs=logprobs, best_of=req.best_of,
         prompt_logprobs=logprobs if (req.echo and logprobs is not None) else None,
     )
 
@@ -114,10 +87,8 @@ def chat_params(req: ChatCompletionRequest, max_model_len: int) -> SamplingParam
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    names = {
-        "max_tokens": "max_completion_tokens" if use_new else "max_tokens",
-        "logprobs": "top_logprobs",
-    }
+    names = {"max_tokens": "max_completion_tokens" if use_new else "max_tokens",
+             "logprobs": "top_logprobs"}
     return _build_params(req, max_model_len, names, max_tokens=max_tokens, logprobs=logprobs)
 
 
@@ -130,22 +101,14 @@ def _check_unsupported_chat(req: ChatCompletionRequest) -> None:
     """
     fmt = req.response_format
     if fmt is not None and fmt.get("type", "text") != "text":
-        raise APIError(
-            400,
-            f"response_format: type {fmt.get('type')!r} is not supported (no "
-            "constrained decoding); use {'type': 'text'} or omit it",
-            param="response_format",
-            code="unsupported_value",
-        )
+        raise APIError(400, f"response_format: type {fmt.get('type')!r} is not supported (no "
+                       "constrained decoding); use {'type': 'text'} or omit it",
+                       param="response_format", code="unsupported_value")
     choice = req.tool_choice
     if choice is not None and choice not in ("auto", "none"):
-        raise APIError(
-            400,
-            f"tool_choice: {choice!r:.80} is not supported (this server makes "
-            "no tool calls); use 'auto', 'none' or omit it",
-            param="tool_choice",
-            code="unsupported_value",
-        )
+        raise APIError(400, f"tool_choice: {choice!r:.80} is not supported (this server makes "
+                       "no tool calls); use 'auto', 'none' or omit it", param="tool_choice",
+                       code="unsupported_value")
 
 
 def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any) -> SamplingParams:
@@ -157,29 +120,18 @@ def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     stop = [check_text(s, "stop") for s in stop]
     if len(stop) > MAX_STOP_STRINGS:
-        raise APIError(
-            400,
-            f"stop: at most {MAX_STOP_STRINGS} strings, got {len(stop)}",
-            param="stop",
-            code="invalid_value",
-        )
+        raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} strings, got {len(stop)}",
+                       param="stop", code="invalid_value")
     if len(req.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
-        raise APIError(
-            400,
-            f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got {len(req.stop_token_ids)}",
-            param="stop_token_ids",
-            code="invalid_value",
-        )
+        raise APIError(400, f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids, got "
+                       f"{len(req.stop_token_ids)}", param="stop_token_ids",
+                       code="invalid_value")
     try:
         return SamplingParams(
-            n=req.n,
-            seed=req.seed,
-            stop=tuple(stop),
-            stop_token_ids=tuple(req.stop_token_ids or ()),
-            ignore_eos=req.ignore_eos,
+            n=req.n, seed=req.seed, stop=tuple(stop),
+            stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
             skip_special_tokens=req.skip_special_tokens,
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            **kw,
+            include_stop_str_in_output=req.include_stop_str_in_output, **kw,
         )
     except SamplingParamsError as e:
         field = names.get(e.field, e.field)
@@ -188,21 +140,15 @@ def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any
 
 def _check_common(req: Any, max_model_len: int, max_tokens: int | None, max_name: str) -> None:
     if req.stream_options is not None and not req.stream:
-        raise APIError(
-            400, "stream_options: only allowed when stream is true", param="stream_options"
-        )
+        raise APIError(400, "stream_options: only allowed when stream is true",
+                       param="stream_options")
     if req.seed is not None and not 0 <= req.seed <= MAX_SEED:
         raise APIError(400, f"seed: must be in [0, {MAX_SEED}], got {req.seed}", param="seed")
     if req.logit_bias:
         raise APIError(400, "logit_bias: not supported", param="logit_bias")
     if max_tokens is not None and max_tokens > max_model_len:
-        raise APIError(
-            400,
-            f"{max_name}: must be <= the context window of {max_model_len} "
-            f"tokens, got {max_tokens}",
-            param=max_name,
-            code="invalid_value",
-        )
+        raise APIError(400, f"{max_name}: must be <= the context window of {max_model_len} "
+                       f"tokens, got {max_tokens}", param=max_name, code="invalid_value")
 
 
 # -- chat template ---------------------------------------------------------------------------
@@ -211,9 +157,9 @@ def _check_common(req: Any, max_model_len: int, max_tokens: int | None, max_name
 def default_chat_prompt(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
     """The plain template used when the tokenizer has none:
 
-    System: ...
-    User: ...
-    Assistant:
+        System: ...
+        User: ...
+        Assistant:
     """
     lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
     if add_generation_prompt:
@@ -231,28 +177,19 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
         raise APIError(400, "messages: must contain at least one message", param="messages")
     conversation = [_message_dict(i, m) for i, m in enumerate(req.messages)]
     if tokenizer is None:
-        raise APIError(
-            400,
-            "messages: this model has no tokenizer; use /v1/completions with token ids",
-            param="messages",
-        )
+        raise APIError(400, "messages: this model has no tokenizer; use /v1/completions with "
+                       "token ids", param="messages")
     if getattr(tokenizer, "chat_template", None):
-        kwargs = {
-            k: v
-            for k, v in (req.chat_template_kwargs or {}).items()
-            if k not in _RESERVED_TEMPLATE_KWARGS
-        }
+        kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items()
+                  if k not in _RESERVED_TEMPLATE_KWARGS}
         try:
             text = tokenizer.apply_chat_template(
-                conversation,
-                tokenize=False,
-                add_generation_prompt=req.add_generation_prompt,
-                **kwargs,
+                conversation, tokenize=False,
+                add_generation_prompt=req.add_generation_prompt, **kwargs,
             )
         except Exception as e:  # jinja errors, raise_exception() in templates, bad kwargs
-            raise APIError(
-                400, f"messages: the chat template rejected the conversation: {e}", param="messages"
-            ) from e
+            raise APIError(400, f"messages: the chat template rejected the conversation: {e}",
+                           param="messages") from e
         return list(tokenizer(check_text(text, "messages"), add_special_tokens=False)["input_ids"])
     text = default_chat_prompt(conversation, req.add_generation_prompt)
     return list(tokenizer(text)["input_ids"])
@@ -260,12 +197,8 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
 
 def _message_dict(i: int, message: ChatMessage) -> dict[str, str]:
     if message.role not in ROLES:
-        raise APIError(
-            400,
-            f"messages[{i}].role: unknown role {message.role!r}; expected one "
-            f"of {', '.join(ROLES)}",
-            param=f"messages[{i}].role",
-        )
+        raise APIError(400, f"messages[{i}].role: unknown role {message.role!r}; expected one "
+                       f"of {', '.join(ROLES)}", param=f"messages[{i}].role")
     role = "system" if message.role == "developer" else message.role
     content = message.content
     if content is None:
@@ -275,11 +208,8 @@ def _message_dict(i: int, message: ChatMessage) -> dict[str, str]:
     texts = []
     for j, part in enumerate(content):
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise APIError(
-                400,
-                f"messages[{i}].content[{j}]: only text parts are supported",
-                param=f"messages[{i}].content",
-            )
+            raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported",
+                           param=f"messages[{i}].content")
         texts.append(check_text(part["text"], f"messages[{i}].content"))
     return {"role": role, "content": "".join(texts)}
 
@@ -331,19 +261,10 @@ def chat_logprobs(
     for token_id, entries in zip(token_ids, logprobs, strict=False):
         text = token_text(tokenizer, token_id)
         tops = [
-            TopLogprob(
-                token=token_text(tokenizer, t),
-                logprob=v,
-                bytes=list(token_text(tokenizer, t).encode()),
-            )
+            TopLogprob(token=token_text(tokenizer, t), logprob=v,
+                       bytes=list(token_text(tokenizer, t).encode()))
             for t, v in _top(entries, num_top)
         ]
-        content.append(
-            TokenLogprob(
-                token=text,
-                logprob=entries.get(token_id, float("-inf")),
-                bytes=list(text.encode()),
-                top_logprobs=tops,
-            )
-        )
+        content.append(TokenLogprob(token=text, logprob=entries.get(token_id, float("-inf")),
+                                    bytes=list(text.encode()), top_logprobs=tops))
     return ChatLogprobs(content=content)

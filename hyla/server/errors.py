@@ -59,9 +59,8 @@ def error_body(status: int, message: str, param: str | None = None, code: Any = 
     """OpenAI's error JSON; a 400 without a code of its own gets "invalid_value"."""
     if code is None and status == 400:
         code = "invalid_value"
-    info = ErrorInfo(
-        message=message, type=_TYPES.get(status, "invalid_request_error"), param=param, code=code
-    )
+    info = ErrorInfo(message=message, type=_TYPES.get(status, "invalid_request_error"),
+                     param=param, code=code)
     return ErrorResponse(error=info).model_dump()
 
 

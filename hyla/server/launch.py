@@ -27,11 +27,8 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
-            logger.info(
-                "signal %s: draining %d request(s) in flight",
-                sig,
-                self.async_engine.num_in_flight(),
-            )
+            logger.info("signal %s: draining %d request(s) in flight", sig,
+                        self.async_engine.num_in_flight())
         self.async_engine.begin_drain()
         super().handle_exit(sig, frame)
 
@@ -57,13 +54,8 @@ def make_server(
 ) -> DrainingServer:
     """A DrainingServer for `app` (lifespan on, graceful shutdown bounded by drain_timeout)."""
     config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        lifespan="on",
-        timeout_graceful_shutdown=int(drain_timeout) or None,
-        access_log=False,
+        app, host=host, port=port, log_level=log_level, lifespan="on",
+        timeout_graceful_shutdown=int(drain_timeout) or None, access_log=False,
     )
     return DrainingServer(config, async_engine)
 

@@ -23,26 +23,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
 )
 _KNOWN_STATS = {
     "num_running": "hyla_num_requests_running",
@@ -57,34 +39,23 @@ _KNOWN_STATS = {
 # Prefix-cache counters of EngineStats (monotonic since engine start), exported as counters.
 _COUNTER_STATS = {
     "prefix_cache_queries": (
-        "hyla_prefix_cache_queries",
-        "sequences looked up in the prefix cache",
-    ),
+        "hyla_prefix_cache_queries", "sequences looked up in the prefix cache"),
     "prefix_cache_queried_tokens": (
-        "hyla_prefix_cache_queried_tokens",
-        "prompt tokens looked up in the prefix cache",
-    ),
+        "hyla_prefix_cache_queried_tokens", "prompt tokens looked up in the prefix cache"),
     "prefix_cache_hit_tokens": (
-        "hyla_prefix_cache_hit_tokens",
-        "prompt tokens served from the prefix cache",
-    ),
+        "hyla_prefix_cache_hit_tokens", "prompt tokens served from the prefix cache"),
     "prefix_cache_block_only_tokens": (
         "hyla_prefix_cache_block_only_tokens",
         "prompt tokens whose attention blocks were cached without the linear-state checkpoint "
-        "(recomputed: a miss another engine might have served silently wrong)",
-    ),
+        "(recomputed: a miss another engine might have served silently wrong)"),
     "prefix_cache_below_block_queries": (
         "hyla_prefix_cache_below_block_queries",
-        "sequences with no full block before their last token (nothing reusable)",
-    ),
+        "sequences with no full block before their last token (nothing reusable)"),
     "prefix_cache_below_stride_queries": (
         "hyla_prefix_cache_below_stride_queries",
-        "sequences with no checkpoint stride before their last token (only a tail can hit)",
-    ),
+        "sequences with no checkpoint stride before their last token (only a tail can hit)"),
     "prefix_cache_checkpoint_saves": (
-        "hyla_prefix_cache_checkpoint_saves",
-        "linear-state checkpoints written",
-    ),
+        "hyla_prefix_cache_checkpoint_saves", "linear-state checkpoints written"),
 }
 
 
@@ -100,30 +71,18 @@ class _EngineCollector:
         for name, metric in _KNOWN_STATS.items():
             if name in values:
                 yield _gauge(metric, f"engine stat {name}", values[name])
-        yield _gauge(
-            "hyla_cache_block_usage_ratio",
-            "fraction of KV-cache blocks in use",
-            _usage(values, "num_total_blocks", "num_free_blocks"),
-        )
-        yield _gauge(
-            "hyla_state_slot_usage_ratio",
-            "fraction of linear-state slots in use",
-            _usage(values, "num_total_slots", "num_free_slots"),
-        )
-        yield _gauge(
-            "hyla_num_requests_in_flight",
-            "requests admitted and not finished",
-            self.engine.num_in_flight(),
-        )
+        yield _gauge("hyla_cache_block_usage_ratio", "fraction of KV-cache blocks in use",
+                     _usage(values, "num_total_blocks", "num_free_blocks"))
+        yield _gauge("hyla_state_slot_usage_ratio", "fraction of linear-state slots in use",
+                     _usage(values, "num_total_slots", "num_free_slots"))
+        yield _gauge("hyla_num_requests_in_flight", "requests admitted and not finished",
+                     self.engine.num_in_flight())
         for name, (metric, doc) in _COUNTER_STATS.items():
             if name in values:
                 yield CounterMetricFamily(metric, doc, value=values[name])
         if "prefix_cache_hit_rate" in values:
-            yield _gauge(
-                "hyla_prefix_cache_hit_rate",
-                "hit tokens / queried tokens since start",
-                values["prefix_cache_hit_rate"],
-            )
+            yield _gauge("hyla_prefix_cache_hit_rate", "hit tokens / queried tokens since start",
+                         values["prefix_cache_hit_rate"])
         named = {*_KNOWN_STATS, *_COUNTER_STATS, "prefix_cache_hit_rate"}
         for name, value in values.items():
             if name not in named:
@@ -159,38 +118,19 @@ class ServerMetrics:
     def __init__(self, engine: Any) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "hyla_http_requests",
-            "HTTP requests by route and status code",
-            ["route", "status"],
-            registry=r,
-        )
-        self.finished = Counter(
-            "hyla_requests_finished",
-            "generation requests by finish reason",
-            ["finish_reason"],
-            registry=r,
-        )
+        self.requests = Counter("hyla_http_requests", "HTTP requests by route and status code",
+                                ["route", "status"], registry=r)
+        self.finished = Counter("hyla_requests_finished", "generation requests by finish reason",
+                                ["finish_reason"], registry=r)
         self.prompt_tokens = Counter("hyla_prompt_tokens", "prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("hyla_generation_tokens", "tokens generated", registry=r)
-        self.ttft = Histogram(
-            "hyla_time_to_first_token_seconds",
-            "time to first token",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "hyla_inter_token_latency_seconds",
-            "time between output tokens",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "hyla_e2e_request_latency_seconds",
-            "request latency",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.generation_tokens = Counter("hyla_generation_tokens", "tokens generated",
+                                         registry=r)
+        self.ttft = Histogram("hyla_time_to_first_token_seconds", "time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("hyla_inter_token_latency_seconds", "time between output tokens",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("hyla_e2e_request_latency_seconds", "request latency",
+                             buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_EngineCollector(engine))
 
     def render(self) -> tuple[bytes, str]:

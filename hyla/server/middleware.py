@@ -19,14 +19,8 @@ Scope = dict[str, Any]
 _DRAIN_LIMIT = 64 << 20
 
 
-async def send_error(
-    send: Any,
-    status: int,
-    message: str,
-    param: str | None = None,
-    code: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> None:
+async def send_error(send: Any, status: int, message: str, param: str | None = None,
+                     code: str | None = None, headers: dict[str, str] | None = None) -> None:
     body = json.dumps(error_body(status, message, param, code)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -87,13 +81,8 @@ class APIKeyGuard:
             await self.app(scope, receive, send)
             return
         message = "missing API key" if not auth else "incorrect API key provided"
-        await send_error(
-            send,
-            401,
-            f"{message}: send 'Authorization: Bearer <key>'",
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        await send_error(send, 401, f"{message}: send 'Authorization: Bearer <key>'",
+                         code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
 class BodyLimit:
@@ -131,12 +120,8 @@ class BodyLimit:
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
     async def _reject(self, send: Any, size: int) -> None:
-        await send_error(
-            send,
-            413,
-            f"request body of {size} bytes exceeds the limit of {self.max_bytes} bytes",
-            code="request_too_large",
-        )
+        await send_error(send, 413, f"request body of {size} bytes exceeds the limit of "
+                         f"{self.max_bytes} bytes", code="request_too_large")
 
 
 def _int_or_none(raw: bytes | None) -> int | None:

@@ -60,11 +60,8 @@ class _Request(BaseModel):
         if not isinstance(data, dict):
             return data
         drop = [
-            name
-            for name, f in cls.model_fields.items()
-            if name in data
-            and data[name] is None
-            and not f.is_required()
+            name for name, f in cls.model_fields.items()
+            if name in data and data[name] is None and not f.is_required()
             and not _admits_none(f.annotation)
         ]
         return {k: v for k, v in data.items() if k not in drop} if drop else data

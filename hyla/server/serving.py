@@ -138,9 +138,8 @@ async def _wait_for_disconnect(request: Request) -> None:
 def usage_of(finals: list[Any]) -> UsageInfo:
     prompt = sum(len(o.prompt_token_ids) for o in finals if o is not None)
     completion = sum(len(c.token_ids) for o in finals if o is not None for c in o.outputs)
-    return UsageInfo(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
-    )
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion)
 
 
 def sse(payload: Any) -> str:
@@ -148,9 +147,7 @@ def sse(payload: Any) -> str:
 
 
 async def sse_events(
-    batch: Batch,
-    make_events: Callable[[int, Any], list[str]],
-    finish: Callable[[], list[str]],
+    batch: Batch, make_events: Callable[[int, Any], list[str]], finish: Callable[[], list[str]],
     start: list[str] | None = None,
 ) -> AsyncIterator[str]:
     """The SSE body: `start` events, per-output events, `finish` events, then `[DONE]`.
@@ -167,9 +164,8 @@ async def sse_events(
             yield event
     except Exception as e:
         err = to_api_error(e)
-        body = ErrorResponse(
-            error=ErrorInfo(message=err.message, type="server_error", code=err.code)
-        )
+        body = ErrorResponse(error=ErrorInfo(message=err.message, type="server_error",
+                                             code=err.code))
         yield sse(body)
     finally:
         batch.abort()

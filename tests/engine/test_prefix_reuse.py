@@ -75,6 +75,7 @@ def test_five_turn_chat_reuses_all_but_one_block(models, family):  # noqa: F811
     engine = make_engine(model, max_model_len=2304, max_num_batched_tokens=512)
     assert engine.config.cache.state_checkpoint_stride == 256  # the default
     prompt: list[int] = []
+    previous = 0
     for turn, message in enumerate((20, 90, 400, 600, 850)):
         prompt = prompt + prompt_ids(message, seed=300 + turn)
         out = run_poisoned(engine, {f"t{turn}": prompt}, PARAMS)[f"t{turn}"]
