@@ -55,16 +55,29 @@ def model_config(args: argparse.Namespace):
 
     pattern = ["linear_attention"] * 3 + ["full_attention"]
     hf = KimiLinearConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-        moe_intermediate_size=args.hidden // 2, num_hidden_layers=args.layers,
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None,
-        qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
-        num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        moe_intermediate_size=args.hidden // 2,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=64,
+        q_lora_rank=None,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        num_experts=8,
+        num_experts_per_token=2,
+        num_shared_experts=1,
         linear_attn_config={"head_dim": 32, "num_heads": 4, "short_conv_kernel_size": 4},
         layer_types=(pattern * args.layers)[: args.layers],
         mlp_layer_types=["dense"] + ["sparse"] * (args.layers - 1),
         max_position_embeddings=max_len(args) + 64,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
     )
     return config_from_hf(hf.to_dict())
 
@@ -115,8 +128,11 @@ def run(args: argparse.Namespace) -> dict:
     cached = make_engine(model, args, prefix_caching=True)
     plain = make_engine(model, args, prefix_caching=False)
     plan = cached.cache_plan
-    print(f"state bytes per checkpoint: {plan.bytes_per_slot} ({plan.num_checkpoints} reserved, "
-          f"stride {args.stride}, policy {args.policy})", flush=True)
+    print(
+        f"state bytes per checkpoint: {plan.bytes_per_slot} ({plan.num_checkpoints} reserved, "
+        f"stride {args.stride}, policy {args.policy})",
+        flush=True,
+    )
     warm = tokens(args.stride + 40, args.vocab, seed=1)
     for i, engine in enumerate((cached, plain, cached)):  # warm-up, including a hit
         ttft(engine, f"warm{i}", warm + [5 + i])
@@ -135,6 +151,7 @@ def run(args: argparse.Namespace) -> dict:
         result["multi_turn"] = run_multi_turn(cached, plain, args)
         report("multi-turn", result["multi_turn"])
     if "sweep" in args.workloads:
+
         def factory(prefix_caching: bool, stride: int, policy: str) -> LLMEngine:
             return make_engine(model, args, prefix_caching, stride, policy)
 
@@ -143,9 +160,12 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def report(name: str, summary: dict) -> None:
-    print(f"{name}: hit rate {summary['hit_rate']:.3f}, TTFT hit {summary['median_ttft_hit_s']:.3f}"
-          f" s vs cold {summary['median_ttft_cold_s']:.3f} s = {summary['ttft_cold_over_hit']:.1f}x,"
-          f" same first tokens {summary['all_first_tokens_equal']}", flush=True)  # fmt: skip
+    hit, cold = summary["median_ttft_hit_s"], summary["median_ttft_cold_s"]
+    print(
+        f"{name}: hit rate {summary['hit_rate']:.3f}, TTFT hit {hit:.3f} s vs cold {cold:.3f} s"
+        f" = {cold / hit:.1f}x, same first tokens {summary['all_first_tokens_equal']}",
+        flush=True,
+    )
 
 
 def run_pair(cached: LLMEngine, plain: LLMEngine, args: argparse.Namespace) -> dict:
@@ -159,15 +179,28 @@ def run_pair(cached: LLMEngine, plain: LLMEngine, args: argparse.Namespace) -> d
         nocache_s, ref = ttft(plain, f"nocache{r}", b)
         same_token = hit.outputs[0].token_ids == ref.outputs[0].token_ids
         dlogprob = abs(hit.outputs[0].cumulative_logprob - ref.outputs[0].cumulative_logprob)
-        rows.append(dict(miss_s=miss_s, hit_s=hit_s, nocache_s=nocache_s,
-                         num_cached_tokens=hit.num_cached_tokens, same_first_token=same_token,
-                         first_logprob_abs_diff=dlogprob))
-        print(f"rep {r}: miss {miss_s:.3f} s  hit {hit_s:.3f} s  nocache {nocache_s:.3f} s  "
-              f"cached {hit.num_cached_tokens} tokens  same token {same_token}", flush=True)
+        rows.append(
+            dict(
+                miss_s=miss_s,
+                hit_s=hit_s,
+                nocache_s=nocache_s,
+                num_cached_tokens=hit.num_cached_tokens,
+                same_first_token=same_token,
+                first_logprob_abs_diff=dlogprob,
+            )
+        )
+        print(
+            f"rep {r}: miss {miss_s:.3f} s  hit {hit_s:.3f} s  nocache {nocache_s:.3f} s  "
+            f"cached {hit.num_cached_tokens} tokens  same token {same_token}",
+            flush=True,
+        )
     med = {k: statistics.median(row[k] for row in rows) for k in ("miss_s", "hit_s", "nocache_s")}
     stats = cached.get_stats()
-    print(f"pair TTFT median: hit {med['hit_s']:.3f} s vs nocache {med['nocache_s']:.3f} s = "
-          f"{med['nocache_s'] / med['hit_s']:.1f}x", flush=True)
+    print(
+        f"pair TTFT median: hit {med['hit_s']:.3f} s vs nocache {med['nocache_s']:.3f} s = "
+        f"{med['nocache_s'] / med['hit_s']:.1f}x",
+        flush=True,
+    )
     return {
         "reps": rows,
         "median_ttft_s": med,
@@ -195,18 +228,29 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 on the CPU, where more threads only "
-                        "add noise on a shared machine; torch's default on a GPU)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: 1 on the CPU, where more threads only "
+        "add noise on a shared machine; torch's default on a GPU)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workloads", default="pair,system-prompt,multi-turn,sweep",
-                   help="comma-separated: pair, system-prompt, multi-turn, sweep")
+    p.add_argument(
+        "--workloads",
+        default="pair,system-prompt,multi-turn,sweep",
+        help="comma-separated: pair, system-prompt, multi-turn, sweep",
+    )
     p.add_argument("--policy", default="all", help="prefix_checkpoint_policy")
     p.add_argument("--system-len", type=int, default=2000)
     p.add_argument("--question-len", type=int, default=48)
     p.add_argument("--questions", type=int, default=64)
-    p.add_argument("--cold-samples", type=int, default=8,
-                   help="system-prompt questions also run cold (TTFT baseline)")
+    p.add_argument(
+        "--cold-samples",
+        type=int,
+        default=8,
+        help="system-prompt questions also run cold (TTFT baseline)",
+    )
     p.add_argument("--conversations", type=int, default=3)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--message-len", type=int, default=300)

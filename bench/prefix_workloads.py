@@ -99,9 +99,7 @@ def run_multi_turn(cached: LLMEngine, plain: LLMEngine | None, args) -> dict:
             previous = len(prompt) - 1
     later = [r for r in rows if r["turn"] > 0]
     summary = _summary(later, _hit_rate(cached, before))
-    summary["all_turns_reuse_all_but_one_block"] = all(
-        r["reused_all_but_one_block"] for r in later
-    )
+    summary["all_turns_reuse_all_but_one_block"] = all(r["reused_all_but_one_block"] for r in later)
     return summary
 
 
@@ -140,7 +138,11 @@ def sweep(factory: EngineFactory, args) -> list[dict]:
                 "checkpoints_cached_at_end": stats.num_cached_checkpoints,
             })  # fmt: skip
             r = results[-1]
-            print(f"sweep stride {stride} {policy}: hit rate system {r['system_prompt_hit_rate']:.3f}"
-                  f" chat {r['multi_turn_hit_rate']:.3f}; {r['checkpoints_written']} written,"
-                  f" {r['checkpoints_cached_at_end']} cached x {per} B", flush=True)  # fmt: skip
+            print(
+                f"sweep stride {stride} {policy}: hit rate system "
+                f"{r['system_prompt_hit_rate']:.3f} chat {r['multi_turn_hit_rate']:.3f}; "
+                f"{r['checkpoints_written']} written, {r['checkpoints_cached_at_end']} cached "
+                f"x {per} B",
+                flush=True,
+            )
     return results
