@@ -254,6 +254,14 @@ class CheckpointPool:
         self.cached[key] = c
         return True
 
+    def unregister(self, c: int) -> None:
+        """Unkey checkpoint `c` (no-op when it has no key); its references are unchanged."""
+        key = self.keys[c]
+        if key is None:
+            return
+        del self.cached[key]
+        self.keys[c] = None
+
     def drop(self, key: int) -> None:
         """Forget the checkpoint keyed `key` (its block was evicted)."""
         c = self.cached.pop(key, None)

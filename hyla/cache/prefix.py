@@ -24,9 +24,11 @@ Which states are saved (the keep policy; LRU under the checkpoint budget either 
 
 plus, for every request, the state where the last full block before its prompt's last token
 ends (the same prompt again reuses all of it but that token), and a tail: the state where its
-last full block ends (B, not s, granularity), kept unkeyed while it runs and filed at its end,
-so the next turn of a chat (previous prompt + reply + new message) reuses all of it but at most
-one block.
+last full block ends (B, not s, granularity; one per request, each newer one replacing the
+last), so the next turn of a chat (previous prompt + reply + new message) reuses all of it but
+at most one block. A tail is keyed when its step commits, as every save, so what is findable
+never depends on when a request's end is noticed (the synchronous and asynchronous engines hit
+alike).
 
 A save ending a step's chunk is copied from the request's slot after the forward
 (`state_saves`); one inside the chunk is written by the linear layers during it
@@ -260,12 +262,15 @@ class PrefixCache:
         keeps and nobody checkpointed yet, and for its tail (the last block boundary in it)."""
         if not self.stride or not self.checkpoints.num_checkpoints:
             return
-        ends = self._stride_ends(req, start, end)
-        for p in ends:
-            if not self._reserve(req, p, is_tail=False):
+        kept = self._kept_ends(req, start, end)
+        for p in kept:
+            if not self._has_checkpoint(req, p) and not self._reserve(req, p, is_tail=False):
                 return
+        # A tail is reserved without looking for a checkpoint there (its key may hold a
+        # placeholder token now; the synchronous engine must plan the same): a redundant one is
+        # found out and freed when its step commits.
         tail = end // self.block_size * self.block_size
-        if tail > start and tail not in ends and not self._has_checkpoint(req, tail):
+        if tail > start and tail not in kept:
             self._reserve(req, tail, is_tail=True)
 
     def want_save(self, req: Request, end: int, chunk_end: int | None) -> None:
@@ -279,7 +284,9 @@ class PrefixCache:
         if not planned and not self._has_checkpoint(req, end):
             self._reserve(req, end, is_tail=False)
 
-    def _stride_ends(self, req: Request, start: int, end: int) -> list[int]:
+    def _kept_ends(self, req: Request, start: int, end: int) -> list[int]:
+        """The lengths in (start, end] the policy checkpoints: stride multiples, and the last
+        block boundary before the prompt's last token."""
         s = self.stride
         ends = list(range(start // s * s + s, end + 1, s))
         if self.policy == "deepest" and ends:
@@ -288,7 +295,7 @@ class PrefixCache:
         last = (req.num_prompt_tokens - 1) // self.block_size * self.block_size
         if start < last <= end and last not in ends:  # the same prompt again can hit here
             ends = sorted([*ends, last])
-        return [p for p in ends if not self._has_checkpoint(req, p)]
+        return ends
 
     def _has_checkpoint(self, req: Request, end: int) -> bool:
         """A checkpoint is filed for `req`'s first `end` tokens. False when a block ending there
@@ -343,29 +350,29 @@ class PrefixCache:
                 self._file(req, save, hashes)
 
     def _file(self, req: Request, save: PlannedSave, hashes: list[int]) -> None:
+        """Key a committed save under the block ending at its end (when that block is cached and
+        the key has no checkpoint yet). A request keeps one tail: a newer tail, or a checkpoint
+        at least as deep, unkeys and frees the previous one."""
         rid = req.request_id
-        if not save.is_tail:
-            key = hashes[save.end // self.block_size - 1]
-            if self.block_pool.lookup(key) is not None:
-                self.checkpoints.register(save.checkpoint, key)
-            self.checkpoints.release(save.checkpoint)
+        key = hashes[save.end // self.block_size - 1]
+        kept = self.block_pool.lookup(key) is not None and self.checkpoints.register(
+            save.checkpoint, key
+        )
         old = self._tails.get(rid)
-        if old is not None and save.end >= old.end:  # a deeper tail or checkpoint supersedes it
-            self.checkpoints.release(old.checkpoint)
+        if old is not None and save.end >= old.end:
             del self._tails[rid]
-        if save.is_tail:
-            self._tails[rid] = save
+            self.checkpoints.unregister(old.checkpoint)
+            self.checkpoints.release(old.checkpoint)
+        if save.is_tail and kept:
+            self._tails[rid] = save  # held (referenced) until superseded or the request ends
+        else:
+            self.checkpoints.release(save.checkpoint)
 
-    def _file_tail(self, request_id: str) -> None:
-        """File `request_id`'s tail under the block ending there (it ended or was preempted)."""
+    def _release_tail(self, request_id: str) -> None:
+        """`request_id` ended: its tail stays cached (keyed, LRU) for the next turn."""
         tail = self._tails.pop(request_id, None)
-        if tail is None:
-            return
-        hashes = self._hashes.get(request_id, [])
-        j = tail.end // self.block_size
-        if len(hashes) >= j and self.block_pool.lookup(hashes[j - 1]) is not None:
-            self.checkpoints.register(tail.checkpoint, hashes[j - 1])
-        self.checkpoints.release(tail.checkpoint)
+        if tail is not None:
+            self.checkpoints.release(tail.checkpoint)
 
     def _evict_first_past_checkpoints(self, request_id: str) -> None:
         """Blocks of `request_id`'s chain past its deepest checkpoint cannot start a hit (no
@@ -379,10 +386,10 @@ class PrefixCache:
 
     def release(self, request_id: str, keep_hashes: bool = False) -> None:
         """`request_id` gave its cache back (its blocks are freed): drop its pending saves and
-        in-flight blocks, file its tail checkpoint."""
+        in-flight blocks, let its tail checkpoint go to the LRU."""
         for save in self._pending.pop(request_id, []):
             self.checkpoints.release(save.checkpoint)
-        self._file_tail(request_id)
+        self._release_tail(request_id)
         if self.stride:
             self._evict_first_past_checkpoints(request_id)
         self._wanted.pop(request_id, None)
