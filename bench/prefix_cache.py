@@ -1,5 +1,9 @@
 """Prefix caching: time to first token of a prefix-cache hit vs a cold run, same process.
 
+Workloads (`--workloads`, all by default): `pair` (below), `system-prompt` and `multi-turn`
+(bench/prefix_workloads.py: hit rate and TTFT hit vs cold), and `sweep` (hit rate vs checkpoint
+memory per stride and keep policy, the basis of the default stride).
+
 A kimi_linear-shaped model ([KDA, KDA, KDA, MLA] x layers/4, random weights, MoE FFNs; tiny by
 default) serves, for each repetition, a fresh random shared prefix of `prefix_len` tokens:
 
@@ -14,6 +18,9 @@ one request in flight. The hit's first token and logprob must equal the nocache 
     python3 bench/prefix_cache.py --device cuda --prefix-len 32768 \\
         --out bench/results/prefix_cache_h200.json                  # GPU
     python3 bench/prefix_cache.py --prefix-len 1024 --reps 1 --no-save   # smoke test
+
+On a GPU the linear layers run fla's chunk kernels (checkpoints inside a chunk: rounds of fla
+calls split at the boundaries, `hyla.ops.kda.boundaries`), never the reference ops.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from prefix_workloads import run_multi_turn, run_system_prompt, sweep  # noqa: E402
 from throughput import git_commit, hardware  # noqa: E402
 
 from hyla.config import EngineConfig  # noqa: E402
@@ -47,28 +55,50 @@ def model_config(args: argparse.Namespace):
 
     pattern = ["linear_attention"] * 3 + ["full_attention"]
     hf = KimiLinearConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-        moe_intermediate_size=args.hidden // 2, num_hidden_layers=args.layers,
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=64, q_lora_rank=None,
-        qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
-        num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        moe_intermediate_size=args.hidden // 2,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=64,
+        q_lora_rank=None,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        num_experts=8,
+        num_experts_per_token=2,
+        num_shared_experts=1,
         linear_attn_config={"head_dim": 32, "num_heads": 4, "short_conv_kernel_size": 4},
         layer_types=(pattern * args.layers)[: args.layers],
         mlp_layer_types=["dense"] + ["sparse"] * (args.layers - 1),
-        max_position_embeddings=args.prefix_len + 2 * args.suffix_len + 64,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        max_position_embeddings=max_len(args) + 64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
     )
     return config_from_hf(hf.to_dict())
 
 
-def make_engine(model, args: argparse.Namespace, prefix_caching: bool) -> LLMEngine:
+def max_len(args: argparse.Namespace) -> int:
+    chat = args.turns * (args.message_len + args.reply_len)
+    return max(args.prefix_len + args.suffix_len, args.system_len + args.question_len, chat) + 16
+
+
+def make_engine(
+    model, args: argparse.Namespace, prefix_caching: bool, stride: int | None = None,
+    policy: str | None = None,
+) -> LLMEngine:  # fmt: skip
     options = dict(
         device=args.device,
-        max_model_len=args.prefix_len + args.suffix_len + 16,
+        max_model_len=max_len(args),
         max_num_seqs=2,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=prefix_caching,
-        state_checkpoint_stride=args.stride,
+        state_checkpoint_stride=stride or args.stride,
+        prefix_checkpoint_policy=policy or args.policy,
     )
     if args.kv_cache_memory:
         options["kv_cache_memory"] = args.kv_cache_memory
@@ -97,9 +127,48 @@ def run(args: argparse.Namespace) -> dict:
     model = random_model(config, seed=args.seed, device=args.device)
     cached = make_engine(model, args, prefix_caching=True)
     plain = make_engine(model, args, prefix_caching=False)
+    plan = cached.cache_plan
+    print(
+        f"state bytes per checkpoint: {plan.bytes_per_slot} ({plan.num_checkpoints} reserved, "
+        f"stride {args.stride}, policy {args.policy})",
+        flush=True,
+    )
     warm = tokens(args.stride + 40, args.vocab, seed=1)
     for i, engine in enumerate((cached, plain, cached)):  # warm-up, including a hit
         ttft(engine, f"warm{i}", warm + [5 + i])
+    result = {
+        "model": {"layer_pattern": list(config.layer_pattern), "hidden": config.hidden_size,
+                  "parameters": sum(p.numel() for p in model.parameters()),
+                  "bytes_per_checkpoint": plan.bytes_per_slot,
+                  "bytes_per_block": plan.bytes_per_block},
+    }  # fmt: skip
+    if "pair" in args.workloads:
+        result["pair"] = run_pair(cached, plain, args)
+    if "system-prompt" in args.workloads:
+        result["system_prompt"] = run_system_prompt(cached, plain, args)
+        report("system prompt", result["system_prompt"])
+    if "multi-turn" in args.workloads:
+        result["multi_turn"] = run_multi_turn(cached, plain, args)
+        report("multi-turn", result["multi_turn"])
+    if "sweep" in args.workloads:
+
+        def factory(prefix_caching: bool, stride: int, policy: str) -> LLMEngine:
+            return make_engine(model, args, prefix_caching, stride, policy)
+
+        result["sweep"] = sweep(factory, args)
+    return result
+
+
+def report(name: str, summary: dict) -> None:
+    hit, cold = summary["median_ttft_hit_s"], summary["median_ttft_cold_s"]
+    print(
+        f"{name}: hit rate {summary['hit_rate']:.3f}, TTFT hit {hit:.3f} s vs cold {cold:.3f} s"
+        f" = {cold / hit:.1f}x, same first tokens {summary['all_first_tokens_equal']}",
+        flush=True,
+    )
+
+
+def run_pair(cached: LLMEngine, plain: LLMEngine, args: argparse.Namespace) -> dict:
     rows = []
     for r in range(args.reps):
         prefix = tokens(args.prefix_len, args.vocab, seed=100 + r)
@@ -110,13 +179,28 @@ def run(args: argparse.Namespace) -> dict:
         nocache_s, ref = ttft(plain, f"nocache{r}", b)
         same_token = hit.outputs[0].token_ids == ref.outputs[0].token_ids
         dlogprob = abs(hit.outputs[0].cumulative_logprob - ref.outputs[0].cumulative_logprob)
-        rows.append(dict(miss_s=miss_s, hit_s=hit_s, nocache_s=nocache_s,
-                         num_cached_tokens=hit.num_cached_tokens, same_first_token=same_token,
-                         first_logprob_abs_diff=dlogprob))
-        print(f"rep {r}: miss {miss_s:.3f} s  hit {hit_s:.3f} s  nocache {nocache_s:.3f} s  "
-              f"cached {hit.num_cached_tokens} tokens  same token {same_token}", flush=True)
+        rows.append(
+            dict(
+                miss_s=miss_s,
+                hit_s=hit_s,
+                nocache_s=nocache_s,
+                num_cached_tokens=hit.num_cached_tokens,
+                same_first_token=same_token,
+                first_logprob_abs_diff=dlogprob,
+            )
+        )
+        print(
+            f"rep {r}: miss {miss_s:.3f} s  hit {hit_s:.3f} s  nocache {nocache_s:.3f} s  "
+            f"cached {hit.num_cached_tokens} tokens  same token {same_token}",
+            flush=True,
+        )
     med = {k: statistics.median(row[k] for row in rows) for k in ("miss_s", "hit_s", "nocache_s")}
     stats = cached.get_stats()
+    print(
+        f"pair TTFT median: hit {med['hit_s']:.3f} s vs nocache {med['nocache_s']:.3f} s = "
+        f"{med['nocache_s'] / med['hit_s']:.1f}x",
+        flush=True,
+    )
     return {
         "reps": rows,
         "median_ttft_s": med,
@@ -129,8 +213,6 @@ def run(args: argparse.Namespace) -> dict:
             "num_state_checkpoints": cached.cache_plan.num_checkpoints,
             "prefix_cache_hit_rate": stats.prefix_cache_hit_rate,
         },
-        "model": {"layer_pattern": list(config.layer_pattern), "hidden": config.hidden_size,
-                  "parameters": sum(p.numel() for p in model.parameters())},
     }
 
 
@@ -146,13 +228,39 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 on the CPU, where more threads only "
-                        "add noise on a shared machine; torch's default on a GPU)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: 1 on the CPU, where more threads only "
+        "add noise on a shared machine; torch's default on a GPU)",
+    )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--workloads",
+        default="pair,system-prompt,multi-turn,sweep",
+        help="comma-separated: pair, system-prompt, multi-turn, sweep",
+    )
+    p.add_argument("--policy", default="all", help="prefix_checkpoint_policy")
+    p.add_argument("--system-len", type=int, default=2000)
+    p.add_argument("--question-len", type=int, default=48)
+    p.add_argument("--questions", type=int, default=64)
+    p.add_argument(
+        "--cold-samples",
+        type=int,
+        default=8,
+        help="system-prompt questions also run cold (TTFT baseline)",
+    )
+    p.add_argument("--conversations", type=int, default=3)
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--message-len", type=int, default=300)
+    p.add_argument("--reply-len", type=int, default=32)
+    p.add_argument("--sweep-strides", default="64,128,256,512")
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefix_cache_cpu.json"))
     args = p.parse_args()
+    args.workloads = args.workloads.split(",")
+    args.sweep_strides = [int(x) for x in args.sweep_strides.split(",")]
     if args.threads is None and args.device == "cpu":
         args.threads = 1
     if args.threads:
@@ -167,9 +275,6 @@ def main() -> None:
         "workload": {k: v for k, v in vars(args).items() if k not in ("out", "no_save")},
         **run(args),
     }
-    print(f"TTFT median: hit {result['median_ttft_s']['hit_s']:.3f} s vs nocache "
-          f"{result['median_ttft_s']['nocache_s']:.3f} s = "
-          f"{result['speedup_hit_vs_nocache']:.1f}x")
     if not args.no_save:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -615,6 +615,13 @@ class CacheConfig:
         metadata={"help": "Linear-attention recurrent state: float32 or bfloat16 (default: "
                   "float32)."},
     )  # fmt: skip
+    prefix_checkpoint_policy: str = field(
+        default="all",
+        metadata={
+            "help": "Stride boundaries whose linear state is checkpointed: 'all', or 'deepest' "
+            "(per chunk, plus those a waiting request asks for); LRU under the budget."
+        },
+    )
 
     def __post_init__(self) -> None:
         _positive(self, "", "block_size", "state_checkpoint_stride", "cpu_cache_memory_default")
@@ -630,6 +637,11 @@ class CacheConfig:
                               ("mamba_ssm_cache_dtype", MAMBA_SSM_CACHE_DTYPES)):  # fmt: skip
             value = getattr(self, name)
             _require(value is None or value in allowed, name, f"not in {allowed}, got {value!r}")
+        _require(
+            self.prefix_checkpoint_policy in ("all", "deepest"),
+            "prefix_checkpoint_policy",
+            "must be 'all' or 'deepest'",
+        )
         _require(
             self.state_checkpoint_stride % self.block_size == 0,
             "state_checkpoint_stride",

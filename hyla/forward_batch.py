@@ -67,6 +67,10 @@ class ForwardBatch:
         max_seq_len: host int >= every sequence's length (the true maximum in an eager step,
             the context bucket of a captured one); sizes buffers and split counts.
         static_shapes: the host lists are capture-time placeholders (see the module docstring).
+        state_boundaries: prefix-cache checkpoints inside this step's chunks: per sequence, the
+            new-token counts b (0 < b < query_len, ascending) after which the linear layers
+            write their recurrent and conv state into the state rows `boundary_rows` [M]
+            (sequence-major); None when there are none.
         per_pass: values computed once per forward pass from the batch alone and shared by its
             layers (`shared`); `HybridModel.forward` empties it at the start of every pass, so a
             captured pass recomputes them inside the graph and never reads a warm-up's tensors.
@@ -85,6 +89,8 @@ class ForwardBatch:
     seq_lens_tensor: torch.Tensor | None = None
     max_seq_len: int = 0
     static_shapes: bool = False
+    state_boundaries: list[list[int]] | None = None
+    boundary_rows: torch.Tensor | None = None
     per_pass: dict = field(default_factory=dict, repr=False, compare=False)
 
     def shared(self, key: object, compute: Callable[[], Any]) -> Any:

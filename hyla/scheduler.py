@@ -16,15 +16,15 @@ longest cached prefix, else from scratch). No request is admitted in a step that
 
 Prefix caching (`hyla.cache.prefix`) adds three rules:
 - a request is admitted at its longest cached prefix (blocks + state checkpoint at one length);
-- a chunk that crosses a multiple of the checkpoint stride s is cut at the deepest one (or at an
-  earlier boundary another request asked for), so the state slot holds the state after exactly
-  k*s tokens when the forward ends, and the model runner copies it into a checkpoint:
+- the states a chunk passes at the stride boundaries the keep policy wants (and at its last
+  block boundary, the request's tail) are saved into checkpoints, never by cutting the chunk:
 
-      computed c        chunk budget ends here
-      |-----------------|-s-|------------)-------    -> this step computes [c, k*s)
+      computed c          k*s          (k+1)*s   chunk end
+      |-------------------|-------------|---------)      saves inside the chunk: written by
+                          ^ save        ^ save            the linear layers during the forward
 
 - a waiting request whose prefix a running request is computing right now waits for it (and
-  asks it to cut a chunk at their shared boundary) instead of computing it twice; requests
+  asks it to keep the state at their shared boundary) instead of computing it twice; requests
   sharing a prefix are thus admitted together once it is cached.
 """
 
@@ -47,9 +47,11 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     preempted_ids: list[str] = field(default_factory=list)
     # State-row copies (prefix caching): (checkpoint row, slot) before the forward, restoring a
-    # cached prefix's state; (slot, checkpoint row) after it, saving a stride-boundary state.
+    # cached prefix's state; (slot, checkpoint row) after it, saving the state at a chunk's end;
+    # request id -> [(tokens computed there, checkpoint row)] for states inside its chunk.
     state_restores: list[tuple[int, int]] = field(default_factory=list)
     state_saves: list[tuple[int, int]] = field(default_factory=list)
+    state_boundaries: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def total_num_tokens(self) -> int:
@@ -77,7 +79,6 @@ class Scheduler:
         self._order: dict[str, tuple[int, int]] = {}
         self._counter = itertools.count()
         self.num_preemptions = 0
-        self._cuts: dict[str, set[int]] = {}  # request id -> chunk ends others wait for
 
     # -- queues ----------------------------------------------------------------------------------
 
@@ -113,43 +114,17 @@ class Scheduler:
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         n = min(req.num_uncomputed_tokens, budget)
         limit = self.config.long_prefill_token_threshold
-        n = min(n, limit) if limit > 0 else n
-        return self._cut(req, n)
+        return min(n, limit) if limit > 0 else n
 
-    def _cut(self, req: Request, n: int) -> int:
-        """End the chunk at a checkpoint boundary: the earliest one another request waits for,
-        else the deepest multiple of the stride inside it."""
-        stride = self.cache.checkpoint_stride
-        start = req.num_computed_tokens
-        deepest = (start + n) // stride * stride if stride else 0
-        if deepest <= start:
-            return n
-        if deepest == req.num_tokens and deepest - stride > start:
-            deepest -= stride  # a repeat of this exact sequence can hit at most num_tokens - 1
-        wanted = [p for p in self._cuts.get(req.request_id, ()) if start < p <= start + n]
-        return (min(wanted) if wanted else deepest) - start
-
-    def _ask_cut(self, owner_id: str, end: int, out: SchedulerOutput) -> int:
-        """A waiting request wants `owner_id` to checkpoint its state after `end` tokens.
-        Returns the tokens given back when this step's chunk of the owner is cut short."""
-        if not self.cache.checkpoint_stride:
-            return 0
+    def _ask_save(self, owner_id: str, end: int, out: SchedulerOutput) -> None:
+        """A waiting request wants `owner_id`'s state after `end` tokens kept."""
         owner = self.requests[owner_id]
-        start = owner.num_computed_tokens
         n = out.num_scheduled_tokens.get(owner_id)
-        if n is not None and start < end < start + n:
-            self.cache.cancel_save(owner_id)
-            out.num_scheduled_tokens[owner_id] = end - start
-            self.cache.plan_save(owner, end)
-            return start + n - end
-        if n is None or end > start + n:
-            self._cuts.setdefault(owner_id, set()).add(end)
-        return 0
+        self.cache.want_save(owner, end, None if n is None else owner.num_computed_tokens + n)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self.cache.free(req.request_id, keep_hashes=True)
-        self._cuts.pop(req.request_id, None)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -169,7 +144,7 @@ class Scheduler:
                     break
             else:
                 out.num_scheduled_tokens[req.request_id] = n
-                self.cache.plan_save(req, total)
+                self.cache.plan_saves(req, req.num_computed_tokens, total)
                 budget -= n
                 i += 1
         return budget
@@ -182,7 +157,7 @@ class Scheduler:
             hit = self.cache.match(req) if not wants_logprobs else PrefixHit()
             shared = None if wants_logprobs else self.cache.in_flight_boundary(req, hit)
             if shared is not None:  # wait for the running request computing our prefix
-                budget += self._ask_cut(shared[1], shared[0], out)
+                self._ask_save(shared[1], shared[0], out)
                 continue
             req.num_computed_tokens = hit.num_tokens
             n = self._num_new_tokens(req, budget)
@@ -195,7 +170,7 @@ class Scheduler:
                 req.num_cached_tokens = hit.num_tokens
             self.running.append(req)
             self.cache.start(req, hit)
-            self.cache.plan_save(req, hit.num_tokens + n)
+            self.cache.plan_saves(req, hit.num_tokens, hit.num_tokens + n)
             out.num_scheduled_tokens[req.request_id] = n
             budget -= n
 
@@ -206,7 +181,13 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted_ids:
             self._admit_waiting(out, budget)
-        out.state_restores, out.state_saves = self.cache.take_state_copies()
+        ends = {
+            rid: self.requests[rid].num_computed_tokens + n
+            for rid, n in out.num_scheduled_tokens.items()
+        }
+        copies = self.cache.take_state_copies(ends)
+        out.state_restores, out.state_saves = copies.restores, copies.saves
+        out.state_boundaries = copies.boundaries
         return out
 
     # -- progress --------------------------------------------------------------------------------
@@ -228,9 +209,6 @@ class Scheduler:
                 continue  # aborted after scheduling
             req.num_computed_tokens += n
             self.cache.commit(req)
-            cuts = self._cuts.get(rid)
-            if cuts:
-                cuts.difference_update([p for p in cuts if p <= req.num_computed_tokens])
             if rid not in sampled:
                 continue
             if req.num_computed_tokens != req.num_tokens:
@@ -257,6 +235,5 @@ class Scheduler:
             self.waiting.remove(req)
         self.cache.free(request_id)
         self._order.pop(request_id, None)
-        self._cuts.pop(request_id, None)
         req.status = status
         return req

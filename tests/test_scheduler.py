@@ -232,13 +232,16 @@ class FakeTensors:
             req = s.requests[rid]
             c, tokens, table = req.num_computed_tokens, req.all_token_ids, cm.block_table(rid)
             slot = cm.state_slot(rid)
-            if c > 0 and cm.checkpoint_stride:  # (no linear layers: no state to check)
+            if c > 0 and (cm.prefix is None or cm.prefix.stride):  # (stride 0: no state)
                 assert self.rows.get(slot) == tuple(tokens[:c]), f"{rid}: wrong initial state"
             for p in range(c):
                 assert self.blocks[table[p // B]][p % B] == tokens[p], f"{rid}: wrong context"
             for p in range(c, c + n):
                 assert cm.block_pool.blocks[table[p // B]].ref_count == 1, "write to a shared block"
                 self.blocks.setdefault(table[p // B], {})[p % B] = tokens[p]
+            for end, row in out.state_boundaries.get(rid, ()):  # written during the forward
+                assert c < end < c + n, f"{rid}: boundary {end} outside its chunk"
+                self.rows[row] = tuple(tokens[:end])
             self.rows[slot] = tuple(tokens[: c + n])
         self.copy(out.state_saves)
 

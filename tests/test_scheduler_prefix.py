@@ -1,4 +1,4 @@
-"""Scheduler + prefix cache bookkeeping (no torch): chunk cuts at checkpoint boundaries, hits,
+"""Scheduler + prefix cache bookkeeping (no torch): checkpoints inside chunks, tails, hits,
 waiting for an in-flight prefix, and a hypothesis fuzz with shared prefixes and multi-turn
 prompts, played against exact stand-ins of the cache tensors (tests.test_scheduler.FakeTensors).
 """
@@ -56,19 +56,38 @@ def run(s: Scheduler, sim: FakeTensors | None = None) -> list:
 PROMPT = list(range(1, 31))  # 30 tokens; B = 4, stride 8
 
 
-def test_chunks_end_at_the_deepest_stride_boundary_and_save_there():
+def test_one_chunk_saves_every_stride_boundary_and_its_tail_inside_it():
     s = make(max_num_batched_tokens=64)
     sim = FakeTensors(s.cache)
     s.add_request(req("a", PROMPT, max_tokens=4))
     out = step(s, sim)
-    assert out.num_scheduled_tokens == {"a": 24}  # 30 cut at 24 = 3 * stride
-    (save,) = out.state_saves
-    assert save[0] == s.cache.state_slot("a") and save[1] >= s.cache.slot_pool.num_slots
-    assert sim.rows[save[1]] == tuple(PROMPT[:24])  # the state after exactly 24 tokens
-    assert step(s, sim).num_scheduled_tokens == {"a": 6}  # rest of the prompt, no boundary
+    assert out.num_scheduled_tokens == {"a": 30}  # never cut for a checkpoint
+    inside = out.state_boundaries["a"]
+    assert [end for end, _ in inside] == [8, 16, 24, 28]  # strides, the prompt's last block
+    for end, row in inside:
+        assert row >= s.cache.slot_pool.num_slots and sim.rows[row] == tuple(PROMPT[:end])
+    assert not out.state_saves  # 30 is no block boundary: nothing to copy after the forward
+    assert len(s.cache.prefix.checkpoints.cached) == 4
     step(s, sim)
-    step(s, sim)  # decode 31 -> 32: a boundary, checkpointed during decode too
-    assert s.requests["a"].num_computed_tokens == 32 and len(s.cache.prefix.checkpoints.cached) == 2
+    out = step(s, sim)  # decode 31 -> 32: a stride boundary at the chunk's end
+    (save,) = out.state_saves
+    assert save[0] == s.cache.state_slot("a") and sim.rows[save[1]] == tuple(
+        s.requests["a"].all_token_ids[:32]
+    )
+    assert len(s.cache.prefix.checkpoints.cached) == 5
+
+
+def test_deepest_policy_saves_one_stride_per_chunk_and_the_wanted_ones():
+    s = make(max_num_batched_tokens=64)
+    s.cache.prefix.policy = "deepest"
+    sim = FakeTensors(s.cache)
+    s.add_request(req("a", PROMPT + [60]))
+    s.add_request(req("b", PROMPT[:17] + [61, 62]))  # shares 17 tokens: wants boundary 16
+    out = step(s, sim)
+    assert [end for end, _ in out.state_boundaries["a"]] == [16, 24, 28]
+    step(s, sim)
+    assert s.requests["b"].num_cached_tokens == 16
+    run(s, sim)
 
 
 def test_hit_needs_blocks_and_checkpoint_at_the_same_length():
@@ -98,19 +117,16 @@ def test_a_full_prompt_hit_still_computes_one_token():
     run(s)
     s.add_request(req("b", PROMPT[:24]))
     out = step(s)
-    assert s.requests["b"].num_cached_tokens == 16 and out.num_scheduled_tokens == {"b": 8}
+    # the last full block before the prompt's last token: 20 of 24
+    assert s.requests["b"].num_cached_tokens == 20 and out.num_scheduled_tokens == {"b": 4}
 
 
-def test_final_state_is_never_filed_under_an_earlier_length():
+def test_saves_are_filed_only_once_their_step_committed():
     s = make(max_num_batched_tokens=64)
     s.add_request(req("a", PROMPT))
     out = s.schedule()
-    # the engine computed more than planned (a bookkeeping bug): the save must not be filed
-    a = s.requests["a"]
-    assert out.num_scheduled_tokens == {"a": 24}
-    assert s.cache.allocate("a", 30)
-    a.num_computed_tokens = 30
-    s.cache.commit(a)
+    assert [end for end, _ in out.state_boundaries["a"]] == [8, 16, 24, 28]
+    s.finish("a", RequestStatus.FINISHED_ABORTED)  # aborted before its step committed
     ckpt = s.cache.prefix.checkpoints
     assert not ckpt.cached and ckpt.num_free == ckpt.num_checkpoints
 
@@ -129,13 +145,13 @@ def test_waiting_request_waits_for_the_prefix_being_computed():
     assert all(o.total_num_tokens <= 12 for o in outs)
 
 
-def test_waiting_request_cuts_the_owner_chunk_at_the_shared_boundary():
+def test_waiting_request_resumes_from_the_owner_state_inside_its_chunk():
     s = make(max_num_batched_tokens=64, stride=8)
     sim = FakeTensors(s.cache)
     s.add_request(req("a", PROMPT + [60]))
     s.add_request(req("b", PROMPT[:17] + [61, 62]))  # shares 17 tokens: boundary 16
     out = step(s, sim)
-    assert out.num_scheduled_tokens == {"a": 16}  # a's 24-token chunk cut at 16 for b
+    assert out.num_scheduled_tokens == {"a": 31}  # not cut: the state at 16 is written inside
     step(s, sim)
     assert s.requests["b"].num_cached_tokens == 16
     run(s, sim)
@@ -149,7 +165,7 @@ def test_requests_sharing_a_prefix_are_admitted_together():
     assert list(step(s, sim).num_scheduled_tokens) == ["r0"]
     second = step(s, sim)
     assert set(second.num_scheduled_tokens) == {"r0", "r1", "r2", "r3"}
-    assert [s.requests[f"r{i}"].num_cached_tokens for i in range(1, 4)] == [24, 24, 24]
+    assert [s.requests[f"r{i}"].num_cached_tokens for i in range(1, 4)] == [28, 28, 28]
     run(s, sim)
 
 
@@ -246,7 +262,7 @@ def test_fuzz_prefix_caching(
     assert cm.num_free_blocks == num_blocks - 1 and cm.num_free_slots == num_slots - 1
     assert all(b.ref_count == 0 for b in cm.block_pool.blocks)
     assert cm.prefix.checkpoints.num_free == cm.prefix.checkpoints.num_checkpoints
-    assert not cm.prefix._in_flight and not cm.prefix._pending and not s._cuts
+    assert not cm.prefix._in_flight and not cm.prefix._pending and not cm.prefix._tails
     roomy = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=64)
     no_abort = [(a, p, m, None, pr) for a, p, m, _, pr in reqs]
     _, ref, _ = simulate(

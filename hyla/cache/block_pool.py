@@ -128,6 +128,12 @@ class BlockPool:
             self._free[i] = None
             self._free.move_to_end(i, last=False)
 
+    def evict_first(self, block_ids: list[int]) -> None:
+        """Put the free ones of `block_ids` (cached, unreferenced) first in line for eviction."""
+        for i in reversed(block_ids):
+            if self.blocks[i].ref_count == 0 and i in self._free:
+                self._free.move_to_end(i, last=False)
+
     def cache_block(self, block_id: int, block_hash: int) -> bool:
         """File an allocated, fully written block under `block_hash`.
 
@@ -247,6 +253,14 @@ class CheckpointPool:
         self.keys[c] = key
         self.cached[key] = c
         return True
+
+    def unregister(self, c: int) -> None:
+        """Unkey checkpoint `c` (no-op when it has no key); its references are unchanged."""
+        key = self.keys[c]
+        if key is None:
+            return
+        del self.cached[key]
+        self.keys[c] = None
 
     def drop(self, key: int) -> None:
         """Forget the checkpoint keyed `key` (its block was evicted)."""

@@ -19,14 +19,26 @@ Allocation is all-or-nothing: `allocate` either grants what was asked or changes
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from hyla.cache.block_pool import BlockPool, SlotPool
-from hyla.cache.prefix import PrefixCache, PrefixHit
+from hyla.cache.prefix import CheckpointPolicy, PrefixCache, PrefixHit
 from hyla.request import Request
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
     return (num_tokens + block_size - 1) // block_size
+
+
+@dataclass
+class StateCopies:
+    """State-row work of one step (rows of the state tensors, see the module docstring):
+    `restores` (src, dst) before the forward, `saves` (src, dst) after it, `boundaries`
+    request id -> [(tokens of the request computed at that point, checkpoint row)]."""
+
+    restores: list[tuple[int, int]] = field(default_factory=list)
+    saves: list[tuple[int, int]] = field(default_factory=list)
+    boundaries: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 class CacheManager:
@@ -40,6 +52,7 @@ class CacheManager:
         checkpoint_stride: tokens between state checkpoints (a multiple of B); 0 for a model
             without linear layers (hits need blocks only).
         num_checkpoints: state checkpoints (extra state rows after the slots).
+        checkpoint_policy: which stride boundaries are saved (`hyla.cache.prefix`).
     """
 
     def __init__(
@@ -50,6 +63,7 @@ class CacheManager:
         enable_prefix_caching: bool = False,
         checkpoint_stride: int = 0,
         num_checkpoints: int = 0,
+        checkpoint_policy: CheckpointPolicy = "all",
     ) -> None:
         self.block_size = block_size
         self.block_pool = BlockPool(num_blocks)
@@ -59,7 +73,7 @@ class CacheManager:
         self.prefix: PrefixCache | None = None
         if enable_prefix_caching:
             self.prefix = PrefixCache(
-                self.block_pool, block_size, checkpoint_stride, num_checkpoints
+                self.block_pool, block_size, checkpoint_stride, num_checkpoints, checkpoint_policy
             )
         self._restores: list[tuple[int, int]] = []
 
@@ -70,12 +84,6 @@ class CacheManager:
     @property
     def num_free_slots(self) -> int:
         return self.slot_pool.num_free_slots
-
-    @property
-    def checkpoint_stride(self) -> int:
-        """Chunk ends the scheduler aligns to (0: no checkpoints are taken)."""
-        prefix = self.prefix
-        return prefix.stride if prefix is not None and prefix.checkpoints.num_checkpoints else 0
 
     def checkpoint_row(self, checkpoint_id: int) -> int:
         """Row of a checkpoint in the state tensors (slot rows come first)."""
@@ -157,30 +165,39 @@ class CacheManager:
             row = self.checkpoint_row(hit.checkpoint_id)
             self._restores.append((row, self.state_slots[req.request_id]))
 
-    def plan_save(self, req: Request, end: int) -> None:
+    def plan_saves(self, req: Request, start: int, end: int) -> None:
+        """Reserve the checkpoints `req`'s chunk [start, end) of this step writes."""
         if self.prefix is not None:
-            self.prefix.plan_save(req, end)
+            self.prefix.plan_saves(req, start, end)
+
+    def want_save(self, req: Request, end: int, chunk_end: int | None) -> None:
+        """A waiting request will resume from `req`'s state after `end` tokens."""
+        if self.prefix is not None:
+            self.prefix.want_save(req, end, chunk_end)
 
     def save_evicts_blindly(self, requests: Iterable[Request]) -> bool:
         """Saving the next checkpoint of one of `requests` would evict one before its key is
         known (see `PrefixCache.save_evicts_blindly`); False without checkpoints."""
         return self.prefix is not None and self.prefix.save_evicts_blindly(requests)
 
-    def cancel_save(self, request_id: str) -> None:
-        if self.prefix is not None:
-            self.prefix.cancel_save(request_id)
-
-    def take_state_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """This step's state-row copies: restores (checkpoint row -> slot) to run before the
-        forward, saves (slot -> checkpoint row) to run after it."""
-        restores, self._restores = self._restores, []
+    def take_state_copies(self, chunk_ends: dict[str, int]) -> StateCopies:
+        """This step's state-row work, given each scheduled request's chunk end: restores
+        (checkpoint row -> slot) before the forward, saves at a chunk's end (slot -> checkpoint
+        row) after it, and saves inside a chunk, written by the linear layers during it."""
+        copies = StateCopies(restores=self._restores)
+        self._restores = []
         if self.prefix is None:
-            return restores, []
-        saves = [
-            (self.state_slots[rid], self.checkpoint_row(c))
-            for rid, c in self.prefix.pending_saves().items()
-        ]
-        return restores, saves
+            return copies
+        for save in self.prefix.take_saves():
+            rid, row = save.request_id, self.checkpoint_row(save.checkpoint)
+            end = chunk_ends[rid]
+            if save.end == end:
+                copies.saves.append((self.state_slots[rid], row))
+            else:  # save.end < end: inside the chunk
+                copies.boundaries.setdefault(rid, []).append((save.end, row))
+        for marks in copies.boundaries.values():
+            marks.sort()
+        return copies
 
     def commit(self, req: Request) -> None:
         """`req`'s computed tokens advanced: file its full blocks and due checkpoint."""

@@ -15,11 +15,29 @@ longest such L below the request's length is reused (blocks shared by ref count,
 copied into the request's own state slot) and the rest is computed. A model without linear
 layers needs no checkpoints (stride 0): any block boundary is a hit.
 
-Checkpoints are written by the model runner from the request's slot right after a forward whose
-chunk ended at k*s (the scheduler cuts chunks there), and filed here only once that step's
-tokens are committed. Evicting a block drops the checkpoint keyed by its hash, so a checkpoint
-never outlives the blocks it belongs to; evicting a checkpoint alone keeps the blocks, which
-still serve shorter hits. Plain Python, no torch.
+Which states are saved (the keep policy; LRU under the checkpoint budget either way):
+
+    "all"      every stride boundary a chunk crosses (default: a shared prefix then hits at
+               floor(S / s) * s whatever the chunking and arrival order)
+    "deepest"  the deepest stride boundary of each chunk, plus the boundaries a waiting
+               request asks a running one for (fewer checkpoints written, fewer hits)
+
+plus, for every request, the state where the last full block before its prompt's last token
+ends (the same prompt again reuses all of it but that token), and a tail: the state where its
+last full block ends (B, not s, granularity; one per request, each newer one replacing the
+last), so the next turn of a chat (previous prompt + reply + new message) reuses all of it but
+at most one block. A tail is keyed when its step commits, as every save, so what is findable
+never depends on when a request's end is noticed (the synchronous and asynchronous engines hit
+alike).
+
+A save ending a step's chunk is copied from the request's slot after the forward
+(`state_saves`); one inside the chunk is written by the linear layers during it
+(`state_boundaries`, the chunked ops' interior states); the scheduler never cuts a chunk for a
+checkpoint. A save is filed here only once the step's tokens are committed. Evicting a block
+drops the checkpoint keyed by its hash, so a checkpoint never outlives the blocks it belongs to;
+evicting a checkpoint alone keeps the blocks, which still serve shorter hits; blocks past the
+deepest checkpoint of a released request's chain (no state to resume from there) are evicted
+first. Plain Python, no torch.
 """
 
 from __future__ import annotations
@@ -28,11 +46,14 @@ import hashlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from hyla.cache.block_pool import BlockPool, CheckpointPool
 from hyla.request import Request
 
 ROOT_HASH = 0
+CheckpointPolicy = Literal["all", "deepest"]
+CHECKPOINT_POLICIES = ("all", "deepest")
 
 
 def hash_block(parent: int, token_ids: Sequence[int], extra_keys: tuple = ()) -> int:
@@ -79,16 +100,33 @@ class PrefixHit:
     num_block_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class PlannedSave:
+    """Write the state of `request_id` after `end` tokens into `checkpoint`; a tail is the
+    request's own (filed when it ends), the others are filed when the step commits."""
+
+    request_id: str
+    end: int
+    checkpoint: int
+    is_tail: bool = False
+
+
 @dataclass
 class PrefixStats:
     """Counters since start. `num_block_only_tokens`: prompt tokens whose attention blocks were
     cached up to a checkpoint boundary but lacked the state checkpoint there (a miss that
-    would be silent in an engine that restored the blocks anyway)."""
+    would be silent in an engine that restored the blocks anyway). Queries that cannot hit by
+    their length: `num_below_block_queries` (no full block before the last token: nothing to
+    reuse, ever) and `num_below_stride_queries` (no stride boundary before it: only a finished
+    request's tail checkpoint can serve them). `num_checkpoint_saves`: states written."""
 
     num_queries: int = 0
     num_queried_tokens: int = 0
     num_hit_tokens: int = 0
     num_block_only_tokens: int = 0
+    num_below_block_queries: int = 0
+    num_below_stride_queries: int = 0
+    num_checkpoint_saves: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -103,23 +141,35 @@ class PrefixCache:
         block_size: B.
         checkpoint_stride: s, a multiple of B; 0 when the model has no linear layers.
         num_checkpoints: size of the checkpoint pool.
+        policy: which stride boundaries are saved ("all" or "deepest", module docstring).
     """
 
     def __init__(
-        self, block_pool: BlockPool, block_size: int, checkpoint_stride: int, num_checkpoints: int
+        self,
+        block_pool: BlockPool,
+        block_size: int,
+        checkpoint_stride: int,
+        num_checkpoints: int,
+        policy: CheckpointPolicy = "all",
     ) -> None:
         if checkpoint_stride % block_size:
             raise ValueError(f"checkpoint_stride: {checkpoint_stride} is not a multiple of B")
+        if policy not in CHECKPOINT_POLICIES:
+            raise ValueError(f"policy: {policy!r} not in {CHECKPOINT_POLICIES}")
         self.block_pool = block_pool
         block_pool.on_evict = self._on_block_evicted
         self.checkpoints = CheckpointPool(num_checkpoints)
         self.block_size = block_size
         self.stride = checkpoint_stride
         self.granule = checkpoint_stride or block_size
+        self.policy = policy
         self.stats = PrefixStats()
         self._hashes: dict[str, list[int]] = {}
         self._num_filed: dict[str, int] = {}
-        self._pending: dict[str, tuple[int, int]] = {}  # id -> (length, checkpoint) to file
+        self._pending: dict[str, list[PlannedSave]] = {}  # planned, not yet committed
+        self._step_saves: list[PlannedSave] = []  # planned since the last `take_saves`
+        self._tails: dict[str, PlannedSave] = {}  # committed tail of each request
+        self._wanted: dict[str, set[int]] = {}  # boundaries waiting requests ask a request for
         self._restoring: list[int] = []
         self._in_flight: dict[int, str] = {}  # hash of a block being computed -> request id
         self._in_flight_of: dict[str, list[int]] = {}
@@ -153,11 +203,10 @@ class PrefixCache:
         num_block_tokens = m * self.block_size
         if not self.stride:
             return PrefixHit(num_block_tokens, block_ids, None, num_block_tokens)
-        per = self.stride // self.block_size
-        for k in range(m // per, 0, -1):
-            c = self.checkpoints.lookup(hashes[k * per - 1])
+        for j in range(m, 0, -1):  # stride checkpoints, and tails at any block boundary
+            c = self.checkpoints.lookup(hashes[j - 1])
             if c is not None:
-                return PrefixHit(k * self.stride, block_ids[: k * per], c, num_block_tokens)
+                return PrefixHit(j * self.block_size, block_ids[:j], c, num_block_tokens)
         return PrefixHit(0, [], None, num_block_tokens)
 
     def in_flight_boundary(self, req: Request, hit: PrefixHit) -> tuple[int, str] | None:
@@ -180,6 +229,11 @@ class PrefixCache:
         s.num_queries += 1
         s.num_queried_tokens += req.num_tokens
         s.num_hit_tokens += hit.num_tokens
+        reusable = req.num_tokens - 1  # the last token is always computed
+        if reusable < self.block_size:
+            s.num_below_block_queries += 1
+        elif reusable < self.stride:
+            s.num_below_stride_queries += 1
         if self.stride:
             reachable = hit.num_block_tokens // self.stride * self.stride
             s.num_block_only_tokens += max(0, reachable - hit.num_tokens)
@@ -203,25 +257,65 @@ class PrefixCache:
             self.checkpoints.release(c)
         self._restoring.clear()
 
-    def plan_save(self, req: Request, end: int) -> int | None:
-        """Reserve a checkpoint for the state after `end` tokens when `end` is a stride boundary
-        not yet checkpointed. Returns the checkpoint id (written after this step) or None."""
-        if not self.stride or end <= 0 or end % self.stride:
-            return None
-        hashes = self.hashes(req)
-        # A block ending in a placeholder token has no hash yet: reserve anyway, `commit` keys
-        # the checkpoint once the value is known (or frees it when the key already has one).
-        if len(hashes) >= end // self.block_size:
-            if self.checkpoints.lookup(hashes[end // self.block_size - 1]) is not None:
-                return None
+    def plan_saves(self, req: Request, start: int, end: int) -> None:
+        """Reserve checkpoints for the states `req`'s chunk [start, end) passes that the policy
+        keeps and nobody checkpointed yet, and for its tail (the last block boundary in it)."""
+        if not self.stride or not self.checkpoints.num_checkpoints:
+            return
+        kept = self._kept_ends(req, start, end)
+        for p in kept:
+            if not self._has_checkpoint(req, p) and not self._reserve(req, p, is_tail=False):
+                return
+        # A tail is reserved without looking for a checkpoint there (its key may hold a
+        # placeholder token now; the synchronous engine must plan the same): a redundant one is
+        # found out and freed when its step commits.
+        tail = end // self.block_size * self.block_size
+        if tail > start and tail not in kept:
+            self._reserve(req, tail, is_tail=True)
+
+    def want_save(self, req: Request, end: int, chunk_end: int | None) -> None:
+        """A waiting request will resume from `req`'s state after `end` tokens: keep it, also
+        when this step's chunk of `req` (ending at `chunk_end`, None if not scheduled) passes
+        it and the policy did not plan it."""
+        self._wanted.setdefault(req.request_id, set()).add(end)
+        if chunk_end is None or not req.num_computed_tokens < end <= chunk_end:
+            return
+        planned = any(p.end == end for p in self._pending.get(req.request_id, []))
+        if not planned and not self._has_checkpoint(req, end):
+            self._reserve(req, end, is_tail=False)
+
+    def _kept_ends(self, req: Request, start: int, end: int) -> list[int]:
+        """The lengths in (start, end] the policy checkpoints: stride multiples, and the last
+        block boundary before the prompt's last token."""
+        s = self.stride
+        ends = list(range(start // s * s + s, end + 1, s))
+        if self.policy == "deepest" and ends:
+            wanted = self._wanted.get(req.request_id, set())
+            ends = [p for p in ends if p in wanted or p == ends[-1]]
+        last = (req.num_prompt_tokens - 1) // self.block_size * self.block_size
+        if start < last <= end and last not in ends:  # the same prompt again can hit here
+            ends = sorted([*ends, last])
+        return ends
+
+    def _has_checkpoint(self, req: Request, end: int) -> bool:
+        """A checkpoint is filed for `req`'s first `end` tokens. False when a block ending there
+        holds a placeholder token (no hash yet): the save is reserved anyway, and `commit`
+        frees it when the key turns out to be checkpointed already."""
+        hashes, j = self.hashes(req), end // self.block_size
+        return len(hashes) >= j and self.checkpoints.lookup(hashes[j - 1]) is not None
+
+    def _reserve(self, req: Request, end: int, is_tail: bool) -> bool:
         c = self.checkpoints.allocate()
-        if c is not None:
-            self._pending[req.request_id] = (end, c)
-        return c
+        if c is None:
+            return False
+        save = PlannedSave(req.request_id, end, c, is_tail)
+        self._pending.setdefault(req.request_id, []).append(save)
+        self._step_saves.append(save)
+        return True
 
     def save_evicts_blindly(self, requests: Iterable[Request]) -> bool:
         """One of `requests`' next decode ends a stride at its placeholder token and reserving
-        the checkpoint there would evict a cached one: `plan_save` cannot tell yet whether the
+        the checkpoint there would evict a cached one: `plan_saves` cannot tell yet whether the
         key is already checkpointed (the synchronous engine evicts nothing then), so the caller
         should write the value first. O(1) unless every free checkpoint is keyed."""
         if not self.stride or not self.checkpoints.allocate_evicts:
@@ -230,18 +324,14 @@ class PrefixCache:
             req.num_placeholders > 0 and req.num_tokens % self.stride == 0 for req in requests
         )
 
-    def cancel_save(self, request_id: str) -> None:
-        pending = self._pending.pop(request_id, None)
-        if pending is not None:
-            self.checkpoints.release(pending[1])
-
-    def pending_saves(self) -> dict[str, int]:
-        """Request id -> checkpoint id to write from its slot after this step's forward."""
-        return {rid: c for rid, (_, c) in self._pending.items()}
+    def take_saves(self) -> list[PlannedSave]:
+        """The saves planned since the last call (this step's), in planning order."""
+        saves, self._step_saves = self._step_saves, []
+        return saves
 
     def commit(self, req: Request, block_table: list[int]) -> None:
-        """After a step: file `req`'s newly computed full blocks, then its checkpoint (only if
-        the step ended exactly at the checkpoint's length)."""
+        """After a step: file `req`'s newly computed full blocks, then its saves the step
+        reached (checkpoints keyed by the block ending there; a tail replaces the previous)."""
         rid = req.request_id
         hashes = self.hashes(req)
         done = req.num_computed_tokens // self.block_size
@@ -250,19 +340,59 @@ class PrefixCache:
             if self._in_flight.get(hashes[j]) == rid:
                 del self._in_flight[hashes[j]]
         self._num_filed[rid] = max(done, self._num_filed.get(rid, 0))
-        pending = self._pending.pop(rid, None)
-        if pending is None:
-            return
-        end, c = pending
-        if end == req.num_computed_tokens:
-            key = hashes[end // self.block_size - 1]
-            if self.block_pool.lookup(key) is not None:
-                self.checkpoints.register(c, key)
-        self.checkpoints.release(c)
+        pending = self._pending.pop(rid, [])
+        later = [p for p in pending if p.end > req.num_computed_tokens]
+        if later:
+            self._pending[rid] = later
+        for save in pending:
+            if save.end <= req.num_computed_tokens:
+                self.stats.num_checkpoint_saves += 1
+                self._file(req, save, hashes)
+
+    def _file(self, req: Request, save: PlannedSave, hashes: list[int]) -> None:
+        """Key a committed save under the block ending at its end (when that block is cached and
+        the key has no checkpoint yet). A request keeps one tail: a newer tail, or a checkpoint
+        at least as deep, unkeys and frees the previous one."""
+        rid = req.request_id
+        key = hashes[save.end // self.block_size - 1]
+        kept = self.block_pool.lookup(key) is not None and self.checkpoints.register(
+            save.checkpoint, key
+        )
+        old = self._tails.get(rid)
+        if old is not None and save.end >= old.end:
+            del self._tails[rid]
+            self.checkpoints.unregister(old.checkpoint)
+            self.checkpoints.release(old.checkpoint)
+        if save.is_tail and kept:
+            self._tails[rid] = save  # held (referenced) until superseded or the request ends
+        else:
+            self.checkpoints.release(save.checkpoint)
+
+    def _release_tail(self, request_id: str) -> None:
+        """`request_id` ended: its tail stays cached (keyed, LRU) for the next turn."""
+        tail = self._tails.pop(request_id, None)
+        if tail is not None:
+            self.checkpoints.release(tail.checkpoint)
+
+    def _evict_first_past_checkpoints(self, request_id: str) -> None:
+        """Blocks of `request_id`'s chain past its deepest checkpoint cannot start a hit (no
+        state there): their free-queue entries go first in line for eviction."""
+        hashes = self._hashes.get(request_id, [])
+        j = len(hashes)
+        while j > 0 and self.checkpoints.lookup(hashes[j - 1]) is None:
+            j -= 1
+        stale = [self.block_pool.lookup(h) for h in hashes[j:]]
+        self.block_pool.evict_first([b for b in stale if b is not None])
 
     def release(self, request_id: str, keep_hashes: bool = False) -> None:
-        """`request_id` gave its cache back: drop its pending save and in-flight blocks."""
-        self.cancel_save(request_id)
+        """`request_id` gave its cache back (its blocks are freed): drop its pending saves and
+        in-flight blocks, let its tail checkpoint go to the LRU."""
+        for save in self._pending.pop(request_id, []):
+            self.checkpoints.release(save.checkpoint)
+        self._release_tail(request_id)
+        if self.stride:
+            self._evict_first_past_checkpoints(request_id)
+        self._wanted.pop(request_id, None)
         self._num_filed.pop(request_id, None)
         for h in self._in_flight_of.pop(request_id, ()):
             if self._in_flight.get(h) == request_id:

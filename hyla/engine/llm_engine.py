@@ -65,6 +65,9 @@ class EngineStats:
     `prefix_cache_hit_rate`, and `prefix_cache_block_only_tokens`: tokens whose attention blocks
     were cached up to a checkpoint boundary without the linear-state checkpoint there (a miss
     that an engine restoring the blocks alone would turn into silently wrong output).
+    `prefix_cache_below_{block,stride}_queries`: sequences too short to reuse anything (no full
+    block before the last token) or to reach a stride checkpoint (only a finished request's tail
+    serves them); `cached_checkpoint_bytes` = cached checkpoints x bytes per checkpoint.
     """
 
     num_running: int
@@ -84,6 +87,10 @@ class EngineStats:
     num_cached_blocks: int = 0
     num_total_checkpoints: int = 0
     num_cached_checkpoints: int = 0
+    cached_checkpoint_bytes: int = 0
+    prefix_cache_below_block_queries: int = 0
+    prefix_cache_below_stride_queries: int = 0
+    prefix_cache_checkpoint_saves: int = 0
 
 
 class LLMEngine:
@@ -123,6 +130,7 @@ class LLMEngine:
             enable_prefix_caching=engine_config.cache.enable_prefix_caching,
             checkpoint_stride=engine_config.cache.state_checkpoint_stride if has_state else 0,
             num_checkpoints=plan.num_checkpoints,
+            checkpoint_policy=engine_config.cache.prefix_checkpoint_policy,
         )
         self.scheduler = Scheduler(sched, self.cache)
         sizes: tuple[int, ...] = ()
@@ -328,6 +336,10 @@ class LLMEngine:
             num_cached_blocks=self.cache.block_pool.num_cached_blocks,
             num_total_checkpoints=prefix.checkpoints.num_checkpoints,
             num_cached_checkpoints=len(prefix.checkpoints.cached),
+            cached_checkpoint_bytes=len(prefix.checkpoints.cached) * self.cache_plan.bytes_per_slot,
+            prefix_cache_below_block_queries=s.num_below_block_queries,
+            prefix_cache_below_stride_queries=s.num_below_stride_queries,
+            prefix_cache_checkpoint_saves=s.num_checkpoint_saves,
         )
 
     # -- the step --------------------------------------------------------------------------------

@@ -5,7 +5,8 @@
            | min(memory_fraction * free RAM, cpu_cache_memory_default)   (CPU)
     slots  = (num_state_slots or max_num_seqs) + 1 padding slot, paid first
     checkpoints (prefix caching, models with linear layers) = num_state_checkpoints, or one per
-             state_checkpoint_stride tokens of blocks, taking at most a quarter of what is left
+             state_checkpoint_stride tokens of blocks plus two per slot (a running request's
+             tail and the save it has in flight), taking at most a quarter of what is left
     blocks = (budget - slot and checkpoint bytes) // bytes per block, capped at what
              max_num_seqs sequences of max_model_len tokens can use, + 1 null block
 
@@ -60,7 +61,7 @@ class CachePlan:
             f"{tokens} tokens ({self.num_blocks * self.bytes_per_block / MIB:.1f} MiB); "
             f"{self.num_usable_slots} state slots "
             f"({self.num_slots * self.bytes_per_slot / MIB:.1f} MiB); "
-            f"{self.num_checkpoints} state checkpoints "
+            f"{self.num_checkpoints} state checkpoints of {self.bytes_per_slot} bytes "
             f"({self.num_checkpoints * self.bytes_per_slot / MIB:.1f} MiB)"
         )
 
@@ -118,8 +119,8 @@ def plan_cache(
                 f"kv_cache_memory: {budget} bytes cannot hold {num_slots} state slots of "
                 f"{per_slot} bytes; lower max_num_seqs/num_state_slots or raise the budget"
             )
-        if fixed is None:  # one checkpoint per stride of blocks, at most a quarter of the rest
-            units = left // (stride_blocks * per_block + per_slot)
+        if fixed is None:  # per stride of blocks + 2 per slot, at most a quarter of the rest
+            units = left // (stride_blocks * per_block + per_slot) + 2 * (num_slots - 1)
             reserve = min(units * per_slot, left // 4 // per_slot * per_slot)
             left -= reserve
         cap = max_num_seqs * blocks_per_seq + 1
@@ -133,7 +134,7 @@ def plan_cache(
         )
     num_checkpoints = fixed
     if fixed is None:
-        num_checkpoints = -(-(num_blocks - 1) // stride_blocks)
+        num_checkpoints = -(-(num_blocks - 1) // stride_blocks) + 2 * (num_slots - 1)
         if reserve is not None:
             num_checkpoints = min(num_checkpoints, reserve // per_slot)
     plan = CachePlan(num_blocks, num_slots, block_size, per_block, per_slot, num_checkpoints)

@@ -25,7 +25,7 @@ from hyla.cache.manager import CacheManager
 from hyla.engine.cuda_graphs import CaptureFailed, DecodeGraphs, DecodeInputs
 from hyla.engine.memory import CachePlan
 from hyla.engine.sampler import top_logprobs
-from hyla.engine.state_copies import copy_state_rows, state_tensors
+from hyla.engine.state_copies import copy_state_rows, set_state_boundaries, state_tensors
 from hyla.forward_batch import (
     DeviceTokens,
     allocate_caches,
@@ -126,11 +126,12 @@ class ModelRunner:
                 caches=self.caches,
                 device=self.device,
             )
+            set_state_boundaries(batch, ids, context_lens, out.state_boundaries)
             input_ids = index_tensor(tokens, self.device)
             if device_tokens is not None:
                 device_tokens.apply(input_ids)
             hidden = self.model(input_ids, batch.positions, batch)
-        copy_state_rows(self.state_tensors, out.state_saves)  # slot at k*stride -> checkpoint
+        copy_state_rows(self.state_tensors, out.state_saves)  # slot at its chunk end -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
 
     def _logits(

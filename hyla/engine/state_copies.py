@@ -1,4 +1,5 @@
-"""Copies of whole linear-layer state rows: prefix-cache checkpoint saves and restores.
+"""Copies of whole linear-layer state rows: prefix-cache checkpoint saves and restores, and
+the checkpoints the linear layers write inside a chunk (`set_state_boundaries`).
 
 The state tensors of every linear layer (`recurrent_state`, `conv_state`, see
 `hyla.cache.spec`) have one row per state slot followed by one row per checkpoint; the cache
@@ -12,7 +13,7 @@ import torch
 
 from hyla.cache.spec import layer_cache_specs
 from hyla.config import ModelConfig
-from hyla.forward_batch import LayerCache, index_tensor
+from hyla.forward_batch import ForwardBatch, LayerCache, index_tensor
 
 
 def state_tensors(config: ModelConfig, caches: list[LayerCache]) -> list[torch.Tensor]:
@@ -37,3 +38,23 @@ def copy_state_rows(tensors: list[torch.Tensor], copies: list[tuple[int, int]]) 
     dst = index_tensor([d for _, d in copies], device)
     for t in tensors:
         t.index_copy_(0, dst, t.index_select(0, src))
+
+
+def set_state_boundaries(
+    batch: ForwardBatch,
+    ids: list[str],
+    context_lens: list[int],
+    boundaries: dict[str, list[tuple[int, int]]],
+) -> None:
+    """Hand the linear layers this step's checkpoints inside a chunk: request `ids[i]`'s
+    (tokens computed, state row) pairs become `batch.state_boundaries[i]` (tokens into its
+    chunk) and rows of `batch.boundary_rows` (sequence-major)."""
+    if not boundaries:
+        return
+    marks = [
+        [end - c for end, _ in boundaries.get(r, ())]
+        for r, c in zip(ids, context_lens, strict=True)
+    ]
+    rows = [row for r in ids for _, row in boundaries.get(r, ())]
+    batch.state_boundaries = marks
+    batch.boundary_rows = index_tensor(rows, batch.state_indices.device)

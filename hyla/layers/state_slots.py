@@ -18,7 +18,7 @@ import torch
 
 from hyla.forward_batch import ForwardBatch, LayerCache, index_tensor
 from hyla.ops.gpu import triton_runs_on
-from hyla.ops.short_conv import causal_conv1d
+from hyla.ops.short_conv import causal_conv1d, conv_states_at
 
 DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -50,7 +50,7 @@ def short_conv_step(
         from hyla.ops.short_conv import kernels
 
         return kernels.conv_update_slots(mixed, weight, None, pool, batch.state_indices, "silu")
-    if varlen_conv_runs(pool, batch):
+    if varlen_conv_runs(pool, batch) and batch.state_boundaries is None:
         from hyla.ops.short_conv import varlen_kernels
 
         has_state = batch.shared(("has_initial_state", pool.device), lambda: index_tensor(
@@ -59,6 +59,10 @@ def short_conv_step(
             mixed, weight, None, batch.cu_seqlens, pool, batch.state_indices, has_state, "silu"
         )
     state = read_slots(cache, "conv_state", batch)
+    if batch.state_boundaries is not None:  # checkpoints inside the chunks
+        W = weight.shape[-1]
+        inside = conv_states_at(mixed, batch.cu_seqlens_host, state, batch.state_boundaries, W)
+        pool.index_copy_(0, batch.boundary_rows, inside.to(pool.dtype))
     out, new_state = causal_conv1d(
         mixed, weight, None, batch.cu_seqlens, state, "silu", cu_seqlens_host=batch.cu_seqlens_host
     )
@@ -89,12 +93,14 @@ class SubBatch:
         rows: [T'] int64 packed rows of these sequences' tokens (device).
         seqs: [N'] int64 their positions in the batch (device).
         cu_seqlens: [N' + 1] int32 offsets within the rows (device); cu_seqlens_cpu: the same, CPU.
+        seqs_host: `seqs` as host ints.
     """
 
     rows: torch.Tensor
     seqs: torch.Tensor
     cu_seqlens: torch.Tensor
     cu_seqlens_cpu: torch.Tensor
+    seqs_host: tuple[int, ...]
 
 
 def _sub_batch(batch: ForwardBatch, seqs: list[int], device: torch.device) -> SubBatch:
@@ -106,6 +112,7 @@ def _sub_batch(batch: ForwardBatch, seqs: list[int], device: torch.device) -> Su
         seqs=index_tensor(seqs, device),
         cu_seqlens=index_tensor(cu, device, torch.int32),
         cu_seqlens_cpu=torch.tensor(cu, dtype=torch.int32),
+        seqs_host=tuple(seqs),
     )
 
 
@@ -178,8 +185,9 @@ def delta_rule_step(
     Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
     """
     lens = batch.query_lens
+    pool = cache["recurrent_state"]
+    inside = _boundary_buffer(batch, pool)
     if _is_pure_decode(batch):
-        pool = cache["recurrent_state"]
         if pool.is_cuda:  # the op reads and writes the slots in place (fla), no host sync
             o, _ = recurrent_fn(
                 q, k, v, g, beta, batch.cu_seqlens, pool, use_qk_l2norm=True,
@@ -196,8 +204,11 @@ def delta_rule_step(
             o, final = recurrent_fn(*args, use_qk_l2norm=True, inplace_state=True)
         else:  # the host offsets spare the op a device sync (see `kda.kernels.chunk_kda`)
             host = batch.shared("cu_seqlens_cpu", lambda: torch.tensor(batch.cu_seqlens_host))
-            o, final = chunk_fn(*args, use_qk_l2norm=True, inplace_state=True, cu_seqlens_cpu=host)
-        pool = cache["recurrent_state"]  # float32, or bfloat16 (`mamba_ssm_cache_dtype`)
+            extra = _boundary_args(batch, inside, range(len(lens)))
+            o, final = chunk_fn(
+                *args, use_qk_l2norm=True, inplace_state=True, cu_seqlens_cpu=host, **extra
+            )
+        _write_boundaries(pool, batch, inside)
         pool.index_copy_(0, batch.state_indices, final.to(pool.dtype))
         return o
     final = state.clone()
@@ -207,10 +218,38 @@ def delta_rule_step(
             continue
         rows, idx = sub.rows, sub.seqs
         extra = {"cu_seqlens_cpu": sub.cu_seqlens_cpu} if fn is chunk_fn else {}
+        if fn is chunk_fn:  # only multi-token sequences have boundaries inside their chunk
+            extra.update(_boundary_args(batch, inside, sub.seqs_host))
         args = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub.cu_seqlens, state[idx])
         o_sub, final_sub = fn(*args, use_qk_l2norm=True, **extra)
         o[rows] = o_sub
         final[idx] = final_sub
-    pool = cache["recurrent_state"]
+    _write_boundaries(pool, batch, inside)
     pool.index_copy_(0, batch.state_indices, final.to(pool.dtype))
     return o
+
+
+def _boundary_buffer(batch: ForwardBatch, pool: torch.Tensor) -> torch.Tensor | None:
+    """[M, HV, K, V] fp32 for the states at `batch.state_boundaries` (None when there are none;
+    a single-token sequence has none, so a pure decode step never does)."""
+    if batch.state_boundaries is None:
+        return None
+    M = sum(len(b) for b in batch.state_boundaries)
+    return torch.empty(M, *pool.shape[1:], dtype=torch.float32, device=pool.device)
+
+
+def _boundary_args(batch: ForwardBatch, inside: torch.Tensor | None, seqs) -> dict:
+    """The chunk op's boundary arguments for the batch positions `seqs` (every multi-token
+    sequence, in batch order: the others have no boundaries, so all rows of `inside` are
+    theirs)."""
+    if inside is None:
+        return {}
+    return {
+        "state_boundaries": [batch.state_boundaries[i] for i in seqs],
+        "boundary_states": inside,
+    }
+
+
+def _write_boundaries(pool: torch.Tensor, batch: ForwardBatch, inside: torch.Tensor | None) -> None:
+    if inside is not None:
+        pool.index_copy_(0, batch.boundary_rows, inside.to(pool.dtype))

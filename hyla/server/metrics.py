@@ -33,6 +33,8 @@ _KNOWN_STATS = {
     "num_free_blocks": "hyla_cache_blocks_free",
     "num_total_slots": "hyla_state_slots_total",
     "num_free_slots": "hyla_state_slots_free",
+    "num_cached_checkpoints": "hyla_prefix_cache_checkpoints",
+    "cached_checkpoint_bytes": "hyla_prefix_cache_checkpoint_bytes",
 }
 # Prefix-cache counters of EngineStats (monotonic since engine start), exported as counters.
 _COUNTER_STATS = {
@@ -46,6 +48,14 @@ _COUNTER_STATS = {
         "hyla_prefix_cache_block_only_tokens",
         "prompt tokens whose attention blocks were cached without the linear-state checkpoint "
         "(recomputed: a miss another engine might have served silently wrong)"),
+    "prefix_cache_below_block_queries": (
+        "hyla_prefix_cache_below_block_queries",
+        "sequences with no full block before their last token (nothing reusable)"),
+    "prefix_cache_below_stride_queries": (
+        "hyla_prefix_cache_below_stride_queries",
+        "sequences with no checkpoint stride before their last token (only a tail can hit)"),
+    "prefix_cache_checkpoint_saves": (
+        "hyla_prefix_cache_checkpoint_saves", "linear-state checkpoints written"),
 }
 
 

@@ -62,14 +62,33 @@ def test_evicting_a_block_drops_the_checkpoint_keyed_by_it():
     hit = cm.match(req)
     assert hit.num_tokens == 0 and cm.allocate("a", 4, hit)
     cm.start(req, hit)
-    cm.plan_save(req, 4)
+    cm.plan_saves(req, 0, 4)
     req.num_computed_tokens = 4
     cm.commit(req)
     keys = cm.prefix.hashes(req)
-    assert set(cm.prefix.checkpoints.cached) == {keys[1]}
+    assert set(cm.prefix.checkpoints.cached) == {keys[0], keys[1]}
     cm.free("a")
     again = Request("b", [1, 2, 3, 4, 9], SamplingParams())
     assert cm.match(again).num_tokens == 4
     cm.allocate("x", 8)  # needs all 4 blocks: evicts a's, and their checkpoint with them
     assert not cm.block_pool.cached and not cm.prefix.checkpoints.cached
     assert cm.match(again).num_tokens == 0
+
+
+def test_blocks_past_the_deepest_checkpoint_are_evicted_first():
+    cm = CacheManager(9, 3, 2, enable_prefix_caching=True, checkpoint_stride=4, num_checkpoints=4)
+    req = Request("a", list(range(1, 10)), SamplingParams())
+    hit = cm.match(req)
+    assert cm.allocate("a", 8, hit)
+    cm.start(req, hit)
+    cm.plan_saves(req, 0, 8)
+    req.num_computed_tokens = 8
+    cm.commit(req)
+    table = list(cm.block_table("a"))
+    keys = cm.prefix.hashes(req)
+    assert set(cm.prefix.checkpoints.cached) == {keys[1], keys[3]}  # states after 4 and 8
+    cm.prefix.checkpoints.drop(keys[3])  # (LRU-evicted) no state after 8 any more
+    cm.free("a")
+    free = cm.block_pool.free_block_ids()
+    assert free[:2] == table[2:4]  # tokens 4..8 cannot start a hit: first to go
+    assert set(free[2:]) >= set(table[:2]) and cm.match(req).num_tokens == 4

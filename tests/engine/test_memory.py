@@ -39,8 +39,8 @@ def test_state_checkpoints_share_the_budget(config, caplog):
         cache = CacheConfig(block_size=16, state_checkpoint_stride=stride, num_state_slots=8)
         with caplog.at_level(logging.INFO, logger="hyla.engine"):
             plan = plan_cache(config, cache, 2048, 256, budget)
-        per_stride = -(-(plan.num_usable_blocks * 16) // stride)
-        # one checkpoint per stride of blocks, at most a quarter of what the slots leave
+        per_stride = -(-(plan.num_usable_blocks * 16) // stride) + 2 * 8
+        # one checkpoint per stride of blocks + 2 per slot (tails), at most a quarter of the rest
         assert 0 <= min(per_stride, quarter // per_slot) - plan.num_checkpoints <= 1
         assert plan.total_bytes <= budget < plan.total_bytes + 16 * per_tok + 2 * per_slot
         assert f"{plan.num_checkpoints} state checkpoints" in caplog.text
@@ -49,7 +49,7 @@ def test_state_checkpoints_share_the_budget(config, caplog):
     fixed = plan_cache(config, CacheConfig(block_size=16, num_state_checkpoints=3), 256, 8, budget)
     assert fixed.num_checkpoints == 3 and fixed.total_bytes <= budget
     explicit = plan_cache(config, CacheConfig(block_size=16, num_blocks=32), 64, 8, 0)
-    assert explicit.num_checkpoints == 2  # 32 blocks x 16 tokens / stride 256
+    assert explicit.num_checkpoints == 2 + 2 * 8  # 32 blocks x 16 tokens / stride 256 + tails
 
 
 def test_blocks_capped_at_what_max_num_seqs_can_use(config):

@@ -4,6 +4,8 @@ results as `reference.py` (tests/ops/test_gdn.py holds them together)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from hyla.ops.gdn.reference import _per_channel
@@ -56,9 +58,12 @@ def chunk_gated_delta_rule(
     chunk_size: int = 16,
     inplace_state: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    state_boundaries: Sequence[Sequence[int]] | None = None,
+    boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.chunk_gated_delta_rule`, all sequences' chunks batched. g: [T, HV];
-    `inplace_state` and `cu_seqlens_cpu` (unused) as in `hyla.ops.kda.cpu.chunk_kda`.
+    `inplace_state`, `cu_seqlens_cpu` (unused), `state_boundaries` and `boundary_states` as in
+    `hyla.ops.kda.cpu.chunk_kda`.
 
     Raises:
         ValueError: inconsistent shapes, or chunk_size < 1.
@@ -77,4 +82,6 @@ def chunk_gated_delta_rule(
         use_qk_l2norm,
         chunk_size=chunk_size,
         inplace_state=inplace_state,
+        state_boundaries=state_boundaries,
+        boundary_states=boundary_states,
     )

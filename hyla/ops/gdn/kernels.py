@@ -13,8 +13,11 @@ every state twice more (copy-back or gather/scatter). The broadcast g costs one 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from hyla.ops.kda.boundaries import split_at_boundaries
 from hyla.ops.kda.kernels import check_step_shapes, fused_recurrent, run_fla_chunk
 
 FLA_GDN_CHUNK_SIZES = (16, 32, 64)
@@ -66,9 +69,12 @@ def chunk_gated_delta_rule(
     chunk_size: int = 64,
     inplace_state: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    state_boundaries: Sequence[Sequence[int]] | None = None,
+    boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule in chunks (`reference.chunk_gated_delta_rule`); g: [T, HV], the rest as
-    in `hyla.ops.kda.kernels.chunk_kda` (`cu_seqlens_cpu` too).
+    in `hyla.ops.kda.kernels.chunk_kda` (`cu_seqlens_cpu`, `state_boundaries` and
+    `boundary_states` too: split into rounds of fla calls at the boundaries).
 
     Args:
         chunk_size: tiling only; fla supports 16, 32 and 64, any other value runs with 64.
@@ -77,6 +83,12 @@ def chunk_gated_delta_rule(
     """
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gdr
 
+    if state_boundaries is not None and any(state_boundaries):
+        return split_at_boundaries(
+            chunk_gated_delta_rule, q, k, v, g, beta, cu_seqlens, initial_state, scale,
+            use_qk_l2norm, state_boundaries=state_boundaries, boundary_states=boundary_states,
+            inplace_state=inplace_state, cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size,
+        )  # fmt: skip
     inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
     fla_chunk_size = chunk_size if chunk_size in FLA_GDN_CHUNK_SIZES else 64
     return run_fla_chunk(fla_chunk_gdr, inputs, 2, scale, use_qk_l2norm, chunk_size,

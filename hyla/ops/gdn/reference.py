@@ -15,6 +15,8 @@ chunked form. Conventions (packed varlen, fp32 compute, fp32 states) are those o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from hyla.ops.kda.reference import check_delta_inputs, chunk_kda, recurrent_kda
@@ -69,9 +71,12 @@ def chunk_gated_delta_rule(
     use_qk_l2norm: bool = False,
     *,
     chunk_size: int = 64,
+    state_boundaries: Sequence[Sequence[int]] | None = None,
+    boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gated delta rule in chunks; same arguments and results as `recurrent_gated_delta_rule`
-    (equal up to fp32 rounding).
+    (equal up to fp32 rounding); `state_boundaries` / `boundary_states` as in
+    `hyla.ops.kda.reference.chunk_kda`.
 
     Raises:
         ValueError: inconsistent shapes, or chunk_size < 1.
@@ -79,5 +84,6 @@ def chunk_gated_delta_rule(
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=2)
     g = _per_channel(g, q.shape[-1])
     return chunk_kda(
-        q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, chunk_size=chunk_size
-    )
+        q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, chunk_size=chunk_size,
+        state_boundaries=state_boundaries, boundary_states=boundary_states,
+    )  # fmt: skip

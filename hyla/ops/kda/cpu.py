@@ -20,8 +20,11 @@ so results do not depend on the batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from hyla.ops.kda.boundaries import split_at_boundaries
 from hyla.ops.kda.chunk_algebra import ChunkLayout, inter_chunk, intra_chunk
 from hyla.ops.kda.reference import _initial, check_delta_inputs, prepare_qk
 
@@ -111,6 +114,8 @@ def chunk_kda(
     chunk_size: int = 16,
     inplace_state: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    state_boundaries: Sequence[Sequence[int]] | None = None,
+    boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.chunk_kda` with all sequences' chunks batched (same args and results; fp32
     throughout, chunks of 16 by default).
@@ -118,9 +123,17 @@ def chunk_kda(
     Args:
         inplace_state: as in `recurrent_kda`.
         cu_seqlens_cpu: unused here (the signature of `kernels.chunk_kda`).
+        state_boundaries, boundary_states: states inside each sequence, as in
+            `reference.chunk_kda` (computed by `boundaries.split_at_boundaries`).
     Raises:
         ValueError: inconsistent shapes, or chunk_size < 1.
     """
+    if state_boundaries is not None and any(state_boundaries):
+        return split_at_boundaries(
+            chunk_kda, q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm,
+            state_boundaries=state_boundaries, boundary_states=boundary_states,
+            inplace_state=inplace_state, chunk_size=chunk_size,
+        )  # fmt: skip
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=3)
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")

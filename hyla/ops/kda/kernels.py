@@ -34,10 +34,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+from hyla.ops.kda.boundaries import split_at_boundaries
 from hyla.ops.kda.reference import check_delta_inputs
 
 DeltaRuleOp = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -360,6 +361,8 @@ def chunk_kda(
     chunk_size: int = 64,
     inplace_state: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    state_boundaries: Sequence[Sequence[int]] | None = None,
+    boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA in chunks (`reference.chunk_kda`: same arguments and results up to the precision
     noted in the module docstring). Shapes as in `recurrent_kda` (initial_state [N, HV, K, V]).
@@ -373,12 +376,21 @@ def chunk_kda(
             does: `ForwardBatch.cu_seqlens_host`): fla plans its chunks on the host, and without
             them cu_seqlens is copied back, a device sync per step that stops the host from
             queueing kernels ahead of the GPU. Not checked against cu_seqlens (that would sync).
+        state_boundaries, boundary_states: states inside each sequence, as in
+            `reference.chunk_kda`: the call is split into rounds of fla calls at the boundaries
+            (`boundaries.split_at_boundaries`).
     Raises:
         ValueError: inconsistent shapes or cu_seqlens, chunk_size < 1, or a `cu_seqlens_cpu`
             that is not a CPU tensor.
     """
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
+    if state_boundaries is not None and any(state_boundaries):
+        return split_at_boundaries(
+            chunk_kda, q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm,
+            state_boundaries=state_boundaries, boundary_states=boundary_states,
+            inplace_state=inplace_state, cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size,
+        )  # fmt: skip
     inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
     fla_chunk_size = chunk_size if chunk_size in FLA_KDA_CHUNK_SIZES else 64
     return run_fla_chunk(fla_chunk_kda, inputs, 3, scale, use_qk_l2norm, chunk_size,

@@ -20,7 +20,11 @@ takes v's dtype, states are fp32.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from hyla.ops.kda.boundaries import check_boundaries
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -174,12 +178,17 @@ def chunk_kda(
     use_qk_l2norm: bool = False,
     *,
     chunk_size: int = 64,
+    state_boundaries: Sequence[Sequence[int]] | None = None,
+    boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA in chunks of `chunk_size` tokens per sequence; same arguments and results as
     `recurrent_kda` (equal up to fp32 rounding).
 
-    Chunks start at each sequence's first token; a sequence's last chunk is simply shorter (no
-    padding), so nothing past a sequence's end can touch its state.
+    Chunks start at each sequence's first token and restart at each of its `state_boundaries`
+    (token counts inside the sequence, ascending): the state after exactly b tokens is then a
+    chunk's final state, written into row m of `boundary_states: [M, HV, K, V]` for the m-th
+    boundary overall (sequence-major; see `hyla.ops.kda.boundaries`). A sequence's last chunk is
+    simply shorter (no padding), so nothing past a sequence's end can touch its state.
 
     Inputs are prepared in fp32 (as the recurrence), then the chunk algebra runs in float64 and
     rounds once at the end: in fp32 the triangular solve loses a few bits more than the
@@ -201,14 +210,24 @@ def chunk_kda(
     qf, kf, vf, gf = (x.transpose(0, 1).double() for x in (qf, kf, v.float(), g.float()))
     bf = beta.float().transpose(0, 1).double()
     bounds = cu_seqlens.tolist()
-    state = _initial(initial_state, len(bounds) - 1, HV, K, V, v.device).double()
+    N = len(bounds) - 1
+    marks = [[]] * N if state_boundaries is None else state_boundaries
+    lens = [bounds[i + 1] - bounds[i] for i in range(N)]
+    if state_boundaries is not None:
+        check_boundaries(state_boundaries, lens, boundary_states, (HV, K, V))
+    state = _initial(initial_state, N, HV, K, V, v.device).double()
     o = torch.zeros(HV, T, V, dtype=torch.float64, device=v.device)
-    for i in range(len(bounds) - 1):
+    m = 0
+    for i in range(N):
         s = state[i]
-        for start in range(bounds[i], bounds[i + 1], chunk_size):
-            rows = slice(start, min(start + chunk_size, bounds[i + 1]))
-            o[:, rows], s = _chunk_step(
-                qf[:, rows], kf[:, rows], vf[:, rows], gf[:, rows], bf[:, rows], s
-            )
+        for lo, hi in zip([0, *marks[i]], [*marks[i], lens[i]], strict=True):
+            for start in range(bounds[i] + lo, bounds[i] + hi, chunk_size):
+                rows = slice(start, min(start + chunk_size, bounds[i] + hi))
+                o[:, rows], s = _chunk_step(
+                    qf[:, rows], kf[:, rows], vf[:, rows], gf[:, rows], bf[:, rows], s
+                )
+            if hi < lens[i]:
+                boundary_states[m] = s.float()
+                m += 1
         state[i] = s
     return o.transpose(0, 1).to(v.dtype), state.float()

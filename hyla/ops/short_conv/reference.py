@@ -18,6 +18,8 @@ so a chunk shorter than W - 1 leaves part of the old state in the new one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -101,3 +103,33 @@ def causal_conv1d(
     if activation is not None:
         y = ACTIVATIONS[activation](y)
     return y.to(x.dtype), new_state
+
+
+def conv_states_at(
+    x: torch.Tensor,
+    cu_seqlens_host: list[int],
+    conv_state: torch.Tensor | None,
+    state_boundaries: Sequence[Sequence[int]],
+    width: int,
+) -> torch.Tensor:
+    """The conv state each sequence would carry after exactly b of its new tokens, for every b
+    in `state_boundaries[i]` (prefix-cache checkpoints inside a chunk): the last W - 1 inputs of
+    (old state ++ x[:b]), as `causal_conv1d` would return after a chunk ending there.
+
+    Args:
+        x: [T, C] the call's inputs; cu_seqlens_host: N + 1 host offsets; conv_state:
+            [N, C, W - 1] or None for zeros; width: W.
+    Returns: [M, C, W - 1] in conv_state's dtype (x's when None), sequence-major.
+    """
+    C, N = x.shape[1], len(cu_seqlens_host) - 1
+    dtype = x.dtype if conv_state is None else conv_state.dtype
+    rows = []
+    for i in range(N):
+        start = cu_seqlens_host[i]
+        old = x.new_zeros(C, width - 1) if conv_state is None else conv_state[i].to(x.dtype)
+        for b in state_boundaries[i]:
+            window = torch.cat([old, x[start : start + b].T], dim=1)  # [C, W - 1 + b]
+            rows.append(window[:, window.shape[1] - (width - 1) :].to(dtype))
+    if not rows:
+        return x.new_zeros(0, C, width - 1, dtype=dtype)
+    return torch.stack(rows)
