@@ -33,15 +33,16 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def run_until_signal(server: DrainingServer) -> None:
-    """`server.run()`, then exit normally after a SIGTERM/SIGINT drain.
+def run_until_signal(server: DrainingServer, sockets: list[socket.socket] | None = None) -> None:
+    """`server.run()` (on `sockets` when given, e.g. one bound early to learn port 0's number),
+    then exit normally after a SIGTERM/SIGINT drain.
 
     uvicorn re-raises the signal it caught once it has shut down; with these no-op handlers in
     place that re-raise returns here instead of killing the process (exit code 0, no traceback).
     """
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    server.run(sockets=sockets)
 
 
 def make_server(
