@@ -22,8 +22,6 @@ from hyla.engine.llm_engine import LLMEngine, resolve_device
 from hyla.engine.startup import TOKENIZER_FILES, apply_cpu_threads, log_startup
 from hyla.request import InvalidRequestError, RequestOutput, SamplingParams
 
-__all__ = ["LLM", "TOKENIZER_FILES", "load_tokenizer"]
-
 
 def load_tokenizer(path: str | Path) -> Any:
     """A transformers tokenizer from directory `path`, or None when it holds no tokenizer files."""
