@@ -5,8 +5,9 @@ on the CPU, not faster: each op of a small model is microseconds of work, and th
 threads spin, wake and wait on every op, which on a 2-core machine shared with any other busy
 process costs more than the op (the embedded 11.7M model generated 64 tokens in 25-62 s with
 2 threads and 9 s with one; bench/first_run_cpu.py measures it). So a CPU engine over a model
-of hidden size up to `SMALL_HIDDEN_SIZE` runs one torch thread unless the user chose a count
-(OMP_NUM_THREADS or MKL_NUM_THREADS set, or `torch.set_num_threads` called before).
+of hidden size up to `SMALL_HIDDEN_SIZE` runs one torch thread unless the user chose a count in
+the environment (OMP_NUM_THREADS or MKL_NUM_THREADS; a `torch.set_num_threads` call after the
+engine is built also wins).
 """
 
 from __future__ import annotations
