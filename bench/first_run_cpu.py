@@ -57,12 +57,16 @@ def timed(cmd: list[str], env: dict[str, str], timeout: float) -> dict:
     """Wall and CPU seconds of one process; its exit code and last stderr line."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, stderr = proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as e:  # reported as lasting `timeout` (a lower bound)
+        rc, stderr = None, (e.stderr or b"").decode(errors="replace") + "\ntimed out"
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    lines = proc.stderr.strip().splitlines()
-    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "rc": proc.returncode,
+    lines = stderr.strip().splitlines()
+    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "rc": rc,
             "stderr_tail": lines[-1] if lines else "",
             "startup": next((x for x in lines if x.startswith("hyla: model")), None)}  # fmt: skip
 
