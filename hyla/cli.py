@@ -28,6 +28,22 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from hyla import __version__
+
+        typer.echo(f"hyla {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print hyla's version and exit."),
+) -> None:  # fmt: skip
+    """Inference and serving for hybrid linear/sparse-attention language models."""
+
 MODEL_HELP = "Checkpoint directory (Hugging Face or hyla layout). Default: the embedded model."
 
 
@@ -42,10 +58,37 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _check_args(model: str | None, engine_options: dict[str, Any], *, needs_tokenizer: bool
+                ) -> None:  # fmt: skip
+    """Fail cleanly (exit 2) on a bad argument before importing torch (seconds of imports):
+    a model path that is missing or has no config.json, an engine option the config rejects,
+    a tokenizer directory without tokenizer files, and (`needs_tokenizer`: text prompts) a
+    model without a tokenizer."""
+    from hyla.assets import default_model_path
+    from hyla.config import ConfigError, EngineConfig
+    from hyla.engine.startup import TOKENIZER_FILES
+
+    directory = default_model_path() if model is None else Path(model)
+    if not directory.exists():
+        _fail(f"model: {model} does not exist")
+    if not (directory / "config.json").is_file():
+        _fail(f"model: {model} is not a checkpoint directory (no config.json in it)")
+    try:
+        EngineConfig.from_kwargs(**engine_options)
+    except ConfigError as e:
+        _fail(str(e))
+    tokenizer = engine_options.get("tokenizer")
+    if tokenizer is not None:
+        if not any((Path(tokenizer) / name).is_file() for name in TOKENIZER_FILES):
+            _fail(f"tokenizer: {tokenizer} holds none of {', '.join(TOKENIZER_FILES)}")
+    elif needs_tokenizer and not any((directory / n).is_file() for n in TOKENIZER_FILES):
+        _fail(f"model: {directory} has no tokenizer ({' or '.join(TOKENIZER_FILES)}); pass "
+              "--tokenizer DIR")  # fmt: skip
+
+
 def _check_options(engine_options: dict[str, Any]) -> None:
-    """Fail cleanly (exit 2) on a device torch cannot use or a tokenizer directory without
-    tokenizer files, before loading any weights (torch and the loader would raise tracebacks
-    or, for the tokenizer, silently serve without one)."""
+    """Fail cleanly (exit 2) on a device torch cannot use, before loading any weights (torch
+    would raise a traceback)."""
     device = engine_options.get("device")
     if device is not None and device != "auto":
         import torch
@@ -56,13 +99,16 @@ def _check_options(engine_options: dict[str, Any]) -> None:
             _fail(f"device: {device!r} is not a torch device ({e})")
         if kind == "cuda" and not torch.cuda.is_available():
             _fail(f"device: {device!r} needs CUDA, which this torch build or machine lacks")
-    tokenizer = engine_options.get("tokenizer")
-    if tokenizer is not None:
-        from hyla.engine.llm import TOKENIZER_FILES
 
-        directory = Path(tokenizer)
-        if not any((directory / name).is_file() for name in TOKENIZER_FILES):
-            _fail(f"tokenizer: {tokenizer} holds none of {', '.join(TOKENIZER_FILES)}")
+
+def _announce(engine: Any) -> None:
+    """Choose the CPU thread count, then print the start-up line and tokenizer notices."""
+    from hyla.engine.startup import apply_cpu_threads, startup_line, tokenizer_notices
+
+    apply_cpu_threads(engine)
+    typer.echo(startup_line(engine), err=True)
+    for notice in tokenizer_notices(engine):
+        typer.echo(f"hyla: {notice}", err=True)
 
 
 def _load_engine(model: str | None, engine_options: dict[str, Any]) -> Any:
@@ -71,17 +117,20 @@ def _load_engine(model: str | None, engine_options: dict[str, Any]) -> Any:
 
     _check_options(engine_options)
     try:
-        return LLMEngine.from_path(model, **engine_options)
+        engine = LLMEngine.from_path(model, **engine_options)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    _announce(engine)
+    return engine
 
 
-def _check_port(host: str, port: int) -> None:
-    """Fail cleanly (exit 2) when `host:port` cannot be bound (in use, no such interface)."""
+def _bind(host: str, port: int) -> Any:
+    """The listening socket for `host:port` (port 0: a free one), bound before the model loads;
+    fails cleanly (exit 2) when it cannot be bound (in use, no such interface)."""
     from hyla.server.launch import bind_socket
 
     try:
-        bind_socket(host, port).close()
+        return bind_socket(host, port)
     except OSError as e:
         _fail(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
 
@@ -119,13 +168,16 @@ def serve(
     engine_options: dict | None = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)."""
+    options = engine_options or {}
+    _check_api_key(api_key)
+    _check_args(model, options, needs_tokenizer=False)
+    sock = _bind(host, port)  # before loading the model, which can take minutes
+    port = sock.getsockname()[1]
+
     from hyla.engine.async_engine import AsyncEngine
     from hyla.server.api import build_app
     from hyla.server.launch import make_server, run_until_signal
 
-    options = engine_options or {}
-    _check_api_key(api_key)
-    _check_port(host, port)  # before loading the model, which can take minutes
     engine = _load_engine(model, options)
     async_engine = AsyncEngine(engine, request_timeout=options.get("request_timeout"))
     name = served_model_name or engine.model_name
@@ -133,7 +185,8 @@ def serve(
                             max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)
     typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
                f"http://{host}:{port}/v1", err=True)
-    run_until_signal(make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout))
+    server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout)
+    run_until_signal(server, sockets=[sock])
 
 
 def generate(
@@ -149,18 +202,24 @@ def generate(
 ) -> None:
     """Generate from PROMPT and stream the text to the terminal."""
     from hyla.config import ConfigError
-    from hyla.engine.llm import LLM
     from hyla.request import InvalidRequestError, SamplingParams
 
     if len(args) > 2:
         _fail(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote the prompt)")
     model, text = (None, args[0]) if len(args) == 1 else (args[0], args[1])
     options = engine_options or {}
-    _check_options(options)
+    _check_args(model, options, needs_tokenizer=True)
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                                 top_k=top_k, seed=seed, stop=tuple(stop))
+    except InvalidRequestError as e:
+        _fail(str(e))
+    _check_options(options)
+    from hyla.engine.llm import LLM
+
+    try:
         llm = LLM(model, **options)
+        _announce(llm.engine)
         if llm.tokenizer is None:
             _fail("this model has no tokenizer (no tokenizer.json or tokenizer_config.json in "
                   "its directory); pass --tokenizer DIR")

@@ -679,6 +679,10 @@ class SchedulerConfig:
         _require(self.policy in ("fcfs", "priority"), "policy", "must be fcfs|priority")
 
 
+# --dtype spellings vLLM accepts besides the torch names; "auto" is the default (None).
+DTYPE_ALIASES: dict[str, str | None] = {"auto": None, "float": "float32", "half": "float16"}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs besides the model: cache, scheduler and engine options.
@@ -702,7 +706,10 @@ class EngineConfig:
     )
     dtype: str | None = field(
         default=None,
-        metadata={"help": "float32, bfloat16 or float16 (default: the checkpoint's dtype)."},
+        metadata={
+            "help": "auto (the checkpoint's dtype on a GPU, float32 on the CPU), float32 "
+            "(float), bfloat16 or float16 (half); default: auto."
+        },
     )
     quantization: str | None = field(
         default=None,
@@ -752,11 +759,13 @@ class EngineConfig:
         for name in ("max_model_len", "max_queue_len"):
             if getattr(self, name) is not None:
                 _positive(self, "", name)
+        if self.dtype in DTYPE_ALIASES:  # vLLM's spellings
+            object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.dtype is not None:
             _require(
                 self.dtype in ("float32", "bfloat16", "float16"),
                 "dtype",
-                f"must be float32|bfloat16|float16, got {self.dtype!r}",
+                f"must be auto|float32|float|bfloat16|float16|half, got {self.dtype!r}",
             )
         _require(self.quantization in (None, *QUANTIZATION_METHODS), "quantization",
                  f"must be one of {QUANTIZATION_METHODS}, got {self.quantization!r}")  # fmt: skip

@@ -19,9 +19,8 @@ from typing import Any
 
 from hyla.config import ConfigError, ModelConfig
 from hyla.engine.llm_engine import LLMEngine, resolve_device
+from hyla.engine.startup import TOKENIZER_FILES, apply_cpu_threads, log_startup
 from hyla.request import InvalidRequestError, RequestOutput, SamplingParams
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -124,6 +123,8 @@ class LLM:
 
     def __init__(self, model: str | ModelConfig | None = None, **engine_overrides: Any) -> None:
         self.engine = _engine_from(model, engine_overrides)
+        apply_cpu_threads(self.engine)  # one thread for a small model on the CPU (startup.py)
+        log_startup(self.engine)
         self._ids = itertools.count()
         self._inbox: dict[str, list[RequestOutput]] = {}
 

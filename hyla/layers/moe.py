@@ -19,7 +19,7 @@ from hyla.config import ModelConfig, MoEConfig
 from hyla.layers.linear import Linear
 from hyla.layers.mlp import GatedMLP
 from hyla.ops.gpu import use_triton
-from hyla.ops.linear import Prepacked, adjacent_rows, linear
+from hyla.ops.linear import Prepacked, adjacent_rows, prepacked_linear, usable
 from hyla.ops.linear.dispatch import linear_fp32
 from hyla.ops.moe import (
     fuses_shared,
@@ -53,6 +53,7 @@ class Router(nn.Module):
         else:
             self.e_score_correction_bias = None
         self._weight_fp32: tuple[tuple, torch.Tensor] | None = None
+        self.packed = Prepacked()  # fp32 CPU inference: row-count-independent logits
 
     def weight_fp32(self) -> torch.Tensor:
         """`weight` [E, D] as float32 (sigmoid routing's logits dtype): the parameter itself when
@@ -75,9 +76,12 @@ class Router(nn.Module):
         computes them in the hidden dtype and the softmax in float32 (as Qwen3-Next)."""
         moe = self.moe
         if moe.scoring == "softmax":
-            logits = linear(hidden_states, self.weight)
+            logits = prepacked_linear(hidden_states, self.weight, self.packed)
             return route_softmax(logits, moe.num_experts_per_tok, moe.norm_topk_prob)
-        logits = linear_fp32(hidden_states, self.weight_fp32())
+        if usable(hidden_states, (self.weight,)):  # fp32 CPU: the weight is already fp32
+            logits = prepacked_linear(hidden_states, self.weight, self.packed)
+        else:
+            logits = linear_fp32(hidden_states, self.weight_fp32())
         return route_sigmoid(
             logits,
             self.e_score_correction_bias,

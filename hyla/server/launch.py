@@ -115,8 +115,9 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def run_until_signal(server: DrainingServer) -> None:
-    """`server.run()`, then exit the process (code 0 after a SIGTERM/SIGINT drain).
+def run_until_signal(server: DrainingServer, sockets: list[socket.socket] | None = None) -> None:
+    """`server.run()` (on `sockets` when given, e.g. one bound early to learn port 0's number),
+    then exit the process (code 0 after a SIGTERM/SIGINT drain).
 
     Never returns: the process ends through `exit_now`.
     """
@@ -124,7 +125,7 @@ def run_until_signal(server: DrainingServer) -> None:
         signal.signal(sig, lambda *_: None)
     code = 0
     try:
-        server.run()
+        server.run(sockets=sockets)
     except SystemExit as e:  # uvicorn's startup failure
         code = e.code if isinstance(e.code, int) else 1
     except BaseException:

@@ -1,7 +1,10 @@
 """`async_output` (a step's tokens are detokenized and turned into outputs during the next step,
 while that step runs on the GPU) against the synchronous engine: the same model and request
 script on two engines; final outputs must be identical (token ids, text, finish and stop
-reasons, logprobs) and both engines must end with every block and slot free.
+reasons; logprobs within `I3_LOGPROB_ATOL`: a request finished by a stop string is scheduled
+once more in the async modes, so its neighbours' batches differ, and a row on the CPU may round
+by its neighbours: tests/engine/test_batch_transparency_threads.py says why) and both
+engines must end with every block and slot free.
 
 Scenarios: greedy + seeded sampling + parallel sampling with logprobs and prompt logprobs, stop
 strings met while the request is already scheduled for the next step (its extra token is
@@ -19,6 +22,7 @@ import pytest
 from hyla.engine.llm_engine import LLMEngine
 from hyla.request import RequestOutput, SamplingParams
 from tests.engine.engine_util import (
+    I3_LOGPROB_ATOL,
     assert_all_free,
     make_engine,
     one_torch_thread,
@@ -82,14 +86,25 @@ def compare(model, path, script: Script, **engine_kw) -> list[LLMEngine]:
 
 def assert_identical(a: RequestOutput, b: RequestOutput) -> None:
     assert a.finished and b.finished
-    assert a.prompt_logprobs == b.prompt_logprobs
+    assert_close_logprobs(a.prompt_logprobs, b.prompt_logprobs)
     assert len(a.outputs) == len(b.outputs)
     for x, y in zip(a.outputs, b.outputs, strict=True):
         assert x.token_ids == y.token_ids
         assert x.text == y.text
         assert (x.finish_reason, x.stop_reason) == (y.finish_reason, y.stop_reason)
-        assert x.logprobs == y.logprobs
-        assert x.cumulative_logprob == y.cumulative_logprob
+        assert_close_logprobs(x.logprobs, y.logprobs)
+        tol = I3_LOGPROB_ATOL * max(1, len(x.token_ids))
+        assert abs(x.cumulative_logprob - y.cumulative_logprob) <= tol
+
+
+def assert_close_logprobs(a: list | None, b: list | None) -> None:
+    """Same positions and token ids; each logprob within `I3_LOGPROB_ATOL`."""
+    assert (a is None) == (b is None)
+    for x, y in zip(a or [], b or [], strict=True):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert x.keys() == y.keys()
+            assert all(abs(x[t] - y[t]) <= I3_LOGPROB_ATOL for t in x), (x, y)
 
 
 def assert_stream_prefixes(stream: list[RequestOutput], final: dict[str, RequestOutput]) -> None:

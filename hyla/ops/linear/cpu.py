@@ -5,8 +5,15 @@ torch's fp32 `F.linear` on the CPU runs MKL, which packs the weight on every cal
 processors, keeps to narrower vector instructions. oneDNN (the `mkldnn` ops that torch.compile's
 CPU backend uses) takes a weight reordered once into its blocked layout and picks the widest
 instructions the processor has: for a decode step's few rows against a large weight (the LM
-head: 16 x 512 x 32000) it is about twice as fast. Inputs of more than 64 rows (prefill) keep
-`F.linear`, where the gain is small and every new row count would cost oneDNN another kernel.
+head: 16 x 512 x 32000) it is about twice as fast.
+
+It is also how the CPU keeps batch transparency (I3) bit for bit: a row's result must not depend
+on how many rows share the call. MKL's `F.linear` rounds a row differently for 1, 2-3 and 4+
+rows; oneDNN's blocked kernel gives every row the same bits for any row count from 2 up and
+any thread count (one row may take another kernel). So every fp32 inference input runs here,
+padded with zero rows to at least 2 rows and to one of a few row counts (oneDNN builds and
+caches one kernel, ~0.6 MB, per shape); inputs longer than `_MAX_ROWS` run in pieces of that
+many rows. tests/ops/test_linear_rows.py holds this across row counts and thread counts.
 
 A `Prepacked` cache, owned by the caller (a module attribute), holds the packed copies of one
 or more weights: it rebuilds them when a weight changes (another tensor, or an in-place update
@@ -27,9 +34,10 @@ from hyla.ops.linear.stacked import adjacent_rows
 
 # Row count oneDNN's weight layout is chosen for; any row count works with it.
 _ROWS_HINT = 64
-# oneDNN builds (and caches, ~0.6 MB each) one kernel per input shape, so inputs are padded to
-# a few row counts; larger inputs (prefill) gain little from it and run `reference.linear`.
-_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Row counts inputs are padded to (never 1: see the module docstring); longer inputs are cut
+# into pieces of `_MAX_ROWS`.
+_ROW_BUCKETS = (2, 4, 8, 16, 32, 64, 128, 256)
+_MAX_ROWS = _ROW_BUCKETS[-1]
 ONEDNN = (
     torch.backends.mkldnn.is_available()
     and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -38,13 +46,12 @@ ONEDNN = (
 
 
 def usable(x: torch.Tensor, weights: Sequence[torch.Tensor]) -> bool:
-    """Whether x @ w^T for w in `weights` may run on packed copies: fp32 CPU, no autograd, at
-    most 64 rows."""
+    """Whether x @ w^T for w in `weights` may run on packed copies: fp32 CPU, no autograd."""
     return (
         ONEDNN
         and x.dtype == torch.float32
         and x.device.type == "cpu"
-        and 0 < x.numel() <= _ROW_BUCKETS[-1] * x.shape[-1]
+        and x.numel() > 0
         and not torch.is_grad_enabled()
         and all(w.dtype == torch.float32 and w.device.type == "cpu" for w in weights)
     )
@@ -54,14 +61,23 @@ def packed_matmul(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x [..., D_in] @ W^T (+ bias) with W packed by `Prepacked` -> [..., D_out]; `usable(x)`
-    must hold. The rows are padded with zeros up to the next of `_ROW_BUCKETS`."""
+    must hold. Each row's result is the same whatever the other rows (see the module
+    docstring): pieces of `_MAX_ROWS` rows, the last padded with zeros to a `_ROW_BUCKETS`."""
     flat = x.reshape(-1, x.shape[-1])
+    pieces = [_padded_matmul(p, packed, bias) for p in flat.split(_MAX_ROWS)]
+    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _padded_matmul(
+    flat: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     rows = flat.shape[0]
     bucket = next(b for b in _ROW_BUCKETS if b >= rows)
     if bucket != rows:
         flat = torch.cat([flat, flat.new_zeros(bucket - rows, flat.shape[1])])
     out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
-    return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
+    return out[:rows]
 
 
 def _key(weights: Sequence[torch.Tensor]) -> tuple:
@@ -117,8 +133,7 @@ def prepacked_linear(
         x: [..., D_in]; weight: [D_out, D_in]; cache: the Prepacked kept for `weight`;
         bias: [D_out] or None.
     Returns: [..., D_out] in x's dtype. Falls back to `reference.linear` unless x, weight and
-        bias are float32 CPU tensors, x has 1 to 64 rows, autograd is off and torch has the
-        oneDNN ops.
+        bias are float32 CPU tensors, autograd is off and torch has the oneDNN ops.
     """
     if not usable(x, (weight,) if bias is None else (weight, bias)):
         return linear(x, weight, bias)

@@ -9,10 +9,10 @@ one contiguous slice of the gathered inputs, and the outputs come back to their 
     out[t] = (y[e_a, t] + y[e_b, t]) + ...   a < b < ...: ascending expert order, as the reference
 
 Each expert then runs its own two matmuls on its rows, as in the reference (bit for bit the
-same), except in two cases that agree with it to fp32 rounding: with `packed` caches and groups
-of at most 64 rows (fp32 CPU inference, the decode case) the matmuls run on oneDNN copies of the
-experts (`hyla.ops.linear`); without them, on more than one thread, decode-sized groups run as
-two padded batched matmuls (threads split the experts, too small to split one by one).
+same), except in two cases that agree with it to fp32 rounding: with `packed` caches (fp32 CPU
+inference) the matmuls run on oneDNN copies of the experts (`hyla.ops.linear`: a row's result
+does not depend on the group's row count); without them, on more than one thread, decode-sized
+groups run as two padded batched matmuls (threads split the experts, too small to split one by one).
 """
 
 from __future__ import annotations
