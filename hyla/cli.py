@@ -172,8 +172,18 @@ def _stream_to_terminal(llm: Any, prompt: str, params: Any) -> None:
 
 def inspect(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory to describe."),
+    gaps: bool = typer.Option(False, "--gaps", help="List which modules map to hyla's ops and "
+                              "which are missing (works for unsupported architectures too)."),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
+    if gaps:
+        from hyla.models.gaps import format_gaps, gap_report
+
+        try:
+            typer.echo(format_gaps(gap_report(path)))
+        except (FileNotFoundError, ValueError) as e:
+            _fail(str(e))
+        return
     try:
         from hyla.models.inspect import format_report, inspect_model
     except ImportError as e:
