@@ -1,4 +1,4 @@
-"""The `hyla` command: serve | generate | inspect | plan | bench serve.
+"""The `hyla` command: serve | generate | inspect | plan | validate | bench serve.
 
 Engine, cache and scheduler options are generated from the config dataclasses
 (`hyla.cli_options`); heavy modules (torch, transformers, the server) are imported inside the
@@ -247,6 +247,49 @@ def plan(
         typer.echo(f"wrote {json_out}", err=True)
 
 
+def validate(
+    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
+                                       show_default=False),
+    out: str = typer.Option("validate-report", help="Report directory (report.md, report.html, "
+                            "summary.json, PNG plots)."),
+    checks: str = typer.Option("precision,long_context,throughput,service,vision",
+                               help="Comma-separated checks to run."),
+    quick: bool = typer.Option(False, "--quick", help="Small samples and grids (CI)."),
+    reference: str | None = typer.Option(None, help="Checkpoint the reference loads "
+                                         "(default: MODEL)."),
+    url: str | None = typer.Option(None, help="A running deployment for the service checks."),
+    device: str = typer.Option("auto", help="cpu, cuda, or auto."),
+    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 "
+                                     "on the CPU, the checkpoint's dtype on a GPU)."),
+    kv_cache_memory: int | None = typer.Option(None, help="Cache budget in bytes for the "
+                                               "throughput grid."),
+) -> None:
+    """Run the acceptance checklist on MODEL; exit 0 only when every check passes its bound."""
+    import torch
+
+    from hyla.engine.llm_engine import DEFAULT_MODEL_DIR
+    from hyla.models.loader import load_config
+    from hyla.validate.runner import Context, run_validate
+
+    path = Path(model) if model else DEFAULT_MODEL_DIR
+    try:
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = dtype or ("float32" if device == "cpu" else load_config(path).dtype)
+        options = {} if kv_cache_memory is None else {"kv_cache_memory": kv_cache_memory}
+        ctx = Context(model=path, reference=Path(reference) if reference else path,
+                      out_dir=Path(out), device=device, dtype=dtype, quick=quick, url=url,
+                      engine_options=options)
+        _, results = run_validate(ctx, tuple(c.strip() for c in checks.split(",") if c.strip()))
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    for r in results:
+        typer.echo(f"{r.status:>7}  {r.title}" + "".join(f"\n         {f}" for f in r.failures))
+    typer.echo(f"report: {out}/report.md, {out}/report.html, {out}/summary.json", err=True)
+    if not all(r.passed for r in results):
+        raise typer.Exit(1)
+
+
 @bench_app.command("serve")
 def bench_serve(
     url: str = typer.Option(
@@ -284,6 +327,7 @@ app.command()(add_options(serve, _engine_specs()))
 app.command()(add_options(generate, _engine_specs(exclude=("seed",))))
 app.command()(inspect)
 app.command()(plan)
+app.command()(validate)
 
 
 def main() -> None:  # pragma: no cover - `python -m hyla.cli`
