@@ -31,7 +31,7 @@ def summary(meta: dict[str, Any], results: list[CheckResult]) -> dict[str, Any]:
 
 
 def _cell(value: Any) -> str:
-    return _fmt(value).replace("|", "\\|")
+    return _fmt(value).replace("|", "\\|").replace("\n", " ")
 
 
 def _md_table(header: list[str], rows: list[list[Any]]) -> list[str]:

@@ -82,13 +82,14 @@ def _not_built(name: str, title: str) -> Callable[[Context, Any], CheckResult]:
 
 def _checks() -> dict[str, Callable[[Context, Any], CheckResult]]:
     from hyla.validate.precision import run_precision
+    from hyla.validate.service import run_service
     from hyla.validate.throughput import run_throughput
 
     return {
         "precision": run_precision,
         "long_context": _not_built("long_context", "Long-context stability"),
         "throughput": run_throughput,
-        "service": _not_built("service", "Service contract"),
+        "service": run_service,
         "vision": run_vision,
     }
 
