@@ -72,22 +72,15 @@ def run_vision(ctx: Context, progress: Any) -> CheckResult:
     return skipped("vision", "Image path", "skipped: no vision (text-only model)")
 
 
-def _not_built(name: str, title: str) -> Callable[[Context, Any], CheckResult]:
-    def run(ctx: Context, progress: Any) -> CheckResult:
-        progress.update(1)
-        return skipped(name, title, "skipped: not implemented in this version of hyla validate")
-
-    return run
-
-
 def _checks() -> dict[str, Callable[[Context, Any], CheckResult]]:
+    from hyla.validate.long_context import run_long_context
     from hyla.validate.precision import run_precision
     from hyla.validate.service import run_service
     from hyla.validate.throughput import run_throughput
 
     return {
         "precision": run_precision,
-        "long_context": _not_built("long_context", "Long-context stability"),
+        "long_context": run_long_context,
         "throughput": run_throughput,
         "service": run_service,
         "vision": run_vision,

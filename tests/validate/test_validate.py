@@ -44,7 +44,11 @@ def test_embedded_model_passes_all_checks(tmp_path):
     result, summary = _validate(out)
     assert result.exit_code == 0, result.output
     assert summary["passed"] and summary["dtype"] == "float32"
-    _assert_report(out, summary, ("precision.png", "throughput.png"))
+    _assert_report(out, summary, ("precision.png", "throughput.png", "long_context.png"))
+    assert {c: v["status"] for c, v in summary["checks"].items()} == {
+        "precision": "pass", "long_context": "pass", "throughput": "pass", "service": "pass",
+        "vision": "skipped"}  # fmt: skip
+    assert summary["checks"]["long_context"]["metrics"]["state_slots_max"] == 1
     precision = summary["checks"]["precision"]
     assert precision["status"] == "pass" and precision["metrics"]["min_top1_agreement"] == 1.0
     throughput = summary["checks"]["throughput"]["metrics"]
@@ -60,9 +64,10 @@ def tiny(request, tmp_path_factory):
 
 def test_tiny_family_passes_against_transformers(tiny, tmp_path):
     out = tmp_path / "report"
-    result, summary = _validate(out, str(tiny), "--checks", "precision,throughput,vision")
+    result, summary = _validate(out, str(tiny), "--checks",
+                                "precision,long_context,throughput,vision")  # fmt: skip
     assert result.exit_code == 0, result.output
-    _assert_report(out, summary, ("precision.png", "throughput.png"))
+    _assert_report(out, summary, ("precision.png", "throughput.png", "long_context.png"))
     assert summary["checks"]["precision"]["reason"].startswith("reference: transformers")
 
 
