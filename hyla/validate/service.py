@@ -145,6 +145,8 @@ def run_service(ctx: Any, progress: Any) -> CheckResult:
         long_tokens = min(4000, load_config(ctx.model).max_context_len - 200)
         args = ["--device", ctx.device, "--dtype", ctx.dtype, "--request-timeout",
                 str(TIMEOUT_S), "--max-queue-len", "4", "--max-num-seqs", "4"]  # fmt: skip
+        for key, value in ctx.engine_options.items():  # e.g. the cache budget
+            args += [f"--{key.replace('_', '-')}", str(value)]
         proc, url = start_server(ctx.model, args, ctx.out_dir / "server.log")
     try:
         client = Client(ctx.url or url)
