@@ -3,7 +3,7 @@
 # bf16 weights, saved as a transformers checkpoint) and a tiny qwen3_next run in bf16.
 # Reports land in $OUT (copy them to bench/results/validate_*). Usage: bash bench/validate_gpu.sh
 set -u
-export PYTHONPATH=$PWD OUT=${OUT:-/tmp/out}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OUT=${OUT:-/tmp/out} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv
 python3 -c "import torch, transformers, matplotlib; print(torch.__version__, transformers.__version__, matplotlib.__version__)"
 python3 -c "import triton, fla; print('triton', triton.__version__, 'fla', fla.__version__)" || true
@@ -22,5 +22,5 @@ PY
 budget=$((8 << 30))
 timeout 330 python3 -m hyla.cli validate /tmp/m15 --device cuda --kv-cache-memory $budget \
   --out "$OUT/validate_1p5b_h200"; echo "1.5B rc=$?"
-timeout 150 python3 -m hyla.cli validate /tmp/q3n --device cuda --dtype bfloat16 \
+timeout 120 python3 -m hyla.cli validate /tmp/q3n --device cuda --dtype bfloat16 \
   --kv-cache-memory $budget --out "$OUT/validate_qwen3_next_tiny_h200"; echo "qwen3_next rc=$?"
