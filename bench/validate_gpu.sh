@@ -20,7 +20,7 @@ save_tiny_hf_model("qwen3_next", "/tmp/q3n", seed=0)
 print("saved")
 PY
 budget=$((8 << 30))
-timeout 330 python3 -m hyla.cli validate /tmp/m15 --device cuda --kv-cache-memory $budget \
+timeout 260 python3 -m hyla.cli validate /tmp/m15 --device cuda ${QUICK:-} ${CHECKS:-} --kv-cache-memory $budget \
   --out "$OUT/validate_1p5b_h200"; echo "1.5B rc=$?"
-timeout 120 python3 -m hyla.cli validate /tmp/q3n --device cuda --dtype bfloat16 \
+timeout 150 python3 -m hyla.cli validate /tmp/q3n --device cuda ${QUICK:-} ${CHECKS:-} --dtype bfloat16 \
   --kv-cache-memory $budget --out "$OUT/validate_qwen3_next_tiny_h200"; echo "qwen3_next rc=$?"

@@ -111,7 +111,12 @@ def run_validate(ctx: Context, checks: tuple[str, ...]) -> tuple[dict[str, Any],
     with tqdm(total=len(checks) + checks.count("precision"), desc="validate") as bar:
         for name in checks:
             bar.set_postfix_str(name)
-            results.append(registry[name](ctx, bar))
+            try:
+                results.append(registry[name](ctx, bar))
+            except Exception as e:  # noqa: BLE001 - one broken check must not lose the report
+                crashed = CheckResult(name, name)
+                crashed.fail(f"the check crashed: {type(e).__name__}: {str(e)[:300]}")
+                results.append(crashed)
     meta = {"model": str(ctx.model), "reference": str(ctx.reference), "device": ctx.device,
             "dtype": ctx.dtype, "quick": ctx.quick, "commit": _commit(),
             "host": platform.node(), "wall_s": round(time.perf_counter() - start, 2)}  # fmt: skip

@@ -147,7 +147,12 @@ def run_service(ctx: Any, progress: Any) -> CheckResult:
                 str(TIMEOUT_S), "--max-queue-len", "4", "--max-num-seqs", "4"]  # fmt: skip
         for key, value in ctx.engine_options.items():  # e.g. the cache budget
             args += [f"--{key.replace('_', '-')}", str(value)]
-        proc, url = start_server(ctx.model, args, ctx.out_dir / "server.log")
+        try:
+            proc, url = start_server(ctx.model, args, ctx.out_dir / "server.log")
+        except RuntimeError as e:
+            progress.update(1)
+            result.fail(f"could not start hyla serve: {str(e).splitlines()[-1][:300]}")
+            return result
     try:
         client = Client(ctx.url or url)
         rows = []

@@ -97,3 +97,16 @@ def test_perturbed_layer_fails_precision_at_the_right_position(tmp_path):
 def test_unknown_check_is_an_error(tmp_path):
     result, _ = _validate(tmp_path / "r", "--checks", "precision,nope")
     assert result.exit_code == 2 and "checks: unknown ['nope']" in result.output
+
+
+def test_unreachable_url_fails_service_and_still_writes_the_report(tmp_path):
+    out = tmp_path / "report"
+    result, summary = _validate(out, "--checks", "service,vision", "--url",
+                                "http://127.0.0.1:9/v1")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    service = summary["checks"]["service"]
+    assert (
+        service["status"] == "fail" and "the check crashed: ConnectError" in service["failures"][0]
+    )
+    assert summary["checks"]["vision"]["status"] == "skipped"
+    assert all((out / name).is_file() for name in REPORT_FILES)
