@@ -110,3 +110,16 @@ def test_unreachable_url_fails_service_and_still_writes_the_report(tmp_path):
     )
     assert summary["checks"]["vision"]["status"] == "skipped"
     assert all((out / name).is_file() for name in REPORT_FILES)
+
+
+def test_bf16_is_bounded_by_the_references_own_bf16_error(tmp_path):
+    """bf16 on the CPU: hyla against transformers fp32, bounded by transformers' own
+    bf16-vs-fp32 error on the same positions."""
+    model = tmp_path / "kimi"
+    save_tiny_hf_model("kimi_linear", model, seed=0)
+    out = tmp_path / "report"
+    result, summary = _validate(out, str(model), "--dtype", "bfloat16", "--checks", "precision")
+    assert result.exit_code == 0, result.output
+    precision = summary["checks"]["precision"]
+    assert precision["bound"].startswith("bfloat16: <= 1.5x the reference's own")
+    assert 0 < precision["metrics"]["max_logprob_diff"] < 0.2  # bf16 error, not fp32's
