@@ -191,7 +191,8 @@ def inspect(
     try:
         typer.echo(format_report(inspect_model(path)))
     except (FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        hint = " (`hyla inspect --gaps` lists what is missing)" if "unsupported" in str(e) else ""
+        _fail(f"{e}{hint}")
 
 
 def plan(

@@ -101,3 +101,9 @@ def test_cli_inspect_gaps(tmp_path):
     assert "missing  DeepseekV4HashRouter" in result.output
     missing = CliRunner().invoke(app, ["inspect", str(tmp_path / "nope"), "--gaps"])
     assert missing.exit_code == 2 and "no config.json" in missing.output
+
+
+def test_cli_inspect_of_an_unsupported_config_points_to_gaps(tmp_path):
+    path = _from_transformers(tmp_path, "deepseek_v4")
+    result = CliRunner().invoke(app, ["inspect", path])
+    assert result.exit_code == 2 and "hyla inspect --gaps" in result.output
