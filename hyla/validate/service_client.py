@@ -70,18 +70,31 @@ def free_port() -> int:
 
 def start_server(model: Path, args: list[str], log: Path, wait_s: float = 180.0) -> tuple:
     """Start `hyla serve MODEL ARGS` on a free port, its output to `log`; returns (process,
-    base url) once /health answers. Raises RuntimeError when it exits or never answers."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "hyla.cli", "serve", str(model), "--port", str(port), *args]
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
-    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + wait_s
+    base url) once /health answers. A port taken between choosing and binding it (another
+    process racing for it) is retried on a new one. Raises RuntimeError when the server exits
+    otherwise or never answers."""
+    for _ in range(3):
+        port = free_port()
+        cmd = [sys.executable, "-m", "hyla.cli", "serve", str(model), "--port", str(port), *args]
+        with log.open("w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True)
+        base = _wait_healthy(proc, f"http://127.0.0.1:{port}", log, wait_s)
+        if base is not None:
+            return proc, base
+    raise RuntimeError(f"hyla serve could not bind a free port: {log.read_text()[-500:]}")
+
+
+def _wait_healthy(proc: Any, base: str, log: Path, wait_s: float) -> str | None:
+    deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"hyla serve exited {proc.returncode}: {log.read_text()[-2000:]}")
+            text = log.read_text()
+            if "cannot listen there" in text:
+                return None
+            raise RuntimeError(f"hyla serve exited {proc.returncode}: {text[-2000:]}")
         try:
             if httpx.get(f"{base}/health", timeout=1.0).status_code == 200:
-                return proc, base
+                return base
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
