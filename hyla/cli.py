@@ -177,7 +177,7 @@ def inspect(
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
     if gaps:
-        from hyla.models.gaps import format_gaps, gap_report
+        from hyla.models.module_gaps import format_gaps, gap_report
 
         try:
             typer.echo(format_gaps(gap_report(path)))

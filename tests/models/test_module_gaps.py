@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hyla.cli import app
-from hyla.models.gaps import MISSING, OK, gap_report
+from hyla.models.module_gaps import MISSING, OK, gap_report
 from tests.hf_tiny import FAMILIES, tiny_hf_config
 
 SMALL = dict(num_hidden_layers=4, vocab_size=512, pad_token_id=0)
