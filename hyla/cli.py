@@ -1,4 +1,4 @@
-"""The `hyla` command: serve | generate | inspect | bench serve.
+"""The `hyla` command: serve | generate | inspect | plan | validate | bench serve.
 
 Engine, cache and scheduler options are generated from the config dataclasses
 (`hyla.cli_options`); heavy modules (torch, transformers, the server) are imported inside the
@@ -248,8 +248,18 @@ def _stream_to_terminal(llm: Any, prompt: str, params: Any) -> None:
 
 def inspect(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory to describe."),
+    gaps: bool = typer.Option(False, "--gaps", help="List which modules map to hyla's ops and "
+                              "which are missing (works for unsupported architectures too)."),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
+    if gaps:
+        from hyla.models.module_gaps import format_gaps, gap_report
+
+        try:
+            typer.echo(format_gaps(gap_report(path)))
+        except (FileNotFoundError, ValueError) as e:
+            _fail(str(e))
+        return
     try:
         from hyla.models.inspect import format_report, inspect_model
     except ImportError as e:
@@ -257,7 +267,104 @@ def inspect(
     try:
         typer.echo(format_report(inspect_model(path)))
     except (FileNotFoundError, ValueError) as e:
+        hint = " (`hyla inspect --gaps` lists what is missing)" if "unsupported" in str(e) else ""
+        _fail(f"{e}{hint}")
+
+
+def plan(
+    path: str = typer.Argument(..., metavar="MODEL_OR_CONFIG",
+                               help="Checkpoint directory or config.json (no weights needed)."),
+    gpu: str = typer.Option("H200", help="GPU kind (A100, H100, H20, H200, B200, GB200, L40S, "
+                            "MI300X, MI325X)."),
+    num_gpus: int = typer.Option(8, min=1, help="GPUs to spread the model over."),
+    context: int = typer.Option(131072, min=1, help="Tokens per sequence (prompt + output)."),
+    concurrency: int = typer.Option(64, min=1, help="Sequences running at once."),
+    dtype: str | None = typer.Option(None, help="Weight dtype: bfloat16, float16, fp8, float32 "
+                                     "(default: the config's)."),
+    kv_cache_dtype: str | None = typer.Option(None, help="Cache dtype (default: the config's)."),
+    memory_fraction: float = typer.Option(0.9, min=0.01, max=1.0,
+                                          help="Share of each GPU's memory hyla may use."),
+    reserve_gib: float = typer.Option(2.0, min=0.0,
+                                      help="GiB per GPU kept for activations and workspace."),
+    memory_gib: float | None = typer.Option(None, help="Override the GPU's memory (GiB)."),
+    memory_bw_tbs: float | None = typer.Option(None, help="Override HBM bandwidth (TB/s)."),
+    bf16_tflops: float | None = typer.Option(None, help="Override dense bf16 TFLOP/s."),
+    fp8_tflops: float | None = typer.Option(None, help="Override dense fp8 TFLOP/s."),
+    link_gbs: float | None = typer.Option(None, help="Override GPU-GPU GB/s per direction."),
+    json_out: str | None = typer.Option(None, "--json", help="Also write the plan here."),
+) -> None:
+    """Plan memory, concurrency, TTFT/TPOT and parallel layouts from config.json alone."""
+    import json
+
+    from hyla.plan.estimate import Workload
+    from hyla.plan.gpus import GiB, gpu_spec
+    from hyla.plan.planner import plan as make_plan
+    from hyla.plan.report import format_plan, plan_to_json
+
+    def scaled(value: float | None, scale: float) -> float | None:
+        return None if value is None else value * scale
+
+    try:
+        spec = gpu_spec(gpu).replace(
+            memory=None if memory_gib is None else int(memory_gib * GiB),
+            memory_bw=scaled(memory_bw_tbs, 1e12), bf16_flops=scaled(bf16_tflops, 1e12),
+            fp8_flops=scaled(fp8_tflops, 1e12), link_bw=scaled(link_gbs, 1e9))
+        from hyla.models.loader import load_config
+
+        config = load_config(path)
+        work = Workload(num_gpus=num_gpus, context=context, concurrency=concurrency,
+                        weight_dtype=dtype or config.dtype, memory_fraction=memory_fraction,
+                        reserve_bytes=int(reserve_gib * GiB))
+        report = make_plan(path, spec, work, kv_cache_dtype=kv_cache_dtype)
+    except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
+    typer.echo(format_plan(report))
+    if json_out:
+        Path(json_out).write_text(json.dumps(plan_to_json(report), indent=1) + "\n")
+        typer.echo(f"wrote {json_out}", err=True)
+
+
+def validate(
+    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
+                                       show_default=False),
+    out: str = typer.Option("validate-report", help="Report directory (report.md, report.html, "
+                            "summary.json, PNG plots)."),
+    checks: str = typer.Option("precision,long_context,throughput,service,vision",
+                               help="Comma-separated checks to run."),
+    quick: bool = typer.Option(False, "--quick", help="Small samples and grids (CI)."),
+    reference: str | None = typer.Option(None, help="Checkpoint the reference loads "
+                                         "(default: MODEL)."),
+    url: str | None = typer.Option(None, help="A running deployment for the service checks."),
+    device: str = typer.Option("auto", help="cpu, cuda, or auto."),
+    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 "
+                                     "on the CPU, the checkpoint's dtype on a GPU)."),
+    kv_cache_memory: int | None = typer.Option(None, help="Cache budget in bytes for the "
+                                               "throughput grid."),
+) -> None:
+    """Run the acceptance checklist on MODEL; exit 0 only when every check passes its bound."""
+    import torch
+
+    from hyla.engine.llm_engine import DEFAULT_MODEL_DIR
+    from hyla.models.loader import load_config
+    from hyla.validate.runner import Context, run_validate
+
+    path = Path(model) if model else DEFAULT_MODEL_DIR
+    try:
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = dtype or ("float32" if device == "cpu" else load_config(path).dtype)
+        options = {} if kv_cache_memory is None else {"kv_cache_memory": kv_cache_memory}
+        ctx = Context(model=path, reference=Path(reference) if reference else path,
+                      out_dir=Path(out), device=device, dtype=dtype, quick=quick, url=url,
+                      engine_options=options)
+        _, results = run_validate(ctx, tuple(c.strip() for c in checks.split(",") if c.strip()))
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    for r in results:
+        typer.echo(f"{r.status:>7}  {r.title}" + "".join(f"\n         {f}" for f in r.failures))
+    typer.echo(f"report: {out}/report.md, {out}/report.html, {out}/summary.json", err=True)
+    if not all(r.passed for r in results):
+        raise typer.Exit(1)
 
 
 @bench_app.command("serve")
@@ -301,6 +408,8 @@ def bench_serve(
 app.command()(add_options(serve, _engine_specs()))
 app.command()(add_options(generate, _engine_specs(exclude=("seed",))))
 app.command()(inspect)
+app.command()(plan)
+app.command()(validate)
 
 
 def main() -> None:  # pragma: no cover - `python -m hyla.cli`

@@ -1,0 +1,1 @@
+"""`hyla plan`: capacity planning from config.json alone (see `hyla.plan.planner`)."""

@@ -1,0 +1,173 @@
+"""Check (a): precision alignment, teacher-forced, against a reference implementation.
+
+For each sample the reference greedily continues the prompt; the whole sequence (prompt +
+continuation) is then scored by both sides at every position, so one early divergence does not
+hide the rest. hyla's side goes through the public `LLM` API (`prompt_logprobs`: the top 20
+plus the actual token). Per position j (the distribution of token j + 1):
+
+  |logprob diff|  over the actual token and the reference's top-20 tokens hyla also returned
+  KL(ref || hyla) over those tokens plus one bucket for the rest (a lower bound on the full KL)
+  top-1 agreement hyla's most likely token is the reference's (ties within the bound agree)
+  greedy text     hyla's own greedy continuation vs the reference's: first differing token
+
+Bounds: in float32, |logprob diff| <= 1e-3, KL <= 1e-5, every top-1 agrees and greedy text is
+identical. In bf16/fp16, hyla's errors (against the float32 reference) must be no worse than
+1.5x the reference's own bf16-vs-float32 errors on the same positions (the largest over all
+samples: a short sample's own maximum alone is too noisy a bound), plus 1e-3.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hyla.validate.result import CheckResult
+
+FP32_LOGPROB_BOUND, FP32_KL_BOUND = 1e-3, 1e-5
+LOW_PRECISION_FACTOR, LOW_PRECISION_SLACK = 1.5, 1e-3
+TOP_K = 20
+
+
+@dataclass
+class Errors:
+    """Per-position errors of one sample against the float32 reference."""
+
+    logprob: list[float]
+    kl: list[float]
+    top1: list[bool]
+
+
+def position_errors(
+    ref: torch.Tensor, got: list[dict[int, float]], ids: list[int], tie: float
+) -> Errors:
+    """`ref`: reference log-probs `[T, V]`; `got[j]`: hyla's top-k dict for token j + 1."""
+    out = Errors([], [], [])
+    for j, d in enumerate(got):
+        row = ref[j]
+        top = row.topk(TOP_K).indices.tolist()
+        common = [t for t in dict.fromkeys([ids[j + 1], *top]) if t in d]
+        diffs = [abs(d[t] - float(row[t])) for t in common]
+        out.logprob.append(max(diffs))
+        p = [math.exp(float(row[t])) for t in common]
+        kl = sum(pi * (float(row[t]) - d[t]) for pi, t in zip(p, common, strict=True))
+        rest_p = max(1.0 - sum(p), 1e-12)
+        rest_q = max(1.0 - sum(math.exp(d[t]) for t in common), 1e-12)
+        out.kl.append(max(0.0, kl + rest_p * math.log(rest_p / rest_q)))
+        best = max(d, key=d.get)
+        out.top1.append(float(row[best]) >= float(row.max()) - tie)
+    return out
+
+
+def ref_self_errors(low: torch.Tensor, ref: torch.Tensor, ids: list[int]) -> Errors:
+    """The reference's own low-precision errors, in the same measure as hyla's."""
+    got = []
+    for j in range(len(ids) - 1):
+        top = low[j].topk(TOP_K).indices.tolist() + [ids[j + 1]]
+        got.append({t: float(low[j][t]) for t in top})
+    return position_errors(ref, got, ids, tie=0.0)
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def _bounds(dtype: str, own: Errors | None) -> tuple[float, float, float]:
+    """(logprob bound, KL bound, least top-1 agreement)."""
+    if dtype == "float32" or own is None:
+        return FP32_LOGPROB_BOUND, FP32_KL_BOUND, 1.0
+    lp = LOW_PRECISION_FACTOR * max(own.logprob) + LOW_PRECISION_SLACK
+    kl = LOW_PRECISION_FACTOR * max(own.kl) + LOW_PRECISION_SLACK
+    agree = sum(own.top1) / len(own.top1) - 0.02
+    return lp, kl, agree
+
+
+def check_sample(
+    result: CheckResult,
+    name: str,
+    ids: list[int],
+    seq: list[int],
+    hyla_lp: list,
+    hyla_greedy: list[int],
+    ref_lp: torch.Tensor,
+    own: Errors | None,
+    dtype: str,
+) -> list[Any]:
+    """Score one sample; record failures on `result`; return its table row (without the
+    reference's own error, which the caller adds)."""
+    lp_bound, kl_bound, agree_bound = _bounds(dtype, own)
+    err = position_errors(ref_lp, hyla_lp[1:], seq, tie=lp_bound)
+    bad = next((j for j, e in enumerate(err.logprob) if e > lp_bound), None)
+    if bad is not None:
+        result.fail(f"{name}: |logprob diff| {err.logprob[bad]:.3g} > {lp_bound:.3g} first at "
+                    f"position {bad} (token {seq[bad]} -> {seq[bad + 1]})")  # fmt: skip
+    bad_kl = next((j for j, e in enumerate(err.kl) if e > kl_bound), None)
+    if bad_kl is not None:
+        result.fail(f"{name}: KL {err.kl[bad_kl]:.3g} > {kl_bound:.3g} first at position {bad_kl}")
+    agree = sum(err.top1) / len(err.top1)
+    if agree < agree_bound:
+        first = err.top1.index(False)
+        result.fail(f"{name}: top-1 agreement {agree:.3f} < {agree_bound:.3f} (first "
+                    f"disagreement at position {first})")  # fmt: skip
+    ref_greedy = seq[len(ids) :]
+    diverge = _first_divergence(hyla_greedy, ref_greedy)
+    if dtype == "float32" and diverge is not None:
+        result.fail(f"{name}: greedy text differs from the reference at generated token "
+                    f"{diverge} (position {len(ids) + diverge})")  # fmt: skip
+    return [name, len(seq), max(err.logprob), max(err.kl), agree,
+            "none" if diverge is None else diverge]  # fmt: skip
+
+
+def _plot(path, series: dict[str, list[float]], bound: float) -> None:
+    from hyla.validate.plots import line_plot
+
+    line_plot(path, series, xlabel="position", ylabel="max |logprob diff|", log_y=True,
+              hline=(bound, "bound"), title="per-position |logprob diff| vs reference")  # fmt: skip
+
+
+def run_precision(ctx: Any, progress: Any) -> CheckResult:
+    """Check (a) on every sample; `ctx` is the validate run (`hyla.validate.runner.Context`)."""
+    from hyla.request import SamplingParams
+    from hyla.validate.references import load_reference
+
+    result = CheckResult("precision", "Precision alignment")
+    ref = load_reference(ctx.reference, "float32", ctx.device)
+    low = None if ctx.dtype == "float32" else load_reference(ctx.reference, ctx.dtype, ctx.device)
+    max_tokens, num_greedy = (48, 8) if ctx.quick else (1024, 32)
+    samples = ctx.samples(max_tokens)
+    seqs = [ids + ref.greedy(ids, num_greedy) for _, ids in samples]
+    progress.update(1)
+    scored = ctx.llm.generate(seqs, SamplingParams(max_tokens=1, temperature=0.0,
+                                                   prompt_logprobs=TOP_K))  # fmt: skip
+    greedy = ctx.llm.generate([ids for _, ids in samples], SamplingParams(
+        max_tokens=num_greedy, temperature=0.0, ignore_eos=True))  # fmt: skip
+    ref_lps = [ref.logprobs(seq) for seq in seqs]
+    parts, own = [], None
+    if low is not None:  # the reference's own error, pooled over every sample's positions
+        parts = [ref_self_errors(low.logprobs(q), r, q) for q, r in zip(seqs, ref_lps, strict=True)]
+        own = Errors(*(sum((getattr(p, f) for p in parts), []) for f in ("logprob", "kl", "top1")))
+    rows, series = [], {}
+    for i, ((name, ids), seq, out, g) in enumerate(zip(samples, seqs, scored, greedy, strict=True)):
+        got = list(g.outputs[0].token_ids)
+        row = check_sample(result, name, ids, seq, out.prompt_logprobs, got, ref_lps[i], own,
+                           ctx.dtype)  # fmt: skip
+        rows.append([*row, max(parts[i].logprob) if parts else "-"])
+        series[name] = position_errors(ref_lps[i], out.prompt_logprobs[1:], seq, tie=0.0).logprob
+    lp_bound = _bounds(ctx.dtype, own)[0]
+    result.bound = (f"fp32: |logprob diff| <= {FP32_LOGPROB_BOUND:g}, KL <= {FP32_KL_BOUND:g}, "
+                    "top-1 agreement 1, identical greedy text" if low is None else
+                    f"{ctx.dtype}: <= {LOW_PRECISION_FACTOR}x the reference's own "
+                    f"{ctx.dtype}-vs-fp32 error + {LOW_PRECISION_SLACK:g}")  # fmt: skip
+    result.reason = f"reference: {ref.name}"
+    result.tables.append(("per sample", ["sample", "tokens", "max |logprob diff|", "max KL",
+                                         "top-1 agreement", "greedy divergence",
+                                         "reference's own max diff"], rows))  # fmt: skip
+    result.metrics = {"max_logprob_diff": max(r[2] for r in rows),
+                      "max_kl": max(r[3] for r in rows),
+                      "min_top1_agreement": min(r[4] for r in rows)}  # fmt: skip
+    _plot(ctx.out_dir / "precision.png", series, lp_bound)
+    result.plots.append("precision.png")
+    progress.update(1)
+    return result

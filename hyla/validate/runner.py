@@ -1,0 +1,124 @@
+"""`hyla validate`: run the selected checks on one model and write the report directory.
+
+    checks: precision (a), long_context (b), throughput (c), service (d), vision (e)
+
+The engine is used only through its public APIs (`LLM`, `LLMEngine` stats); the reference is
+`transformers` on the same checkpoint (see `references`). Exit status 0 only when no check
+failed its bound; a skipped check says why.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hyla.validate.result import CheckResult, skipped
+
+CHECK_NAMES = ("precision", "long_context", "throughput", "service", "vision")
+
+
+@dataclass
+class Context:
+    """One validate run: where the model is, how to run it, where the report goes."""
+
+    model: Path
+    reference: Path
+    out_dir: Path
+    device: str
+    dtype: str
+    quick: bool
+    url: str | None = None
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    _llm: Any = None
+
+    @property
+    def llm(self) -> Any:
+        if self._llm is None:
+            from hyla.engine.llm import LLM
+
+            options = {"device": self.device, "dtype": self.dtype, **self.engine_options}
+            if self.quick:
+                options.setdefault("max_num_batched_tokens", 32)  # several prefill chunks
+            self._llm = LLM(str(self.model), **options)
+        return self._llm
+
+    @property
+    def vocab_size(self) -> int:
+        return self.llm.engine.model_config.vocab_size
+
+    def samples(self, max_tokens: int) -> list[tuple[str, list[int]]]:
+        from hyla.validate.samples import precision_samples
+
+        return precision_samples(self.llm.tokenizer, self.vocab_size, max_tokens)
+
+
+def run_vision(ctx: Context, progress: Any) -> CheckResult:
+    import json
+
+    config = json.loads((ctx.model / "config.json").read_text())
+    progress.update(1)
+    if config.get("vision_config") is not None:
+        return skipped(
+            "vision",
+            "Image path",
+            "skipped: hyla has no image path yet "
+            "(the config has a vision tower; see `hyla inspect --gaps`)",
+        )
+    return skipped("vision", "Image path", "skipped: no vision (text-only model)")
+
+
+def _checks() -> dict[str, Callable[[Context, Any], CheckResult]]:
+    from hyla.validate.long_context import run_long_context
+    from hyla.validate.precision import run_precision
+    from hyla.validate.service import run_service
+    from hyla.validate.throughput import run_throughput
+
+    return {
+        "precision": run_precision,
+        "long_context": run_long_context,
+        "throughput": run_throughput,
+        "service": run_service,
+        "vision": run_vision,
+    }
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parent
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                          capture_output=True, text=True)  # fmt: skip
+    return done.stdout.strip() or "unknown"
+
+
+def run_validate(ctx: Context, checks: tuple[str, ...]) -> tuple[dict[str, Any], list]:
+    """Run `checks` (names from CHECK_NAMES) in order with a progress bar; write the report.
+
+    Returns (meta, results). Raises ValueError naming an unknown check.
+    """
+    from tqdm import tqdm
+
+    from hyla.validate.report import write_report
+
+    unknown = [c for c in checks if c not in CHECK_NAMES]
+    if unknown:
+        raise ValueError(f"checks: unknown {unknown}; choose from {', '.join(CHECK_NAMES)}")
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    registry, results, start = _checks(), [], time.perf_counter()
+    with tqdm(total=len(checks) + checks.count("precision"), desc="validate") as bar:
+        for name in checks:
+            bar.set_postfix_str(name)
+            try:
+                results.append(registry[name](ctx, bar))
+            except Exception as e:  # noqa: BLE001 - one broken check must not lose the report
+                crashed = CheckResult(name, name)
+                crashed.fail(f"the check crashed: {type(e).__name__}: {str(e)[:300]}")
+                results.append(crashed)
+    meta = {"model": str(ctx.model), "reference": str(ctx.reference), "device": ctx.device,
+            "dtype": ctx.dtype, "quick": ctx.quick, "commit": _commit(),
+            "host": platform.node(), "wall_s": round(time.perf_counter() - start, 2)}  # fmt: skip
+    write_report(ctx.out_dir, meta, results)
+    return meta, results

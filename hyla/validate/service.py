@@ -1,0 +1,175 @@
+"""Check (d): the service contract, against `--url` or a `hyla serve` this check starts.
+
+Sub-checks (each pass / fail / skipped, with what it saw):
+  stream          streamed text == non-streamed text (greedy)
+  concurrent      n identical concurrent requests == one solo request
+  cancel          a stream closed mid-way returns running requests, free blocks and free state
+                  slots to their idle values in /metrics            (needs hyla's /metrics)
+  timeout         a request past the server's timeout ends with finish_reason "timeout"
+                  (only on the server started here, with --request-timeout)
+  retry_503       a burst over the queue limit gets 503 + Retry-After; retried, it succeeds
+                  (skipped when the server never answers 503)
+  prefix          the same long prompt twice: the cached run gives the cold output; with
+                  hyla's /metrics the hit is confirmed by hyla_prefix_cache_hit_tokens
+  bad_inputs      malformed requests get 4xx (never 5xx, never 2xx)
+Any OpenAI-compatible server can run all but `cancel` (and the prefix-hit confirmation).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from hyla.validate.result import FAIL, PASS, SKIP, CheckResult
+from hyla.validate.service_client import Client, start_server, stop_server
+
+TIMEOUT_S = 4.0
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
+LONG_PROMPT = "Alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu. " * 20
+GREEDY = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
+
+
+def _stream(c: Client) -> tuple[str, str]:
+    solo = c.complete({"prompt": PROMPT, **GREEDY})["choices"][0]["text"]
+    streamed, _ = c.stream_text({"prompt": PROMPT, **GREEDY})
+    return (PASS, "equal") if streamed == solo else (FAIL, f"{streamed!r} != {solo!r}")
+
+
+def _concurrent(c: Client, n: int = 4) -> tuple[str, str]:
+    solo = c.complete({"prompt": PROMPT, **GREEDY})["choices"][0]["text"]
+    with ThreadPoolExecutor(n) as pool:
+        outs = list(pool.map(lambda _: c.complete({"prompt": PROMPT, **GREEDY}), range(n)))
+    texts = [o["choices"][0]["text"] for o in outs]
+    bad = [i for i, t in enumerate(texts) if t != solo]
+    return (PASS, f"{n} equal") if not bad else (FAIL, f"requests {bad} differ from solo")
+
+
+def _idle(m: dict[str, float]) -> tuple[float, float, float]:
+    return (m.get("hyla_num_requests_running", -1), m.get("hyla_cache_blocks_free", -1),
+            m.get("hyla_state_slots_free", -1))  # fmt: skip
+
+
+def _cancel(c: Client) -> tuple[str, str]:
+    before = c.metrics()
+    if before is None:
+        return SKIP, "needs hyla's /metrics (hyla_num_requests_running, blocks, slots)"
+    body = {"model": c.model, "prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True,
+            "temperature": 0.0, "stream": True}  # fmt: skip
+    with c.http.stream("POST", f"{c.root}/v1/completions", json=body) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 4:
+                break  # leave mid-stream: the connection closes here
+    deadline, now = time.monotonic() + 15, None
+    while time.monotonic() < deadline:
+        now = _idle(c.metrics() or {})
+        if now == (0.0, *_idle(before)[1:]):
+            return PASS, f"running 0, blocks free {now[1]:.0f}, slots free {now[2]:.0f}"
+        time.sleep(0.2)
+    return FAIL, f"after cancel (running, blocks free, slots free) = {now}, idle {_idle(before)}"
+
+
+def _timeout(c: Client, max_tokens: int | None) -> tuple[str, str]:
+    if max_tokens is None:
+        return SKIP, "needs the server's --request-timeout (only on a server started here)"
+    r = c.complete({"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True,
+                    "temperature": 0.0})  # fmt: skip
+    reason = r["choices"][0]["finish_reason"]
+    return (PASS, "timeout") if reason == "timeout" else (FAIL, f"finish_reason {reason!r}")
+
+
+def _burst_one(c: Client) -> tuple[int, str | None]:
+    r = c.post({"prompt": PROMPT, "max_tokens": 64, "ignore_eos": True, "temperature": 0.0})
+    return r.status_code, r.headers.get("retry-after")
+
+
+def _retry_503(c: Client, burst: int = 24) -> tuple[str, str]:
+    with ThreadPoolExecutor(burst) as pool:
+        answers = list(pool.map(lambda _: _burst_one(c), range(burst)))
+    refused = [a for a in answers if a[0] == 503]
+    if not refused:
+        return SKIP, f"no 503 in a burst of {burst} (the queue never filled)"
+    if any(h is None for _, h in refused):
+        return FAIL, "503 without Retry-After"
+    for _ in range(20):
+        time.sleep(min(float(refused[0][1]), 2.0))
+        status, _ = _burst_one(c)
+        if status == 200:
+            return PASS, f"{len(refused)} of {burst} got 503 + Retry-After; retry succeeded"
+    return FAIL, "retries after Retry-After kept failing"
+
+
+def _prefix(c: Client) -> tuple[str, str]:
+    before = c.metrics()
+    cold = c.complete({"prompt": LONG_PROMPT, **GREEDY})["choices"][0]["text"]
+    warm = c.complete({"prompt": LONG_PROMPT, **GREEDY})["choices"][0]["text"]
+    if warm != cold:
+        return FAIL, f"cached {warm!r} != cold {cold!r}"
+    if before is None:
+        return PASS, "equal (hit not confirmed: no hyla /metrics)"
+    key = "hyla_prefix_cache_hit_tokens_total"
+    hits = (c.metrics() or {}).get(key, 0) - before.get(key, 0)
+    return (PASS, f"equal, {hits:.0f} tokens hit") if hits > 0 else (FAIL, "no prefix hit")
+
+
+BAD_INPUTS = {
+    "temperature -1": {"prompt": "hi", "temperature": -1},
+    "max_tokens 0": {"prompt": "hi", "max_tokens": 0},
+    "no prompt": {"max_tokens": 4},
+    "prompt over max_model_len": {"prompt": "hi " * 200000, "max_tokens": 4},
+    "n 0": {"prompt": "hi", "n": 0},
+    "top_p 2": {"prompt": "hi", "top_p": 2.0},
+}
+
+
+def _bad_inputs(c: Client) -> tuple[str, str]:
+    codes = {name: c.post(body).status_code for name, body in BAD_INPUTS.items()}
+    bad = {k: v for k, v in codes.items() if not 400 <= v < 500}
+    return (PASS, "all 4xx") if not bad else (FAIL, f"not 4xx: {bad}")
+
+
+def _subchecks(c: Client, long_tokens: int | None) -> dict[str, Any]:
+    return {"stream": lambda: _stream(c), "concurrent": lambda: _concurrent(c),
+            "cancel": lambda: _cancel(c), "prefix": lambda: _prefix(c),
+            "bad_inputs": lambda: _bad_inputs(c), "timeout": lambda: _timeout(c, long_tokens),
+            "retry_503": lambda: _retry_503(c)}  # fmt: skip
+
+
+def run_service(ctx: Any, progress: Any) -> CheckResult:
+    """Check (d) against `ctx.url`, or a `hyla serve` of `ctx.model` started for it."""
+    result = CheckResult("service", "Service contract")
+    proc, long_tokens = None, None
+    if ctx.url is None:
+        from hyla.models.loader import load_config
+
+        long_tokens = min(4000, load_config(ctx.model).max_context_len - 200)
+        args = ["--device", ctx.device, "--dtype", ctx.dtype, "--request-timeout",
+                str(TIMEOUT_S), "--max-queue-len", "4", "--max-num-seqs", "4"]  # fmt: skip
+        for key, value in ctx.engine_options.items():  # e.g. the cache budget
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        try:
+            proc, url = start_server(ctx.model, args, ctx.out_dir / "server.log")
+        except RuntimeError as e:
+            progress.update(1)
+            result.fail(f"could not start hyla serve: {str(e).splitlines()[-1][:300]}")
+            return result
+    try:
+        client = Client(ctx.url or url)
+        rows = []
+        for name, run in _subchecks(client, long_tokens).items():
+            try:
+                status, detail = run()
+            except Exception as e:  # noqa: BLE001 - a broken server must not stop the report
+                status, detail = FAIL, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            rows.append([name, status, detail])
+            if status == FAIL:
+                result.fail(f"{name}: {detail}")
+    finally:
+        if proc is not None:
+            stop_server(proc)
+    progress.update(1)
+    result.tables.append(("sub-checks", ["check", "status", "detail"], rows))
+    result.metrics = {r[0]: r[1] for r in rows}
+    result.bound = "every sub-check passes (skipped ones say why)"
+    result.reason = f"server: {ctx.url or 'hyla serve started by validate'}"
+    return result

@@ -1,0 +1,159 @@
+"""`hyla plan` against hand-computed bytes for three full-size models (configs written out by
+hand in full_configs.py; expected numbers by arithmetic here, not from hyla's code)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hyla.cli import app
+from hyla.models.registry import config_from_hf
+from hyla.plan.costs import cache_bytes_per_token, param_split, state_bytes_per_seq
+from hyla.plan.estimate import Workload, estimate, tpot_terms
+from hyla.plan.gpus import GiB, gpu_spec
+from hyla.plan.planner import plan
+from tests.plan.full_configs import (
+    DEEPSEEK_V32,
+    KIMI_LINEAR_48B,
+    QWEN3_NEXT_80B,
+    deepseek_v32_params,
+    kimi_params,
+    qwen3_next_params,
+)
+
+FULL = {
+    "kimi_linear_48b": (KIMI_LINEAR_48B, kimi_params),
+    "deepseek_v32": (DEEPSEEK_V32, deepseek_v32_params),
+    "qwen3_next_80b": (QWEN3_NEXT_80B, qwen3_next_params),
+}
+
+# (family, tp) -> (cache bytes per token, linear-state bytes per sequence), bf16 cache
+HAND_CACHE = {
+    # 7 MLA layers x (kv_lora 512 + rope 64) x 2 B; 20 KDA layers x (32 heads x 128 x 128 x 4 B
+    # fp32 state + q,k,v conv channels 3 x 4096 x (kernel 4 - 1) x 2 B)
+    ("kimi_linear_48b", 1): (7 * 576 * 2, 20 * (32 * 128 * 128 * 4 + 12288 * 3 * 2)),
+    ("kimi_linear_48b", 8): (7 * 576 * 2, 20 * (4 * 128 * 128 * 4 + 1536 * 3 * 2)),
+    # 61 DSA layers x (latent 576 + index key 128) x 2 B; no linear layers
+    ("deepseek_v32", 1): (61 * 704 * 2, 0),
+    ("deepseek_v32", 8): (61 * 704 * 2, 0),
+    # 12 GQA layers x k,v x 2 kv heads x 256 x 2 B (1 kv head per rank at tp 8);
+    # 36 GDN layers x (32 v heads x 128 x 128 x 4 B + conv (2x16x128 + 32x128) x 3 x 2 B)
+    ("qwen3_next_80b", 1): (12 * 2 * 2 * 256 * 2, 36 * (32 * 128 * 128 * 4 + 8192 * 3 * 2)),
+    ("qwen3_next_80b", 8): (12 * 2 * 1 * 256 * 2, 36 * (4 * 128 * 128 * 4 + 1024 * 3 * 2)),
+}
+
+
+def _config(name: str, **changes):
+    return config_from_hf(FULL[name][0]).replace(**changes)
+
+
+@pytest.mark.parametrize("name", list(FULL))
+def test_parameter_split_matches_hand_count(name):
+    split = param_split(_config(name))
+    expected = FULL[name][1]()
+    assert (split.embedding, split.experts, split.dense) == (
+        expected["embedding"],
+        expected["experts"],
+        expected["dense"],
+    )
+
+
+def test_published_totals():
+    """The hand counts themselves land on the published sizes (48B, 671B w/o MTP, 80B)."""
+    totals = {n: sum(f[1]().values()) / 1e9 for n, f in FULL.items()}
+    assert 48 < totals["kimi_linear_48b"] < 50
+    assert 671 < totals["deepseek_v32"] < 672
+    assert 79 < totals["qwen3_next_80b"] < 81
+
+
+@pytest.mark.parametrize("name,tp", list(HAND_CACHE), ids=[f"{n}-tp{t}" for n, t in HAND_CACHE])
+def test_cache_and_state_bytes_per_gpu(name, tp):
+    config = _config(name, kv_cache_dtype="bfloat16")
+    assert (cache_bytes_per_token(config, tp), state_bytes_per_seq(config, tp)) == HAND_CACHE[
+        (name, tp)
+    ]
+
+
+def test_deepseek_fp8_on_8xh200_weights_and_concurrency():
+    """DeepSeek-V3.2 with fp8 weights and an fp8 cache, TP8 x EP8 on 8 H200 at 128K."""
+    config = _config("deepseek_v32", kv_cache_dtype="fp8")
+    work = Workload(num_gpus=8, context=131072, concurrency=64, weight_dtype="fp8")
+    e = estimate(config, param_split(config), gpu_spec("H200"), work, tp=8, ep=8)
+    p = deepseek_v32_params()
+    weights = (p["embedding"] + p["dense"]) // 8 + p["experts"] // 8  # 1 byte each
+    assert e.weight_bytes == weights
+    assert 83e9 < weights < 85e9  # ~84 GB of fp8 per GPU
+    free = int(140.4 * GiB * 0.9) - 2 * GiB - weights
+    per_seq = 61 * 704 * 131072  # fp8 latent + index key per token
+    assert e.free_bytes == free
+    assert e.max_seqs == free // per_seq  # dp = 1
+    assert e.fits and e.max_seqs < 64 and e.binding.startswith("cache memory")
+
+
+def test_qwen3_next_decode_memory_term_by_hand():
+    """One H200, batch 1 at 4096 tokens: bytes of one decode step / 4.8 TB/s."""
+    config = _config("qwen3_next_80b")
+    p = qwen3_next_params()
+    work = Workload(num_gpus=1, context=4096, concurrency=1, weight_dtype="bfloat16")
+    terms = tpot_terms(config, param_split(config), gpu_spec("H200"), work, tp=1, ep=1, batch=1)
+    head = 151936 * 2048  # lm_head (the embedding table is only gathered)
+    experts = 48 * 10 * 3 * 2048 * 512  # 10 routed experts per layer for one token
+    weights = (p["dense"] + head + experts) * 2
+    cache = 12 * 4096 * 2 * 2 * 256 * 2
+    state = 2 * 36 * (32 * 128 * 128 * 4 + 8192 * 3 * 2)  # read + written
+    assert terms["memory"] == pytest.approx((weights + cache + state) / 4.8e12, rel=1e-9)
+    assert terms["comm"] == 0.0
+
+
+def test_layouts_ranked_and_refused(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(QWEN3_NEXT_80B))
+    work = Workload(num_gpus=8, context=262144, concurrency=64, weight_dtype="bfloat16")
+    report = plan(path, gpu_spec("H200"), work)
+    names = [(e.tp, e.ep) for e in report.layouts]
+    assert len(names) == 8 and not report.refused  # tp 1, 2, 4, 8 x ep 1, 8
+    fitting = [e for e in report.layouts if e.fits and e.max_seqs >= 64]
+    assert fitting and report.layouts[: len(fitting)] == tuple(fitting)
+    speeds = [e.output_tokens_per_s for e in fitting]
+    assert speeds == sorted(speeds, reverse=True)
+    tp1 = next(e for e in report.layouts if (e.tp, e.ep) == (1, 1))
+    # 159 GB of bf16 weights do not fit one 140 GiB H200
+    assert not tp1.fits and tp1.binding.startswith("memory: weights")
+    assert report.layouts[-1].fits is False
+
+
+def test_cli_plan_prints_layouts_and_note(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(KIMI_LINEAR_48B))
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(path),
+            "--gpu",
+            "H200",
+            "--num-gpus",
+            "8",
+            "--context",
+            "1048576",
+            "--concurrency",
+            "64",
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "TP8 DP1 EP8" in result.output and "estimates" in result.output
+    data = json.loads(out.read_text())
+    assert data["params"]["total"] == sum(kimi_params().values())
+    assert data["layouts"][0]["fits"]
+
+
+def test_cli_plan_unknown_gpu_is_an_error(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(KIMI_LINEAR_48B))
+    result = CliRunner().invoke(app, ["plan", str(path), "--gpu", "Z9000"])
+    assert result.exit_code == 2 and "gpu: unknown 'Z9000'" in result.output
