@@ -37,6 +37,7 @@ from hyla.engine.async_stream import (
     EngineDrainingError,
     OutputQueue,
     QueueFullError,
+    RequestFailedError,
     RequestStream,
     timeout_output,
     with_finish_reason,
@@ -363,8 +364,11 @@ class AsyncEngine:
             if stream.prompt_text is not None and output.prompt is None:
                 output.prompt = stream.prompt_text  # a fresh object per step: safe to set
             stream.last_output = output
-            self._put(stream, output)
-            if output.finished:
+            errors = [o.stop_reason for o in output.outputs if o.finish_reason == "error"]
+            self._put(stream, RequestFailedError(str(errors[0])) if errors else output)
+            if errors and not output.finished:  # one of its n sequences failed: end them all
+                self._abort(output.request_id, "abort")
+            elif output.finished:
                 with self._cond:
                     self._streams.pop(output.request_id, None)
 

@@ -36,6 +36,11 @@ class EngineDeadError(RuntimeError):
     """A step of the engine raised; the requests in flight were ended with this error."""
 
 
+class RequestFailedError(EngineDeadError):
+    """The engine ended this request with finish reason "error" (its step raised, or its
+    logits were not finite); the other requests go on. The message says why."""
+
+
 class OutputQueue:
     """The event-loop side of one request's outputs: a FIFO that keeps only the newest unread
     unfinished `RequestOutput`.
