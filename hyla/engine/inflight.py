@@ -19,8 +19,7 @@ from hyla.scheduler import SchedulerOutput
 @dataclass
 class LaunchedStep:
     """`sample_ids[i]` (a scheduler id) owns row i of `sample`; `requests` holds the step's
-    scheduled requests, `rows` the sampled ones' `SamplingRow`s; `poisoned`: this step's
-    requests whose rows were not finite (set by `LLMEngine._process`)."""
+    scheduled requests, `rows` the sampled ones' `SamplingRow`s."""
 
     out: SchedulerOutput
     sample_ids: list[str]
@@ -28,7 +27,6 @@ class LaunchedStep:
     rows: list[SamplingRow]
     sample: PendingSample | None
     prompt_logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
-    poisoned: list[str] = field(default_factory=list)
 
     def has_tokens_to_read(self) -> bool:
         """Some request it sampled has not ended."""

@@ -472,9 +472,7 @@ class LLMEngine:
                 continue
             group = self._seq_owner[rid]
             if not sample.is_finite[i]:
-                step.poisoned.append(rid)
-                message = "the model produced non-finite logits (NaN or Inf) for this request"
-                self._finish(rid, RequestStatus.FINISHED_ERROR, message)
+                self._poisoned(req)
                 continue
             token = sample.token_ids[i]
             req.resolve_placeholder(token)
@@ -484,6 +482,14 @@ class LLMEngine:
             group.metrics.last_token_time = now
             self._decide_stop(rid, token)
             self._dirty[group.request_id] = None
+
+    def _poisoned(self, req: Request) -> None:
+        """`req`'s logits were not finite: end it with an error, and make the blocks and
+        checkpoints it filed (past its own prefix-cache hit) unfindable, since the NaN may have
+        come from any of its steps."""
+        self.cache.uncache(req.request_id, req.num_cached_tokens // self.cache_plan.block_size)
+        message = "the model produced non-finite logits (NaN or Inf) for this request"
+        self._finish(req.request_id, RequestStatus.FINISHED_ERROR, message)
 
     def _decide_stop(self, rid: str, token: int) -> None:
         """EOS, stop token ids, length and stop strings for `rid`'s new `token`."""

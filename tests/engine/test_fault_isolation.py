@@ -121,3 +121,37 @@ def test_non_finite_logits_end_only_their_request(checkpoints, family, poison):
     oracle = make_engine(model, path)
     for rid in ("r0", "r2", "r3"):
         assert_same_completion(final[rid], solo(oracle, prompts[rid], PARAMS))
+
+
+def test_a_poisoned_request_leaves_nothing_in_the_prefix_cache(kimi):
+    """Blocks and state checkpoints filed by a request whose logits went non-finite are not
+    served to a later request of the same prompt, which runs cold and equals a cold run; a
+    clean request's prefix still hits."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    kw = dict(enable_prefix_caching=True, state_checkpoint_stride=16)
+    engine = make_engine(model, path, **kw)
+    bad, good = prompt_ids(40, 7, vocab), prompt_ids(40, 8, vocab)
+    launch = engine.sampler.launch
+
+    def poisoned(logits, rows, pending=None):
+        logits = logits.clone()
+        for i, row in enumerate(rows):
+            if row.prompt_token_ids == bad and row.num_output_tokens >= 3:
+                logits[i, 0] = math.nan
+        return launch(logits, rows, pending)
+
+    engine.sampler.launch = poisoned
+    engine.add_request("bad", bad, PARAMS)
+    engine.add_request("good", good, PARAMS)
+    first = run_all(engine)
+    assert first["bad"].outputs[0].finish_reason == "error"
+    engine.sampler.launch = launch
+    engine.add_request("again", bad + [5], PARAMS)
+    engine.add_request("good2", good + [5], PARAMS)
+    second = run_all(engine)
+    assert second["again"].num_cached_tokens == 0
+    assert second["good2"].num_cached_tokens == 32
+    cold = make_engine(model, path)
+    assert_same_completion(second["again"], solo(cold, bad + [5], PARAMS))
+    assert_all_free(engine)
