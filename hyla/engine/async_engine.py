@@ -8,10 +8,10 @@
                                               timeouts  -> engine.abort_request, "timeout"
     stream queue <- RequestOutput ---------   engine.step() while there is work
 
-Text prompts are tokenized in a worker thread before the "add" command (a multi-megabyte
-prompt takes seconds to tokenize; on the engine thread it would stall every running stream); an
-over-long one is refused there and never reaches the engine. The engine gets the token ids and
-the outputs get the text back as `prompt`.
+Text prompts are tokenized, and token-id prompts checked, in a worker thread before the "add"
+command (a multi-megabyte prompt takes seconds to tokenize; on the engine thread it would stall
+every running stream); an over-long one is refused there and never reaches the engine. The
+engine gets the token ids and the outputs get the text back as `prompt`.
 
 The engine is touched only by the engine thread, so it needs no lock. The thread sleeps on a
 condition variable while there is no work and wakes on the next command. Commands are applied
@@ -167,20 +167,24 @@ class AsyncEngine:
         `LLMEngine.add_request`; nothing stays allocated), QueueFullError, EngineDrainingError.
         """
         request_id = request_id or uuid.uuid4().hex
-        text = None
-        if isinstance(prompt, str) and self._can_pretokenize():
+        text = prompt if isinstance(prompt, str) else None
+        if self._can_pretokenize(prompt):
             self._check_admission()  # before paying for the tokenization
-            text = prompt
-            prompt = await asyncio.to_thread(self._tokenize, text, params)
+            prompt = await asyncio.to_thread(self._tokenize, prompt, params)
         queue = await self._submit(prompt, params, request_id, text)
         return RequestStream(self, request_id, queue)
 
-    def _can_pretokenize(self) -> bool:
+    def _can_pretokenize(self, prompt: Any) -> bool:
         vocab = getattr(getattr(self.engine, "model_config", None), "vocab_size", None)
-        return self.tokenizer is not None and isinstance(vocab, int)
+        if not isinstance(vocab, int):
+            return False
+        return isinstance(prompt, (list, tuple)) or (
+            isinstance(prompt, str) and self.tokenizer is not None
+        )
 
-    def _tokenize(self, text: str, params: Any) -> list[int]:
-        """Token ids of `text` as the engine would compute them (worker thread).
+    def _tokenize(self, text: str | list[int], params: Any) -> list[int]:
+        """Token ids of `text` (or `text` as checked token ids) as the engine would compute
+        them, in a worker thread: the engine thread does not check them again.
 
         Raises: InvalidRequestError("prompt") for text that cannot be tokenized or leaves no
             room in the context window; InvalidRequestError("max_tokens") past the window.

@@ -39,6 +39,7 @@ from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
 from hyla.engine.sampler import Sampler, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
+from hyla.engine.warmup import warm_up
 from hyla.forward_batch import index_tensor
 from hyla.models.hybrid import HybridModel
 from hyla.request import (
@@ -151,7 +152,8 @@ class LLMEngine:
 
     @classmethod
     def from_path(cls, path: str | None = None, **overrides: Any) -> LLMEngine:
-        """Load a checkpoint directory (HF family or hyla layout) and its tokenizer.
+        """Load a checkpoint directory (HF family or hyla layout) and its tokenizer, and warm
+        the engine up (`hyla.engine.warmup`).
 
         `path` None loads the embedded default model (hyla/assets/default_model/). `overrides`
         are EngineConfig/CacheConfig/SchedulerConfig fields by name.
@@ -173,6 +175,7 @@ class LLMEngine:
         model = load_model(str(directory), dtype=_load_dtype(config), device=config.device)
         engine = cls(model, tokenizer, config)
         engine.model_name = "default" if path is None else directory.name
+        warm_up(engine)  # before it serves: the first requests compile nothing
         return engine
 
     def _eos_token_ids(self) -> tuple[int, ...]:
