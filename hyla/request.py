@@ -34,7 +34,13 @@ class SamplingParamsError(InvalidRequestError):
 
 
 class QueueFullError(RuntimeError):
-    """The engine's waiting queue holds `max_queue_len` requests; retry later."""
+    """The engine's waiting queue holds `max_queue_len` requests; retry after `retry_after`
+    seconds."""
+
+    def __init__(self, max_queue_len: int, retry_after: int = 1) -> None:
+        super().__init__(f"max_queue_len: the queue is full ({max_queue_len} waiting requests)")
+        self.max_queue_len = max_queue_len
+        self.retry_after = retry_after
 
 
 def _is_int(v: Any) -> bool:

@@ -5,7 +5,6 @@
     add_request() - ("add", ...) ---------->  commands  -> engine.add_request
                <-- admitted / error --------  (call_soon_threadsafe)
     abort()    --- ("abort", id) ---------->  commands  -> engine.abort_request (frees at once)
-                                              timeouts  -> engine.abort_request, "timeout"
     stream queue <- RequestOutput ---------   engine.step() while there is work
 
 Text prompts are tokenized, and token-id prompts checked, in a worker thread before the "add"
@@ -36,17 +35,19 @@ from hyla.engine.async_stream import (
     EngineDeadError,
     EngineDrainingError,
     OutputQueue,
-    QueueFullError,
     RequestFailedError,
     RequestStream,
-    timeout_output,
-    with_finish_reason,
 )
 from hyla.engine.validate import prompt_token_ids, validate_lengths
-from hyla.request import InvalidRequestError, SamplingParams
+from hyla.request import InvalidRequestError, QueueFullError, SamplingParams
 
-__all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "QueueFullError",
-           "RequestStream"]
+__all__ = [
+    "AsyncEngine",
+    "EngineDeadError",
+    "EngineDrainingError",
+    "QueueFullError",
+    "RequestStream",
+]
 
 logger = logging.getLogger("hyla.engine")
 
@@ -57,8 +58,6 @@ class _Stream:
 
     request_id: str
     queue: OutputQueue
-    deadline: float | None
-    num_outputs: int = 1
     last_output: Any = None
     prompt_text: str | None = None
 
@@ -66,22 +65,19 @@ class _Stream:
 class AsyncEngine:
     """Runs `LLMEngine.step()` in a background thread and streams outputs to coroutines.
 
+    Timeouts and the queue bound are the engine's (`EngineConfig.request_timeout`: the engine
+    ends a request with finish_reason "timeout"; `EngineConfig.max_queue_len`: checked here too,
+    before a prompt is tokenized, counting requests admitted but without a first token yet).
+
     Args:
         engine: an `hyla.engine.llm_engine.LLMEngine` (or anything with the same contract:
             add_request, abort_request, step, has_unfinished_requests, get_stats).
-        request_timeout: seconds from arrival after which a request ends with finish_reason
-            "timeout" (None: no limit).
-        max_queue_len: most requests admitted but without a first token yet; one more raises
-            QueueFullError (None: no limit here; `EngineConfig.max_queue_len` still applies
-            inside the engine).
     """
 
-    def __init__(
-        self, engine: Any, request_timeout: float | None = None, max_queue_len: int | None = None
-    ) -> None:
+    def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.request_timeout = request_timeout
-        self.max_queue_len = max_queue_len
+        config = getattr(engine, "config", None)
+        self.max_queue_len = getattr(config, "max_queue_len", None)
         self._cond = threading.Condition()
         self._commands: collections.deque[tuple] = collections.deque()
         self._streams: dict[str, _Stream] = {}
@@ -148,7 +144,7 @@ class AsyncEngine:
                 await asyncio.sleep(0.02)
         with self._cond:
             for request_id in list(self._streams):
-                self._commands.append(("abort", request_id, "abort"))
+                self._commands.append(("abort", request_id))
             self._commands.append(("stop",))
             self._cond.notify()
         if self._thread is not None:
@@ -251,7 +247,7 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """Cancel a request (thread-safe; unknown or finished ids are ignored)."""
         with self._cond:
-            self._commands.append(("abort", request_id, "abort"))
+            self._commands.append(("abort", request_id))
             self._cond.notify()
 
     # -- engine thread ----------------------------------------------------------------------
@@ -274,7 +270,6 @@ class AsyncEngine:
         if stop:
             self._update_snapshot()
             return
-        self._expire()
         if commands:
             self._update_snapshot()
         if self.engine.has_unfinished_requests():
@@ -284,9 +279,7 @@ class AsyncEngine:
     def _wait_for_work(self) -> list[tuple]:
         with self._cond:
             while not self._commands and not self._has_work():
-                self._cond.wait(timeout=self._next_deadline_wait())
-                if self._has_expired():
-                    break
+                self._cond.wait()
             commands = list(self._commands)
             self._commands.clear()
         return commands
@@ -296,20 +289,12 @@ class AsyncEngine:
         # stream): one more step collects them, so an idle engine holds no request.
         return self.engine.has_unfinished_requests()
 
-    def _next_deadline_wait(self) -> float | None:
-        deadlines = [s.deadline for s in self._streams.values() if s.deadline is not None]
-        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-
-    def _has_expired(self) -> bool:
-        now = time.monotonic()
-        return any(s.deadline is not None and s.deadline <= now for s in self._streams.values())
-
     def _apply(self, commands: Any) -> None:
         for command in commands:
             if command[0] == "add":
                 self._add(*command[1:])
             elif command[0] == "abort":
-                self._abort(command[1], command[2])
+                self._abort(command[1])
 
     def _add(self, request_id, prompt, params, queue, admitted, text) -> None:  # noqa: ANN001
         arrival = time.monotonic()
@@ -322,15 +307,12 @@ class AsyncEngine:
                 self._num_pending_adds -= 1
             self._call(_set_exception, admitted, e)
             return
-        deadline = arrival + self.request_timeout if self.request_timeout else None
-        num_outputs = getattr(params, "n", 1) or 1
         with self._cond:
             self._num_pending_adds -= 1
-            self._streams[request_id] = _Stream(request_id, queue, deadline, num_outputs,
-                                                prompt_text=text)
+            self._streams[request_id] = _Stream(request_id, queue, prompt_text=text)
         self._call(_set_result, admitted)
 
-    def _abort(self, request_id: str, reason: str) -> None:
+    def _abort(self, request_id: str) -> None:
         stream = self._streams.get(request_id)
         try:
             self.engine.abort_request(request_id)
@@ -340,19 +322,7 @@ class AsyncEngine:
             return
         with self._cond:
             del self._streams[request_id]
-        if reason == "timeout" and stream.last_output is not None:
-            self._put(stream, with_finish_reason(stream.last_output, "timeout"))
-        elif reason == "timeout":
-            self._put(stream, timeout_output(request_id, stream.num_outputs))
         self._put(stream, DONE)
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        for stream in list(self._streams.values()):
-            if stream.deadline is not None and stream.deadline <= now:
-                logger.info("request %s timed out after %.1fs", stream.request_id,
-                            self.request_timeout)
-                self._abort(stream.request_id, "timeout")
 
     def _step(self) -> None:
         try:
@@ -371,7 +341,7 @@ class AsyncEngine:
             errors = [o.stop_reason for o in output.outputs if o.finish_reason == "error"]
             self._put(stream, RequestFailedError(str(errors[0])) if errors else output)
             if errors and not output.finished:  # one of its n sequences failed: end them all
-                self._abort(output.request_id, "abort")
+                self._abort(output.request_id)
             elif output.finished:
                 with self._cond:
                     self._streams.pop(output.request_id, None)

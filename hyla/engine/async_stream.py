@@ -9,23 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
-import time
 from typing import Any
 
-from hyla.request import CompletionOutput, RequestMetrics, RequestOutput
-from hyla.request import QueueFullError as _BaseQueueFullError
+from hyla.request import RequestOutput
 
 DONE = object()
-
-
-class QueueFullError(_BaseQueueFullError):
-    """The waiting queue holds `max_queue_len` requests; retry after `retry_after` seconds."""
-
-    def __init__(self, max_queue_len: int, retry_after: int = 1) -> None:
-        super().__init__(f"the server queue is full ({max_queue_len} waiting requests)")
-        self.max_queue_len = max_queue_len
-        self.retry_after = retry_after
 
 
 class EngineDrainingError(RuntimeError):
@@ -58,8 +46,10 @@ class OutputQueue:
     def put_nowait(self, item: Any) -> None:
         items = self._items
         last = items[-1] if items else None
-        if isinstance(item, RequestOutput) and isinstance(last, RequestOutput) and (
-            not last.finished
+        if (
+            isinstance(item, RequestOutput)
+            and isinstance(last, RequestOutput)
+            and (not last.finished)
         ):
             items[-1] = item
         else:
@@ -129,23 +119,3 @@ class RequestStream:
                 self.engine.abort(self.request_id)
             except Exception:  # interpreter shutdown
                 pass
-
-
-def with_finish_reason(output: RequestOutput, reason: str) -> RequestOutput:
-    """A finished copy of `output` whose unfinished completions end with `reason`."""
-    outputs = [
-        dataclasses.replace(o, finish_reason=o.finish_reason or reason) for o in output.outputs
-    ]
-    return dataclasses.replace(output, outputs=outputs, finished=True)
-
-
-def timeout_output(request_id: str, num_outputs: int) -> RequestOutput:
-    """The final output of a request that timed out before producing any token."""
-    outputs = [
-        CompletionOutput(index=k, text="", token_ids=[], logprobs=None, cumulative_logprob=None,
-                         finish_reason="timeout", stop_reason=None)
-        for k in range(num_outputs)
-    ]
-    return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[],
-                         prompt_logprobs=None, outputs=outputs, finished=True,
-                         metrics=RequestMetrics(arrival_time=time.monotonic()))

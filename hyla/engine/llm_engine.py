@@ -215,7 +215,7 @@ class LLMEngine:
                 raise SamplingParamsError("stop", "stop strings need a tokenizer")
             limit = self.config.max_queue_len
             if limit is not None and self.scheduler.num_waiting >= limit:
-                raise QueueFullError(f"max_queue_len: {limit} requests already waiting")
+                raise QueueFullError(limit)
             arrival = time.monotonic() if arrival_time is None else arrival_time
             self._add_group(request_id, prompt, ids, params, priority, arrival)
 

@@ -48,5 +48,10 @@ def _run(engine: Any, prompts: list[list[int]]) -> None:
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     for i, ids in enumerate(prompts):
         engine.add_request(f"warmup-{i}", ids, params)
-    while engine.has_unfinished_requests():
+    for _ in range(len(prompts) * (max(map(len, prompts)) + 4)):  # bounded: never hangs
+        if not engine.has_unfinished_requests():
+            return
         engine.step()
+    engine.abort_request([f"warmup-{i}" for i in range(len(prompts))])
+    engine.step()
+    logger.warning("warm-up requests did not finish; aborted")
