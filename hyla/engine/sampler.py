@@ -205,25 +205,30 @@ def _bincount_rows(
 
 def sampling_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """`sampling_reference.sampling_probs` for m rows at once: `x: [m, V]` float32 (already
-    penalized), one SamplingParams per row (none greedy) -> probs `[m, V]` float32."""
+    penalized), one SamplingParams per row (none greedy) -> probs `[m, V]` float32. Top-k and
+    top-p work on the rows that use them only."""
     m, vocab = x.shape
     dev = x.device
     temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
     x = x / temp[:, None]
-    ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    if any(k < vocab for k in ks):
-        ordered = torch.sort(x, dim=-1, descending=True).values
-        kth = ordered.gather(1, index_tensor([k - 1 for k in ks], dev)[:, None])
-        x = x.masked_fill(x < kth, float("-inf"))
-    if any(p.top_p < 1.0 for p in params):
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
-        probs = torch.softmax(x, dim=-1)
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    rows_k = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
+    if rows_k:
+        idx = index_tensor(rows_k, dev)
+        sub = x.index_select(0, idx)
+        ks = index_tensor([params[i].top_k - 1 for i in rows_k], dev)[:, None]
+        kth = torch.topk(sub, max(params[i].top_k for i in rows_k), dim=-1).values.gather(1, ks)
+        x = x.index_copy(0, idx, sub.masked_fill(sub < kth, float("-inf")))
+    rows_p = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if rows_p:
+        idx = index_tensor(rows_p, dev)
+        sub = x.index_select(0, idx)
+        top_p = torch.tensor([params[i].top_p for i in rows_p], dtype=torch.float32, device=dev)
+        sorted_probs, order = torch.sort(torch.softmax(sub, dim=-1), dim=-1, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+        drop_sorted = mass_before >= top_p[:, None]
         drop_sorted[:, 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
+        x = x.index_copy(0, idx, sub.masked_fill(drop, float("-inf")))
     probs = torch.softmax(x, dim=-1)
     if any(p.min_p > 0.0 for p in params):
         min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev)[:, None]
