@@ -1,6 +1,8 @@
 """The one overlapped step pipeline (launch step N+1, then process step N) against independent
 oracles: each request run alone in an idle engine (I3 batch transparency: identical token ids,
-text, finish and stop reasons; logprobs within 1e-5), the greedy tokens of a solo probe for
+text, finish and stop reasons; logprobs within 1e-5, not bitwise: a batch of another height
+can take another blocking of the fp32 CPU matmul, which reorders its sums; issue 16 item 0 saw
+such a 5e-7 difference on an AMD machine), the greedy tokens of a solo probe for
 the stop scenarios, and `transformers` greedy generation with a repetition penalty (penalties
 counting a token still on the device). Every run ends with every block and slot free.
 
