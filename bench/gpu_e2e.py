@@ -231,11 +231,11 @@ def hyla_decode(
     `sync_scheduling` with async scheduling off (each step scheduled after the previous one's
     tokens reached the host), the in-run baseline of what async scheduling buys."""
     rows = []
-    graphs, async_scheduling = engine.runner.graphs, engine.async_scheduling
+    graphs, step = engine.runner.graphs, engine.step
     if eager:
         engine.runner.graphs = None
-    if sync_scheduling:
-        engine.async_scheduling = False
+    if sync_scheduling:  # read each step's tokens before the next one is scheduled
+        engine.step = lambda: step() + engine.flush()
     tag = "eager" if eager else ("graphs" if graphs is not None else "eager")
     tag += "_sync_sched" if sync_scheduling else ""
     try:
@@ -253,7 +253,8 @@ def hyla_decode(
             print(f"hyla decode ({tag:17s}) B={b:3d}: {row['tokens_per_s']:9.1f} tok/s  step "
                   f"{row['step_ms']:7.2f} ms  MBU {100 * row['mbu']:5.1f}%")  # fmt: skip
     finally:
-        engine.runner.graphs, engine.async_scheduling = graphs, async_scheduling
+        engine.runner.graphs = graphs
+        engine.__dict__.pop("step", None)
     return rows
 
 
@@ -322,7 +323,7 @@ def run(args: argparse.Namespace) -> dict:
     decode = hyla_decode(engine, args, bandwidth)
     eager = [] if args.skip_eager else hyla_decode(engine, args, bandwidth, eager=True)
     sync_sched = []
-    if engine.async_scheduling and not args.skip_sync_scheduling:
+    if not args.skip_sync_scheduling:
         sync_sched = hyla_decode(engine, args, bandwidth, sync_scheduling=True)
     prefill = hyla_prefill(engine, args)
     baseline = [] if args.skip_hf else hf_decode(hf, args)

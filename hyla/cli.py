@@ -179,7 +179,7 @@ def serve(
     from hyla.server.launch import make_server, run_until_signal
 
     engine = _load_engine(model, options)
-    async_engine = AsyncEngine(engine, request_timeout=options.get("request_timeout"))
+    async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
     name = served_model_name or engine.model_name
     fastapi_app = build_app(async_engine, name, api_key=api_key,
                             max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)

@@ -691,11 +691,8 @@ class EngineConfig:
     checkpoint's dtype; `tokenizer` None looks in the checkpoint directory; `seed` seeds the
     sampler of requests without their own seed; `request_timeout` (seconds) finishes a request
     with reason "timeout"; `max_queue_len` bounds the waiting requests (None: unbounded);
-    `enforce_eager` turns off CUDA graphs for decode steps; `async_output` overlaps output
-    processing with the next step (None: on for CUDA); `async_scheduling` also schedules and
-    launches the next step before the current one's tokens reach the host (None: with
-    `async_output`; needs it). Build from flat keyword arguments with
-    `EngineConfig.from_kwargs`.
+    `enforce_eager` turns off CUDA graphs for decode steps. Build from flat keyword arguments
+    with `EngineConfig.from_kwargs`.
     """
 
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -739,21 +736,6 @@ class EngineConfig:
         default=False,
         metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
     )
-    async_output: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Detokenize and build each step's outputs while the next step runs on the "
-            "GPU (outputs come one step later); default: on for CUDA devices."
-        },
-    )
-    async_scheduling: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Schedule and launch each step while the previous one still runs on the "
-            "GPU, its greedy tokens fed to the next step on the device; default: on with "
-            "async output."
-        },
-    )
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_queue_len"):
@@ -772,11 +754,6 @@ class EngineConfig:
         _require(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "integer")
         if self.request_timeout is not None:
             _require(self.request_timeout > 0, "request_timeout", "must be > 0 seconds")
-        _require(
-            not (self.async_scheduling and self.async_output is False),
-            "async_scheduling",
-            "needs async_output (outputs one step later)",
-        )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

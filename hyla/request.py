@@ -34,7 +34,13 @@ class SamplingParamsError(InvalidRequestError):
 
 
 class QueueFullError(RuntimeError):
-    """The engine's waiting queue holds `max_queue_len` requests; retry later."""
+    """The engine's waiting queue holds `max_queue_len` requests; retry after `retry_after`
+    seconds."""
+
+    def __init__(self, max_queue_len: int, retry_after: int = 1) -> None:
+        super().__init__(f"max_queue_len: the queue is full ({max_queue_len} waiting requests)")
+        self.max_queue_len = max_queue_len
+        self.retry_after = retry_after
 
 
 def _is_int(v: Any) -> bool:
@@ -197,6 +203,7 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
     FINISHED_TIMEOUT = "timeout"
+    FINISHED_ERROR = "error"
 
     @property
     def is_finished(self) -> bool:
@@ -253,11 +260,6 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
 
-# The value of a token sampled by a step still running on the device (async scheduling):
-# never a vocabulary id, never compared as a stop token (only a length stop applies to it).
-PLACEHOLDER_TOKEN = -1
-
-
 @dataclass(eq=False)
 class Request:
     """One sequence as the scheduler sees it.
@@ -265,8 +267,10 @@ class Request:
     `all_token_ids` = prompt + generated; `num_computed_tokens` of them are in the cache. After a
     preemption `num_computed_tokens` drops to 0 and the whole sequence is recomputed.
     `num_cached_tokens`: prompt tokens served from the prefix cache at its first admission.
-    `num_placeholders`: trailing tokens sampled by a step still running on the device (async
-    scheduling), appended as PLACEHOLDER_TOKEN until `fill_placeholder` writes their values.
+    `num_placeholders`: trailing tokens sampled by a step whose values are still on the device
+    (vLLM's `num_output_placeholders`): counted in `num_tokens`, not in the token lists, until
+    `resolve_placeholder` appends the value. `stop_reason`: the stop string or token id, or the
+    message of an error finish.
     """
 
     request_id: str
@@ -294,11 +298,13 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        """Generated tokens, the pending ones included."""
+        return len(self.output_token_ids) + self.num_placeholders
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        """Prompt + generated tokens, the pending ones included."""
+        return len(self.all_token_ids) + self.num_placeholders
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -318,28 +324,31 @@ class Request:
     @property
     def num_known_tokens(self) -> int:
         """Tokens whose values are on the host (all but the placeholders)."""
-        return len(self.all_token_ids) - self.num_placeholders
+        return len(self.all_token_ids)
 
     def append_token(self, token_id: int) -> None:
+        """Append a generated token whose value is known (no placeholder before it)."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-        if token_id == PLACEHOLDER_TOKEN:
-            self.num_placeholders += 1
 
-    def fill_placeholder(self, token_id: int) -> None:
-        """Write the value of the (one) trailing placeholder token.
+    def add_placeholder(self) -> None:
+        """A step sampled this request's next token; its value is still on the device."""
+        self.num_placeholders += 1
+
+    def resolve_placeholder(self, token_id: int) -> None:
+        """The value of the oldest placeholder arrived: append it.
 
         Raises: ValueError when the request has no placeholder."""
-        if self.num_placeholders != 1:
-            raise ValueError(f"{self.request_id!r}: {self.num_placeholders} placeholders, not 1")
-        self.output_token_ids[-1] = token_id
-        self.all_token_ids[-1] = token_id
-        self.num_placeholders = 0
+        if self.num_placeholders < 1:
+            raise ValueError(f"{self.request_id!r}: no placeholder to resolve")
+        self.num_placeholders -= 1
+        self.append_token(token_id)
 
 
 def check_token_stop(request: Request) -> RequestStatus | None:
-    """Stop conditions decided by the last generated token alone (stop strings are the
-    detokenizer's). Sets `request.stop_reason` (the stop token id; None for EOS).
+    """Stop conditions decided by the last known generated token alone (stop strings are the
+    detokenizer's; placeholders after it do not count). Sets `request.stop_reason` (the stop
+    token id; None for EOS).
 
     Returns: FINISHED_STOPPED, FINISHED_LENGTH, or None to continue.
     """
@@ -347,13 +356,14 @@ def check_token_stop(request: Request) -> RequestStatus | None:
         return None
     last = request.output_token_ids[-1]
     params = request.params
-    if request.num_output_tokens >= params.min_tokens and last != PLACEHOLDER_TOKEN:
+    num_output = len(request.output_token_ids)
+    if num_output >= params.min_tokens:
         if not params.ignore_eos and last in request.eos_token_ids:
             request.stop_reason = None
             return RequestStatus.FINISHED_STOPPED
         if last in params.stop_token_ids:
             request.stop_reason = last
             return RequestStatus.FINISHED_STOPPED
-    if request.num_output_tokens >= request.max_output_tokens:
+    if num_output >= request.max_output_tokens:
         return RequestStatus.FINISHED_LENGTH
     return None

@@ -134,6 +134,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.num_output_tokens >= req.max_output_tokens:  # its last token is pending
+                i += 1
+                continue
             n = self._num_new_tokens(req, budget)
             total = req.num_computed_tokens + n
             while not self.cache.allocate(req.request_id, total):

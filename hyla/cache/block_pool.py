@@ -148,6 +148,11 @@ class BlockPool:
         self.cached[block_hash] = block_id
         return True
 
+    def uncache(self, block_ids: list[int]) -> None:
+        """Forget the hashes of `block_ids` (their contents are not to be reused)."""
+        for i in block_ids:
+            self._evict(self.blocks[i])
+
     def lookup(self, block_hash: int) -> int | None:
         """The block cached under `block_hash`, or None."""
         return self.cached.get(block_hash)

@@ -136,6 +136,13 @@ class CacheManager:
         if self.prefix is not None:
             self.prefix.release(request_id, keep_hashes)
 
+    def uncache(self, request_id: str, first_block: int = 0) -> None:
+        """Make `request_id`'s blocks from `first_block` on, and the state checkpoints keyed by
+        them, unfindable by prefix matching (a step of it produced non-finite values)."""
+        table = self.block_tables.get(request_id)
+        if table and self.prefix is not None:
+            self.block_pool.uncache(table[first_block:])
+
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables[request_id]
 

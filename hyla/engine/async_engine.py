@@ -5,13 +5,12 @@
     add_request() - ("add", ...) ---------->  commands  -> engine.add_request
                <-- admitted / error --------  (call_soon_threadsafe)
     abort()    --- ("abort", id) ---------->  commands  -> engine.abort_request (frees at once)
-                                              timeouts  -> engine.abort_request, "timeout"
     stream queue <- RequestOutput ---------   engine.step() while there is work
 
-Text prompts are tokenized in a worker thread before the "add" command (a multi-megabyte
-prompt takes seconds to tokenize; on the engine thread it would stall every running stream); an
-over-long one is refused there and never reaches the engine. The engine gets the token ids and
-the outputs get the text back as `prompt`.
+Text prompts are tokenized, and token-id prompts checked, in a worker thread before the "add"
+command (a multi-megabyte prompt takes seconds to tokenize; on the engine thread it would stall
+every running stream); an over-long one is refused there and never reaches the engine. The
+engine gets the token ids and the outputs get the text back as `prompt`.
 
 The engine is touched only by the engine thread, so it needs no lock. The thread sleeps on a
 condition variable while there is no work and wakes on the next command. Commands are applied
@@ -36,16 +35,21 @@ from hyla.engine.async_stream import (
     EngineDeadError,
     EngineDrainingError,
     OutputQueue,
-    QueueFullError,
+    RequestFailedError,
     RequestStream,
     empty_output,
     with_finish_reason,
 )
 from hyla.engine.validate import prompt_token_ids, validate_lengths
-from hyla.request import InvalidRequestError, SamplingParams
+from hyla.request import InvalidRequestError, QueueFullError, SamplingParams
 
-__all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "QueueFullError",
-           "RequestStream"]
+__all__ = [
+    "AsyncEngine",
+    "EngineDeadError",
+    "EngineDrainingError",
+    "QueueFullError",
+    "RequestStream",
+]
 
 logger = logging.getLogger("hyla.engine")
 
@@ -56,7 +60,6 @@ class _Stream:
 
     request_id: str
     queue: OutputQueue
-    deadline: float | None
     num_outputs: int = 1
     last_output: Any = None
     prompt_text: str | None = None
@@ -65,22 +68,19 @@ class _Stream:
 class AsyncEngine:
     """Runs `LLMEngine.step()` in a background thread and streams outputs to coroutines.
 
+    Timeouts and the queue bound are the engine's (`EngineConfig.request_timeout`: the engine
+    ends a request with finish_reason "timeout"; `EngineConfig.max_queue_len`: checked here too,
+    before a prompt is tokenized, counting requests admitted but without a first token yet).
+
     Args:
         engine: an `hyla.engine.llm_engine.LLMEngine` (or anything with the same contract:
             add_request, abort_request, step, has_unfinished_requests, get_stats).
-        request_timeout: seconds from arrival after which a request ends with finish_reason
-            "timeout" (None: no limit).
-        max_queue_len: most requests admitted but without a first token yet; one more raises
-            QueueFullError (None: no limit here; `EngineConfig.max_queue_len` still applies
-            inside the engine).
     """
 
-    def __init__(
-        self, engine: Any, request_timeout: float | None = None, max_queue_len: int | None = None
-    ) -> None:
+    def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.request_timeout = request_timeout
-        self.max_queue_len = max_queue_len
+        config = getattr(engine, "config", None)
+        self.max_queue_len = getattr(config, "max_queue_len", None)
         self._cond = threading.Condition()
         self._commands: collections.deque[tuple] = collections.deque()
         self._streams: dict[str, _Stream] = {}
@@ -178,20 +178,24 @@ class AsyncEngine:
         `LLMEngine.add_request`; nothing stays allocated), QueueFullError, EngineDrainingError.
         """
         request_id = request_id or uuid.uuid4().hex
-        text = None
-        if isinstance(prompt, str) and self._can_pretokenize():
+        text = prompt if isinstance(prompt, str) else None
+        if self._can_pretokenize(prompt):
             self._check_admission()  # before paying for the tokenization
-            text = prompt
-            prompt = await asyncio.to_thread(self._tokenize, text, params)
+            prompt = await asyncio.to_thread(self._tokenize, prompt, params)
         queue = await self._submit(prompt, params, request_id, text)
         return RequestStream(self, request_id, queue)
 
-    def _can_pretokenize(self) -> bool:
+    def _can_pretokenize(self, prompt: Any) -> bool:
         vocab = getattr(getattr(self.engine, "model_config", None), "vocab_size", None)
-        return self.tokenizer is not None and isinstance(vocab, int)
+        if not isinstance(vocab, int):
+            return False
+        return isinstance(prompt, (list, tuple)) or (
+            isinstance(prompt, str) and self.tokenizer is not None
+        )
 
-    def _tokenize(self, text: str, params: Any) -> list[int]:
-        """Token ids of `text` as the engine would compute them (worker thread).
+    def _tokenize(self, text: str | list[int], params: Any) -> list[int]:
+        """Token ids of `text` (or `text` as checked token ids) as the engine would compute
+        them, in a worker thread: the engine thread does not check them again.
 
         Raises: InvalidRequestError("prompt") for text that cannot be tokenized or leaves no
             room in the context window; InvalidRequestError("max_tokens") past the window.
@@ -258,7 +262,7 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """Cancel a request (thread-safe; unknown or finished ids are ignored)."""
         with self._cond:
-            self._commands.append(("abort", request_id, "abort"))
+            self._commands.append(("abort", request_id))
             self._cond.notify()
 
     # -- engine thread ----------------------------------------------------------------------
@@ -281,7 +285,6 @@ class AsyncEngine:
         if stop:
             self._update_snapshot()
             return
-        self._expire()
         if commands:
             self._update_snapshot()
         if self.engine.has_unfinished_requests():
@@ -291,9 +294,7 @@ class AsyncEngine:
     def _wait_for_work(self) -> list[tuple]:
         with self._cond:
             while not self._commands and not self._has_work():
-                self._cond.wait(timeout=self._next_deadline_wait())
-                if self._has_expired():
-                    break
+                self._cond.wait()
             commands = list(self._commands)
             self._commands.clear()
         return commands
@@ -303,23 +304,15 @@ class AsyncEngine:
         # stream): one more step collects them, so an idle engine holds no request.
         return self.engine.has_unfinished_requests()
 
-    def _next_deadline_wait(self) -> float | None:
-        deadlines = [s.deadline for s in self._streams.values() if s.deadline is not None]
-        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-
-    def _has_expired(self) -> bool:
-        now = time.monotonic()
-        return any(s.deadline is not None and s.deadline <= now for s in self._streams.values())
-
     def _apply(self, commands: Any) -> None:
         for command in commands:
             if command[0] == "add":
                 self._add(*command[1:])
             elif command[0] == "abort":
-                self._abort(command[1], command[2])
+                self._abort(command[1])
             elif command[0] == "abort_all":
                 for request_id in list(self._streams):
-                    self._abort(request_id, "shutdown")
+                    self._abort(request_id, shutdown=True)
 
     def _add(self, request_id, prompt, params, queue, admitted, text) -> None:  # noqa: ANN001
         arrival = time.monotonic()
@@ -334,15 +327,15 @@ class AsyncEngine:
                 self._num_pending_adds -= 1
             self._call(_set_exception, admitted, e)
             return
-        deadline = arrival + self.request_timeout if self.request_timeout else None
-        num_outputs = getattr(params, "n", 1) or 1
         with self._cond:
             self._num_pending_adds -= 1
-            self._streams[request_id] = _Stream(request_id, queue, deadline, num_outputs,
-                                                prompt_text=text)
+            num_outputs = getattr(params, "n", 1) or 1
+            self._streams[request_id] = _Stream(request_id, queue, num_outputs, prompt_text=text)
         self._call(_set_result, admitted)
 
-    def _abort(self, request_id: str, reason: str) -> None:
+    def _abort(self, request_id: str, shutdown: bool = False) -> None:
+        """End a request: a client's cancel just ends its stream (nobody reads a final output);
+        at shutdown the stream first gets a final output with finish_reason "abort"."""
         stream = self._streams.get(request_id)
         try:
             self.engine.abort_request(request_id)
@@ -352,20 +345,11 @@ class AsyncEngine:
             return
         with self._cond:
             del self._streams[request_id]
-        if reason != "abort":  # a client's abort: nobody reads a final output
-            final = "abort" if reason == "shutdown" else reason
+        if shutdown:
             last = stream.last_output
-            self._put(stream, with_finish_reason(last, final) if last is not None
-                      else empty_output(request_id, stream.num_outputs, final))
+            self._put(stream, with_finish_reason(last, "abort") if last is not None
+                      else empty_output(request_id, stream.num_outputs, "abort"))
         self._put(stream, DONE)
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        for stream in list(self._streams.values()):
-            if stream.deadline is not None and stream.deadline <= now:
-                logger.info("request %s timed out after %.1fs", stream.request_id,
-                            self.request_timeout)
-                self._abort(stream.request_id, "timeout")
 
     def _step(self) -> None:
         try:
@@ -381,8 +365,11 @@ class AsyncEngine:
             if stream.prompt_text is not None and output.prompt is None:
                 output.prompt = stream.prompt_text  # a fresh object per step: safe to set
             stream.last_output = output
-            self._put(stream, output)
-            if output.finished:
+            errors = [o.stop_reason for o in output.outputs if o.finish_reason == "error"]
+            self._put(stream, RequestFailedError(str(errors[0])) if errors else output)
+            if errors and not output.finished:  # one of its n sequences failed: end them all
+                self._abort(output.request_id)
+            elif output.finished:
                 with self._cond:
                     self._streams.pop(output.request_id, None)
 

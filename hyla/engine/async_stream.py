@@ -14,18 +14,8 @@ import time
 from typing import Any
 
 from hyla.request import CompletionOutput, RequestMetrics, RequestOutput
-from hyla.request import QueueFullError as _BaseQueueFullError
 
 DONE = object()
-
-
-class QueueFullError(_BaseQueueFullError):
-    """The waiting queue holds `max_queue_len` requests; retry after `retry_after` seconds."""
-
-    def __init__(self, max_queue_len: int, retry_after: int = 1) -> None:
-        super().__init__(f"the server queue is full ({max_queue_len} waiting requests)")
-        self.max_queue_len = max_queue_len
-        self.retry_after = retry_after
 
 
 class EngineDrainingError(RuntimeError):
@@ -34,6 +24,11 @@ class EngineDrainingError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """A step of the engine raised; the requests in flight were ended with this error."""
+
+
+class RequestFailedError(EngineDeadError):
+    """The engine ended this request with finish reason "error" (its step raised, or its
+    logits were not finite); the other requests go on. The message says why."""
 
 
 class OutputQueue:
@@ -53,8 +48,10 @@ class OutputQueue:
     def put_nowait(self, item: Any) -> None:
         items = self._items
         last = items[-1] if items else None
-        if isinstance(item, RequestOutput) and isinstance(last, RequestOutput) and (
-            not last.finished
+        if (
+            isinstance(item, RequestOutput)
+            and isinstance(last, RequestOutput)
+            and (not last.finished)
         ):
             items[-1] = item
         else:

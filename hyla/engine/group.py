@@ -22,6 +22,8 @@ from hyla.request import (
     SamplingParams,
 )
 
+_WITH_REASON = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ERROR)
+
 
 def sequence_id(request_id: str, index: int) -> str:
     """Scheduler id of completion `index` (injective: the suffix after the last '#')."""
@@ -54,7 +56,7 @@ class Sequence:
             logprobs=None if self.logprobs is None else list(self.logprobs),
             cumulative_logprob=self.cumulative_logprob,
             finish_reason=req.status.finish_reason,
-            stop_reason=req.stop_reason if req.status is RequestStatus.FINISHED_STOPPED else None,
+            stop_reason=req.stop_reason if req.status in _WITH_REASON else None,
         )
 
 

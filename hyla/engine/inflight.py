@@ -1,30 +1,36 @@
-"""A step left running on the device while the next one is scheduled (async scheduling).
+"""A launched step: its forward and sampler are queued on the device, its tokens not read yet.
 
-Its sampled requests hold a placeholder token on the host (`Request.num_placeholders`); the
-next step takes those input ids from the device (`device_tokens`), and the engine reads the
-values after launching it (`LLMEngine._complete_inflight`). See docs/architecture.md.
+Each request it sampled holds a placeholder (`Request.num_placeholders`, a count); the next step
+takes those input ids from `sample.tokens` on the device (`device_tokens`), and the engine reads
+the values after launching it (`LLMEngine._process`). See docs/architecture.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hyla.cache.manager import CacheManager
-from hyla.engine.sampler import PendingSample
+from hyla.engine.sampler import PendingSample, SamplingRow
 from hyla.forward_batch import DeviceTokens
 from hyla.request import Request, RequestStatus
 from hyla.scheduler import SchedulerOutput
 
 
 @dataclass
-class InflightStep:
-    """A launched step whose tokens are still on the device: `rows` maps each request that got
-    a placeholder token to its row of `pending` (whose `device_tokens` is set: every row plain
-    greedy), `requests` holds those requests."""
+class LaunchedStep:
+    """`sample_ids[i]` (a scheduler id) owns row i of `sample`; `requests` holds the step's
+    scheduled requests, `rows` the sampled ones' `SamplingRow`s."""
 
-    rows: dict[str, int]
+    out: SchedulerOutput
+    sample_ids: list[str]
     requests: dict[str, Request]
-    pending: PendingSample
+    rows: list[SamplingRow]
+    sample: PendingSample | None
+    prompt_logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+
+    def has_tokens_to_read(self) -> bool:
+        """Some request it sampled has not ended."""
+        return any(not self.requests[r].is_finished for r in self.sample_ids)
 
     def device_tokens(
         self, out: SchedulerOutput, requests: dict[str, Request]
@@ -32,24 +38,37 @@ class InflightStep:
         """The input ids of the next step `out` that are this step's tokens, each a one-token
         decode of its placeholder; None when a scheduled row reads a placeholder in another way
         (a preempted sequence recomputed: the value is needed on the host first)."""
-        assert self.pending.device_tokens is not None
+        if self.sample is None:
+            return None
+        rows = {rid: i for i, rid in enumerate(self.sample_ids)}
         dst: list[int] = []
         src: list[int] = []
         start = 0
         for rid, n in out.num_scheduled_tokens.items():
             req = requests[rid]
             if req.num_placeholders:
-                row = self.rows.get(rid)
+                row = rows.get(rid)
                 if n != 1 or req.num_computed_tokens != req.num_tokens - 1 or row is None:
                     return None
                 dst.append(start)
                 src.append(row)
             start += n
-        return DeviceTokens(self.pending.device_tokens, tuple(dst), tuple(src))
+        return DeviceTokens(self.sample.tokens, tuple(dst), tuple(src))
+
+    def pending_tokens(self, sample_ids: list[str]) -> tuple[list[int], list[bool]]:
+        """For a later step's sampled rows: (row of this step holding each one's pending token,
+        whether it has one)."""
+        rows = {rid: i for i, rid in enumerate(self.sample_ids)}
+        src = [rows.get(rid, 0) for rid in sample_ids]
+        return src, [rid in rows for rid in sample_ids]
 
     def save_needs_values(self, cache: CacheManager) -> bool:
         """A running request's next decode ends a checkpoint stride at its placeholder and
         planning that save now would evict a cached checkpoint, maybe for a key that already has
         one (`CacheManager.save_evicts_blindly`): the values must be read first."""
-        running = (r for r in self.requests.values() if r.status is RequestStatus.RUNNING)
+        running = (
+            self.requests[r]
+            for r in self.sample_ids
+            if self.requests[r].status is RequestStatus.RUNNING
+        )
         return cache.save_evicts_blindly(running)

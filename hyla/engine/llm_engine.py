@@ -1,15 +1,17 @@
-"""LLMEngine: requests in, one scheduler step + forward + sample per `step()`, outputs out.
+"""LLMEngine: requests in, one overlapped step per `step()`, outputs out.
 
-    add_request -> Scheduler.waiting
-    step():  Scheduler.schedule() -> {seq id: num_tokens}
-             ModelRunner.execute()  -> logits of rows that finished their tokens
-             Sampler                -> one token per such row
-             Scheduler.update()     -> counters, token stops, frees blocks/slots
-             detokenize, stop strings -> RequestOutput per touched request
+    step():  Scheduler.schedule()        -> {seq id: num_tokens} for step N+1
+             launch N+1: ModelRunner.execute + Sampler.launch, queued on the device; input ids
+                         of decodes whose token step N sampled come from N's device tokens;
+                         Scheduler.update advances counters, each sampled request gets a
+                         placeholder (a count, never a value in its token list)
+             process N:  read N's tokens; `_process` decides every stop (EOS, stop ids,
+                         length, stop strings, non-finite logits; aborts and timeouts come
+                         through `_finish_group`); `_finish` releases the cache and writes
+                         the status; RequestOutput per touched request
 
-With `async_output` (the default on CUDA) the last line moves: a step launches its forward and
-sampler, then detokenizes the previous step's tokens and builds their outputs while the device
-runs, then waits for its own tokens and updates the scheduler.
+On the CPU the device finishes each launch before the host goes on, so the same code runs the
+steps one after the other; on a GPU the host work of step N hides behind step N+1.
 
 All public methods take one lock, so another thread (the async server loop) may call
 `add_request`/`abort_request` while a loop thread calls `step()`.
@@ -32,14 +34,15 @@ from hyla.cache.manager import CacheManager
 from hyla.config import ConfigError, EngineConfig, ModelConfig
 from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
-from hyla.engine.inflight import InflightStep
+from hyla.engine.inflight import LaunchedStep
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
-from hyla.engine.sampler import PendingSample, Sampler, SamplingRow, make_generator
+from hyla.engine.sampler import Sampler, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
+from hyla.engine.warmup import warm_up
+from hyla.forward_batch import index_tensor
 from hyla.models.hybrid import HybridModel
 from hyla.request import (
-    PLACEHOLDER_TOKEN,
     InvalidRequestError,
     QueueFullError,
     Request,
@@ -150,17 +153,15 @@ class LLMEngine:
         self._seq_of: dict[str, Sequence] = {}  # scheduler id -> its sequence
         self._dirty: dict[str, None] = {}
         self._lock = threading.RLock()
-        async_output = engine_config.async_output
-        self.async_output = device.type == "cuda" if async_output is None else async_output
-        async_scheduling = engine_config.async_scheduling
-        self.async_scheduling = self.async_output if async_scheduling is None else async_scheduling
-        self._deferred: dict[str, int] = {}  # sampled tokens whose output is not built yet
-        self._inflight: InflightStep | None = None  # launched; its tokens not on the host yet
-        self.num_inflight_steps = 0  # steps left running while the next one was scheduled
+        self._inflight: LaunchedStep | None = None  # launched; its tokens not on the host yet
+        self.num_device_token_steps = 0  # steps that took input ids from the device
+        self._suspects: dict[str, None] = {}  # held out after a failed step (`_step_failed`)
+        self._probe: str | None = None  # the suspect back in the scheduler, on probation
 
     @classmethod
     def from_path(cls, path: str | None = None, **overrides: Any) -> LLMEngine:
-        """Load a checkpoint directory (HF family or hyla layout) and its tokenizer.
+        """Load a checkpoint directory (HF family or hyla layout) and its tokenizer, and warm
+        the engine up (`hyla.engine.warmup`).
 
         `path` None loads the embedded default model (hyla/assets/default_model/). `overrides`
         are EngineConfig/CacheConfig/SchedulerConfig fields by name.
@@ -186,6 +187,7 @@ class LLMEngine:
         )  # fmt: skip
         engine = cls(model, tokenizer, config)
         engine.model_name = "default" if path is None else directory.name
+        warm_up(engine)  # before it serves: the first requests compile nothing
         return engine
 
     def _eos_token_ids(self) -> tuple[int, ...]:
@@ -225,7 +227,7 @@ class LLMEngine:
                 raise SamplingParamsError("stop", "stop strings need a tokenizer")
             limit = self.config.max_queue_len
             if limit is not None and self.scheduler.num_waiting >= limit:
-                raise QueueFullError(f"max_queue_len: {limit} requests already waiting")
+                raise QueueFullError(limit)
             arrival = time.monotonic() if arrival_time is None else arrival_time
             self._add_group(request_id, prompt, ids, params, priority, arrival)
 
@@ -262,8 +264,9 @@ class LLMEngine:
             self.scheduler.add_request(seq.request)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
-        """Finish requests with reason "abort", freeing their blocks and slots now; the final
-        output comes out of the next `step()`. Unknown ids are ignored."""
+        """Finish requests with reason "abort", freeing their blocks and slots now (tokens still
+        on the device are dropped); the final output comes out of the next `step()`. Unknown
+        ids are ignored."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         with self._lock:
             for rid in ids:
@@ -273,25 +276,9 @@ class LLMEngine:
         group = self._groups.get(request_id)
         if group is None:
             return
-        self._complete_inflight()  # its last token ends it first, as in the synchronous engine
-        self._flush_deferred(group)
         for seq in group.sequences:
-            if not seq.is_finished:
-                self.scheduler.finish(seq.request.request_id, status)
+            self._finish(seq.request.request_id, status)
         self._dirty[request_id] = None
-
-    def _flush_deferred(self, group: RequestGroup) -> None:
-        """Detokenize `group`'s tokens still waiting for the next step (`async_output`) now:
-        a stop string they complete ended the request before an abort or timeout that comes
-        after them, as in the synchronous engine."""
-        if not self._deferred:
-            return
-        tokens = {}
-        for seq in group.sequences:
-            rid = seq.request.request_id
-            if rid in self._deferred:
-                tokens[rid] = self._deferred.pop(rid)
-        self._process_tokens(tokens)
 
     def has_unfinished_requests(self) -> bool:
         with self._lock:
@@ -345,25 +332,40 @@ class LLMEngine:
     # -- the step --------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """One scheduler step + forward + sample.
+        """One pipelined step: schedule step N+1 and launch it on the device, then process step
+        N's tokens on the host while it runs (stops, detokenization, outputs).
 
-        Returns: the outputs of requests that got new tokens or finished (including aborts and
-        timeouts since the last step), cumulative. With `async_output` a token's output comes
-        out of the step after the one that sampled it: it is built while that next step runs
-        on the device (a request stopped by a stop string then computes one token that is
-        dropped).
+        Returns: the outputs of requests that got new tokens or finished since the last call
+        (aborts, timeouts and errors included), cumulative. A token's output comes out of the
+        step after the one that sampled it; a request ended by a token (EOS, stop string) has
+        one more token computed meanwhile, which is dropped.
         """
         with self._lock:
             self._expire_timeouts()
+            self._release_suspect()
             if self._inflight is not None and self._inflight.save_needs_values(self.cache):
-                self._complete_inflight()
+                self._drain()
             out = self.scheduler.schedule()
-            if out.is_empty:
-                self._complete_inflight()
-            outputs = None if out.is_empty else self._run(out)
-            if outputs is None:
-                outputs = self._deferred_outputs()
-            return outputs
+            launched = None if out.is_empty else self._launch(out)
+            self._drain()  # the host work of step N while N+1 runs
+            if launched is not None:
+                self._advance(launched)
+                if not launched.has_tokens_to_read():
+                    launched = None  # every sampled request ended meanwhile: nothing to read
+            self._inflight = launched
+            return self._collect_outputs()
+
+    def flush(self) -> list[RequestOutput]:
+        """Read the in-flight step's tokens now (waits for the device); their outputs."""
+        with self._lock:
+            self._drain()
+            return self._collect_outputs()
+
+    def _drain(self) -> None:
+        """Process the in-flight step now (waits for its tokens)."""
+        step, self._inflight = self._inflight, None
+        if step is not None:
+            self._process(step)
 
     def _expire_timeouts(self) -> None:
         timeout = self.config.request_timeout
@@ -374,9 +376,50 @@ class LLMEngine:
             if not group.is_finished and now - group.metrics.arrival_time > timeout:
                 self._finish_group(rid, RequestStatus.FINISHED_TIMEOUT)
 
-    def _run(self, out: SchedulerOutput) -> list[RequestOutput] | None:
-        """Forward and sample `out`; with `async_output`, the previous step's outputs (built
-        while this step runs on the device), else None."""
+    def _launch(self, out: SchedulerOutput) -> LaunchedStep | None:
+        """Queue `out`'s forward and sampling on the device. None when nothing was launched
+        (the step failed, or every request in it ended while waiting for the step before)."""
+        requests, plp = self._scheduled(out)
+        device_tokens = None
+        if self._inflight is not None:
+            device_tokens = self._inflight.device_tokens(out, requests)
+            if device_tokens is None:  # a row reads an in-flight token otherwise: wait for it
+                self._drain()
+                for rid in [r for r in out.num_scheduled_tokens if requests[r].is_finished]:
+                    del out.num_scheduled_tokens[rid]  # ended by that token: cache released
+                if out.is_empty:
+                    return None
+        if device_tokens is not None and device_tokens.dst:
+            self.num_device_token_steps += 1
+        try:
+            result = self.runner.execute(out, requests, self.cache, plp, device_tokens)
+            rows = [self._sampling_row(rid) for rid in result.sample_ids]
+            sample = None
+            if rows:
+                pending = self._pending_tokens(result.sample_ids, rows)
+                sample = self.sampler.launch(result.logits, rows, pending)
+        except Exception as e:  # noqa: BLE001 - any failure of a step ends only its requests
+            self._step_failed(out, e)
+            return None
+        step = LaunchedStep(out, result.sample_ids, requests, rows, sample)
+        step.prompt_logprobs = result.prompt_logprobs
+        return step
+
+    def _advance(self, step: LaunchedStep) -> None:
+        """The bookkeeping of a launched step, once the step before it was processed (so every
+        computed token but the new placeholders is known): counters, blocks and checkpoints
+        filed, a placeholder per sampled request still running."""
+        self.scheduler.update(step.out, {})
+        for rid in step.sample_ids:
+            if step.requests[rid].status is RequestStatus.RUNNING:
+                step.requests[rid].add_placeholder()
+            if rid == self._probe:  # through a sampled step: no longer a suspect
+                self._probe = None
+        for rid, entries in step.prompt_logprobs.items():
+            if rid in self._seq_owner:
+                self._seq_owner[rid].prompt_logprobs.extend(entries)
+
+    def _scheduled(self, out: SchedulerOutput) -> tuple[dict[str, Request], dict[str, int]]:
         now = time.monotonic()
         requests: dict[str, Request] = {}
         plp: dict[str, int] = {}
@@ -388,109 +431,120 @@ class LLMEngine:
             pos = group.next_prompt_logprob_position()
             if pos is not None and seq.index == 0:
                 plp[rid] = pos
-        device_tokens = None
-        if self._inflight is not None:
-            device_tokens = self._inflight.device_tokens(out, requests)
-            if device_tokens is None:  # a row reads an in-flight token otherwise: wait for it
-                self._complete_inflight()
-                for rid in [r for r in out.num_scheduled_tokens if requests[r].is_finished]:
-                    del out.num_scheduled_tokens[rid]  # ended by that token: cache released
-                if out.is_empty:
-                    return None
-        result = self.runner.execute(out, requests, self.cache, plp, device_tokens)
-        pending = None
-        if result.sample_ids:
-            rows = [self._sampling_row(rid) for rid in result.sample_ids]
-            pending = self.sampler.launch(result.logits, rows)
-        self._complete_inflight()  # the previous step's tokens; the device runs this one
-        outputs = self._deferred_outputs() if self.async_output else None
-        for rid, entries in result.prompt_logprobs.items():
-            self._seq_owner[rid].prompt_logprobs.extend(entries)
-        if self.async_scheduling and pending is not None and pending.device_tokens is not None:
-            self._launch_inflight(out, result.sample_ids, requests, pending)
-            return outputs
-        sampled: dict[str, int] = {}
-        if pending is not None:
-            # Requests stopped by a stop string while this step ran (async_output): their row
-            # is dropped unsampled (an unseeded one would draw from the shared generator).
-            ended = {
-                i
-                for i, rid in enumerate(result.sample_ids)
-                if requests[rid].status is not RequestStatus.RUNNING
-            }
-            sample = pending.result(ended)
-            for i, rid in enumerate(result.sample_ids):
-                if i in ended:
-                    continue
-                sampled[rid] = sample.token_ids[i]
-                self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
-        self._stamp_token_times(sampled)
-        self.scheduler.update(out, sampled)
-        if self.async_output:
-            self._deferred = sampled
-        else:
-            self._process_tokens(sampled)
-        return outputs
+        return requests, plp
 
-    # -- async scheduling: a step in flight while the next one is scheduled ------------------
+    def _pending_tokens(
+        self, sample_ids: list[str], rows: list[SamplingRow]
+    ) -> torch.Tensor | None:
+        """[n] the in-flight tokens of the rows whose penalties must count them, or None."""
+        inflight = self._inflight
+        if inflight is None or inflight.sample is None:
+            return None
+        if not any(r.num_pending and r.has_penalties for r in rows):
+            return None
+        src, _ = inflight.pending_tokens(sample_ids)
+        return inflight.sample.tokens.index_select(0, index_tensor(src, self.device))
 
-    def _launch_inflight(
-        self,
-        out: SchedulerOutput,
-        sample_ids: list[str],
-        requests: dict[str, Request],
-        pending: PendingSample,
-    ) -> None:
-        """Leave the step running: each running sampled request gets a placeholder token (so
-        the next `schedule()` sees it; a length stop applies now), read in `_complete_inflight`."""
-        running = [rid for rid in sample_ids if requests[rid].status is RequestStatus.RUNNING]
-        self.scheduler.update(out, dict.fromkeys(running, PLACEHOLDER_TOKEN))
-        if not running:  # all ended meanwhile (stop strings, EOS): no token left to read
+    def _step_failed(self, out: SchedulerOutput, error: Exception) -> None:
+        """A step raised. Requests outside it keep running. The culprit, when known (alone in
+        the step, or the one suspect on probation in it), ends with an error; the step's other
+        requests are held out of the scheduler (their cache released: the failed forward may
+        have half-updated their state, so they recompute) and come back one at a time
+        (`_release_suspect`), each alone on probation until it gets through a sampled step."""
+        ids = list(out.num_scheduled_tokens)
+        logger.exception("engine step failed (%d requests)", len(ids))
+        message = f"engine step failed: {type(error).__name__}: {error}"
+        culprit = ids[0] if len(ids) == 1 else (self._probe if self._probe in ids else None)
+        for rid in ids:
+            if rid == culprit:
+                self._finish(rid, RequestStatus.FINISHED_ERROR, message)
+            else:
+                self._hold(rid)
+
+    def _hold(self, rid: str) -> None:
+        req = self._seq_of[rid].request
+        self.scheduler.finish(rid, RequestStatus.FINISHED_ABORTED)  # releases its cache
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        self._suspects[rid] = None
+        if self._probe == rid:
+            self._probe = None
+
+    def _release_suspect(self) -> None:
+        """Put the next held request back into the scheduler, on probation."""
+        if self._probe is not None or not self._suspects:
             return
-        rows = {rid: i for i, rid in enumerate(sample_ids)}
-        self._inflight = InflightStep(
-            {rid: rows[rid] for rid in running}, {rid: requests[rid] for rid in running}, pending
-        )
-        self.num_inflight_steps += 1
+        rid = next(iter(self._suspects))
+        del self._suspects[rid]
+        self.scheduler.add_request(self._seq_of[rid].request)
+        self._probe = rid
 
-    def _complete_inflight(self) -> None:
-        """Wait for the in-flight step's tokens: fill the placeholders, apply the token stops
-        the placeholder could not (EOS, stop token ids), record logprobs; the tokens join the
-        deferred ones (detokenized by the next `_deferred_outputs`)."""
-        inflight, self._inflight = self._inflight, None
-        if inflight is None:
+    def _process(self, step: LaunchedStep) -> None:
+        """Read `step`'s tokens and decide every stop of its requests."""
+        if step.sample is None:
             return
-        skip = set(range(len(inflight.pending.rows))) - set(inflight.rows.values())
-        sample = inflight.pending.result(skip)
-        sampled: dict[str, int] = {}
-        for rid, i in inflight.rows.items():
-            req = inflight.requests[rid]
-            req.fill_placeholder(sample.token_ids[i])
-            status = check_token_stop(req)
-            if status is not None and not req.is_finished:
-                self.scheduler.finish(rid, status)
-            elif status is RequestStatus.FINISHED_STOPPED:  # ended by length at the placeholder:
-                req.status = status  # EOS wins, as when both are checked on the same token
-            sampled[rid] = sample.token_ids[i]
+        sample = step.sample.result()
+        now = time.monotonic()
+        for i, rid in enumerate(step.sample_ids):
+            req = step.requests[rid]
+            if req.is_finished:  # ended since the launch: its token is dropped
+                continue
+            group = self._seq_owner[rid]
+            if not sample.is_finite[i]:
+                self._poisoned(req)
+                continue
+            token = sample.token_ids[i]
+            req.resolve_placeholder(token)
             self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
-        self._stamp_token_times(sampled)
-        self._deferred.update(sampled)
+            if group.metrics.first_token_time is None:
+                group.metrics.first_token_time = now
+            group.metrics.last_token_time = now
+            self._decide_stop(rid, token)
+            self._dirty[group.request_id] = None
 
-    def _deferred_outputs(self) -> list[RequestOutput]:
-        """Detokenize the tokens sampled by the last step (when deferred), then the outputs of
-        every request touched since the last collection."""
-        deferred, self._deferred = self._deferred, {}
-        self._process_tokens(deferred)
-        return self._collect_outputs()
+    def _poisoned(self, req: Request) -> None:
+        """`req`'s logits were not finite: end it with an error, and make the blocks and
+        checkpoints it filed (past its own prefix-cache hit) unfindable, since the NaN may have
+        come from any of its steps."""
+        self.cache.uncache(req.request_id, req.num_cached_tokens // self.cache_plan.block_size)
+        message = "the model produced non-finite logits (NaN or Inf) for this request"
+        self._finish(req.request_id, RequestStatus.FINISHED_ERROR, message)
+
+    def _decide_stop(self, rid: str, token: int) -> None:
+        """EOS, stop token ids, length and stop strings for `rid`'s new `token`."""
+        seq = self._seq_of[rid]
+        req = seq.request
+        status = check_token_stop(req)
+        reason = req.stop_reason if status is RequestStatus.FINISHED_STOPPED else None
+        if status is not RequestStatus.FINISHED_STOPPED or req.params.include_stop_str_in_output:
+            stop = seq.detokenizer.update([token])
+            if stop is not None:
+                status, reason = RequestStatus.FINISHED_STOPPED, stop
+        if status is not None:
+            self._finish(rid, status, reason)
+
+    def _finish(self, rid: str, status: RequestStatus, reason: str | int | None = None) -> None:
+        """The one place a sequence ends: release its cache and write its status."""
+        seq = self._seq_of.get(rid)
+        if seq is None or seq.request.is_finished:
+            return
+        self.scheduler.finish(rid, status)  # None for a held suspect: not in the scheduler
+        self._suspects.pop(rid, None)
+        if self._probe == rid:
+            self._probe = None
+        seq.request.status = status
+        seq.request.stop_reason = reason
+        self._dirty[self._seq_owner[rid].request_id] = None
 
     def _sampling_row(self, rid: str) -> SamplingRow:
         seq = self._seq_of[rid]
+        req = seq.request
         if seq.sampling_row is None:  # its lists are the request's own: valid for its lifetime
-            req = seq.request
             seq.sampling_row = SamplingRow(
                 req.params, req.prompt_token_ids, req.output_token_ids, req.eos_token_ids,
                 seq.generator,
             )  # fmt: skip
+        seq.sampling_row.num_pending = req.num_placeholders
         return seq.sampling_row
 
     def _record_logprobs(self, rid: str, logprob: float, top: dict[int, float] | None) -> None:
@@ -498,30 +552,6 @@ class LLMEngine:
         seq.cumulative_logprob += logprob
         if seq.logprobs is not None and top is not None:
             seq.logprobs.append(top)
-
-    def _stamp_token_times(self, sampled: dict[str, int]) -> None:
-        now = time.monotonic()
-        for rid in sampled:
-            metrics = self._seq_owner[rid].metrics
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
-            metrics.last_token_time = now
-
-    def _process_tokens(self, sampled: dict[str, int]) -> None:
-        """Detokenize each sampled token (stop strings finish their request) and mark its
-        request's output for collection."""
-        for rid, token in sampled.items():
-            group, seq = self._seq_owner[rid], self._seq_of[rid]
-            req = seq.request
-            token_stop = req.status is RequestStatus.FINISHED_STOPPED
-            if not token_stop or req.params.include_stop_str_in_output:
-                stop = seq.detokenizer.update([token])
-                if stop is not None:
-                    if not req.is_finished:
-                        self.scheduler.finish(rid, RequestStatus.FINISHED_STOPPED)
-                    req.status = RequestStatus.FINISHED_STOPPED
-                    req.stop_reason = stop
-            self._dirty[group.request_id] = None
 
     def _collect_outputs(self) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []

@@ -97,7 +97,7 @@ class ModelRunner:
             cache: block tables and state slots by request id.
             prompt_logprob_from: request id -> first position whose prediction is wanted
                 (requests asking for prompt logprobs only).
-            device_tokens: input ids to take from the device (placeholders on the host).
+            device_tokens: the input ids still on the device (the requests' placeholders).
         Returns: the logits of the sampled rows and the new prompt-logprob entries.
         """
         copy_state_rows(self.state_tensors, out.state_restores)  # cached prefix -> own slot
@@ -107,8 +107,14 @@ class ModelRunner:
         tables = [cache.block_table(r) for r in ids]
         slots = [cache.state_slot(r) for r in ids]
         tokens: list[int] = []
+        num_pending = 0
         for r, c, q in zip(ids, context_lens, query_lens, strict=True):
-            tokens.extend(requests[r].all_token_ids[c : c + q])
+            known = requests[r].all_token_ids[c : c + q]
+            tokens.extend(known)
+            tokens.extend([0] * (q - len(known)))  # placeholders: their values come from the device
+            num_pending += q - len(known)
+        if num_pending != (0 if device_tokens is None else len(device_tokens.dst)):
+            raise ValueError(f"device_tokens: {num_pending} input ids are not on the host")
         hidden = None
         if self.graphs is not None and self.graphs.can_run(query_lens, context_lens):
             step = decode_inputs(tokens, context_lens, tables, slots, self.block_size)

@@ -1,20 +1,22 @@
-"""Token sampling: penalties, greedy/temperature, top-k, top-p, min-p, seeds and logprobs.
+"""Token sampling for every row at once, on the logits' device, with no host wait.
 
-Per row, in this order (the order of Hugging Face's logits processors and warpers):
+    logits [n, V] --penalties--> --ban (min_tokens)--> greedy rows: argmax
+                                                       other rows: /T -> top-k -> top-p -> min-p
+                                                       -> softmax -> argmax(p / q), q ~ Exp(1)
 
-    logits --penalties--> --ban (min_tokens)--> greedy: argmax
-                                                else: /T -> top-k -> top-p -> min-p -> softmax
-                                                      -> draw with the row's generator
+Each row follows `hyla.engine.sampling_reference.sample_row` (the definition; tests compare the
+two). `q` of a seeded request comes from its own `torch.Generator`, which only it advances, so
+its tokens do not depend on its batch neighbours; rows without a seed share the sampler's.
+Reported logprobs are the model's raw log-softmax (before penalties and temperature), as OpenAI
+reports them. A row whose raw logprob is not finite (a NaN or +inf logit anywhere in the row, or
+all -inf) is flagged `is_finite=False`: the engine ends its request with an error.
 
-A draw is `argmax(p / q)` with `q ~ Exp(1)` i.i.d. per token, which picks token i with
-probability p_i (the exponential race). Each seeded request owns a `torch.Generator` that only
-it advances, so its tokens do not depend on its batch neighbours. Reported logprobs are the
-model's raw log-softmax (before penalties and temperature), as OpenAI reports them.
+`Sampler.launch` queues everything and one asynchronous copy of the results to the host; the
+tokens also stay on the device (`PendingSample.tokens`), where the next step reads its input ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +30,9 @@ from hyla.request import SamplingParams
 class SamplingRow:
     """What the sampler needs to know about one row of logits.
 
-    `generator` None uses the sampler's shared generator (requests without a seed).
+    `output_token_ids` holds the tokens on the host; `num_pending` more were sampled by a step
+    whose values are still on the device (given to `launch` as `pending_tokens`). `generator`
+    None uses the sampler's shared generator (requests without a seed).
     """
 
     params: SamplingParams
@@ -36,74 +40,39 @@ class SamplingRow:
     output_token_ids: list[int]
     eos_token_ids: tuple[int, ...] = ()
     generator: torch.Generator | None = None
+    num_pending: int = 0
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids) + self.num_pending
+
+    @property
+    def has_penalties(self) -> bool:
+        p = self.params
+        return (p.repetition_penalty, p.presence_penalty, p.frequency_penalty) != (1.0, 0.0, 0.0)
+
+    def banned_token_ids(self) -> list[int]:
+        p = self.params
+        if self.num_output_tokens >= p.min_tokens:
+            return []
+        eos = () if p.ignore_eos else self.eos_token_ids
+        return sorted(set(eos) | set(p.stop_token_ids))
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits first (no penalty, no banned token)."""
+        return self.params.is_greedy and not self.has_penalties and not self.banned_token_ids()
 
 
 @dataclass
 class SamplerOutput:
-    """Per row: the token, its raw logprob, and the top-N dict (None when not asked)."""
+    """Per row: the token, its raw logprob, the top-N dict (None when not asked), and whether
+    the row's logits were finite (a non-finite row's token and logprob mean nothing)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float] | None] = field(default_factory=list)
-
-
-def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
-    """Repetition (CTRL, Keskar et al. 2019 eq. 2, over prompt + output), presence and frequency
-    (OpenAI API definition, over output only) penalties. `logits: [V]` float32, returns a new
-    tensor."""
-    p = row.params
-    out = logits.clone()
-    vocab = out.shape[0]
-    if p.repetition_penalty != 1.0:
-        seen = sorted({t for t in row.prompt_token_ids + row.output_token_ids if t < vocab})
-        if seen:
-            idx = torch.tensor(seen, dtype=torch.long, device=out.device)
-            vals = out[idx]
-            rp = p.repetition_penalty
-            out[idx] = torch.where(vals > 0, vals / rp, vals * rp)
-    if (p.presence_penalty != 0.0 or p.frequency_penalty != 0.0) and row.output_token_ids:
-        ids = torch.tensor(row.output_token_ids, dtype=torch.long, device=out.device)
-        counts = torch.bincount(ids[ids < vocab], minlength=vocab).to(out.dtype)
-        out -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(out.dtype)
-    return out
-
-
-def banned_token_ids(row: SamplingRow) -> list[int]:
-    """EOS (unless ignore_eos) and stop token ids while fewer than `min_tokens` were generated."""
-    p = row.params
-    if len(row.output_token_ids) >= p.min_tokens:
-        return []
-    eos = () if p.ignore_eos else row.eos_token_ids
-    return sorted(set(eos) | set(p.stop_token_ids))
-
-
-def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a non-greedy row draws from: `logits: [V]` float32 (already
-    penalized) -> probs `[V]` float32 after temperature, top-k, top-p and min-p."""
-    x = logits / params.temperature
-    vocab = x.shape[0]
-    if 0 < params.top_k < vocab:
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        probs = torch.softmax(x, dim=-1)
-        sorted_probs, order = torch.sort(probs, descending=True)
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p
-        drop_sorted[0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-        probs = probs / probs.sum()
-    return probs
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from `probs: [V]` by the exponential race, consuming V draws of `generator`."""
-    q = torch.empty_like(probs).exponential_(generator=generator)
-    return int(torch.argmax(probs / q))
+    is_finite: list[bool] = field(default_factory=list)
 
 
 def top_logprobs(logprobs: torch.Tensor, num: int, token_id: int) -> dict[int, float]:
@@ -126,128 +95,220 @@ class Sampler:
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
 
-    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        """`logits: [n, V]` float32, one `SamplingRow` per row. Returns a SamplerOutput."""
+        """`logits: [n, V]`, one `SamplingRow` per row (none pending). Returns a SamplerOutput."""
         return self.launch(logits, rows).result()
 
     @torch.inference_mode()
-    def launch(self, logits: torch.Tensor, rows: list[SamplingRow]) -> PendingSample:
-        """Start sampling `logits: [n, V]` (one `SamplingRow` per row) without waiting for the
-        device: the plain greedy rows' tokens and logprobs are computed and copied to the host
-        asynchronously; `PendingSample.result()` waits for them and samples the other rows.
-        Raises ValueError when `rows` and `logits` disagree in length."""
+    def launch(
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        pending_tokens: torch.Tensor | None = None,
+    ) -> PendingSample:
+        """Queue the sampling of `logits: [n, V]` and the copy of its results to the host.
+
+        Args:
+            rows: one per logits row.
+            pending_tokens: [n] int64 on the logits' device; entry i is row i's token still on
+                the device when `rows[i].num_pending` (counted by its penalties), else ignored.
+        Raises: ValueError when `rows` and `logits` disagree in length.
+        """
         if logits.shape[0] != len(rows):
             raise ValueError(f"rows: {len(rows)} rows for {logits.shape[0]} logits")
         logits = logits.float()
-        plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
-        greedy, tokens = _greedy_values(logits, plain, len(rows))
-        on_device = tokens if len(plain) == len(rows) else None
-        return PendingSample(self, logits, rows, plain, greedy, on_device)
+        if all(r.is_plain_greedy for r in rows):
+            tokens, lps = greedy_logprobs(logits)  # one pass (one kernel on CUDA)
+        else:
+            x = self._penalized(logits, rows, pending_tokens)
+            tokens = self._choose(x, rows)
+            lps = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+        top = _top(logits, rows, tokens)
+        if top is not None:  # its token's logprob from the same log_softmax as its top entries
+            lps = lps.index_copy(0, index_tensor(top[0], lps.device), top[3])
+        num_top = [r.params.logprobs or 0 for r in rows if r.params.logprobs is not None]
+        return PendingSample.start(tokens, lps, top, num_top)
 
-    def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
-        p = row.params
-        x = apply_penalties(logits, row)
-        banned = banned_token_ids(row)
-        if banned:
-            idx = torch.tensor([b for b in banned if b < x.shape[0]], dtype=torch.long)
-            x[idx.to(x.device)] = float("-inf")
-        if p.is_greedy:
-            return int(torch.argmax(x))
-        gen = row.generator if row.generator is not None else self.generator
-        return draw(sampling_probs(x, p), gen)
+    def _penalized(
+        self, logits: torch.Tensor, rows: list[SamplingRow], pending: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = logits
+        pen = [i for i, r in enumerate(rows) if r.has_penalties]
+        if pen:
+            idx = index_tensor(pen, x.device)
+            sub = None if pending is None else pending.index_select(0, idx)
+            x = x.index_copy(0, idx, _penalize(x.index_select(0, idx), [rows[i] for i in pen], sub))
+        ban_rows: list[int] = []
+        ban_ids: list[int] = []
+        for i, r in enumerate(rows):
+            for t in r.banned_token_ids():
+                if t < x.shape[1]:
+                    ban_rows.append(i)
+                    ban_ids.append(t)
+        if ban_rows:
+            x = x.clone() if x is logits else x
+            x[index_tensor(ban_rows, x.device), index_tensor(ban_ids, x.device)] = float("-inf")
+        return x
+
+    def _choose(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        tokens = torch.argmax(x, dim=-1)  # greedy rows: the first maximum
+        drawn = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+        if not drawn:
+            return tokens
+        idx = index_tensor(drawn, x.device)
+        params = [rows[i].params for i in drawn]
+        probs = sampling_probs(x.index_select(0, idx), params)
+        q = torch.empty_like(probs)
+        for j, i in enumerate(drawn):  # V draws of the row's own generator, as the reference
+            gen = rows[i].generator if rows[i].generator is not None else self.generator
+            q[j].exponential_(generator=gen)
+        return tokens.index_copy(0, idx, torch.argmax(probs / q, dim=-1))
 
 
-def _greedy_values(
-    logits: torch.Tensor, plain: list[int], num_rows: int
-) -> tuple[tuple[torch.Tensor, torch.cuda.Event | None] | None, torch.Tensor | None]:
-    """The plain greedy rows' tokens and raw logprobs as one [2, len(plain)] float64 host
-    tensor (ids < 2^53: exact), copied without waiting on a GPU (then with the event that marks
-    the copy done); one `greedy_logprobs` over those rows (on CUDA one kernel) and one copy,
-    not one read-back per row. Also returns the tokens on the logits' device ([len(plain)]
-    int64), or None without plain rows."""
-    if not plain:
-        return None, None
-    if len(plain) < num_rows:
-        logits = logits.index_select(0, index_tensor(plain, logits.device))
-    tokens, lps = greedy_logprobs(logits)  # the first maximum, as the per-row argmax
-    values = torch.stack([tokens.double(), lps.double()])
-    if values.device.type != "cuda":
-        return (values, None), tokens
-    host = values.to("cpu", non_blocking=True)  # pinned: the copy is queued, not waited for
-    event = torch.cuda.Event()
-    event.record()
-    return (host, event), tokens
+def _penalize(
+    x: torch.Tensor, rows: list[SamplingRow], pending: torch.Tensor | None
+) -> torch.Tensor:
+    """`sampling_reference.apply_penalties` for m rows at once: `x: [m, V]`; each row's
+    pending token (`pending: [m]`, rows with `num_pending`) counts as an output token."""
+    m, vocab = x.shape
+    dev = x.device
+    has_pending = [r.num_pending > 0 for r in rows]
+    counts = _bincount_rows([r.output_token_ids for r in rows], m, vocab, dev)
+    if pending is not None and any(has_pending):
+        mask = index_tensor(has_pending, dev, torch.bool)
+        col = torch.where(mask, pending.clamp(0, vocab), vocab)[:, None]
+        counts.scatter_add_(1, col, mask.to(counts.dtype)[:, None])
+    counts = counts[:, :vocab]
+    f32 = dict(dtype=torch.float32, device=dev)
+    rp = torch.tensor([r.params.repetition_penalty for r in rows], **f32)[:, None]
+    pres = torch.tensor([r.params.presence_penalty for r in rows], **f32)[:, None]
+    freq = torch.tensor([r.params.frequency_penalty for r in rows], **f32)[:, None]
+    prompts = _bincount_rows([r.prompt_token_ids for r in rows], m, vocab, dev)[:, :vocab]
+    seen = (counts > 0) | (prompts > 0)
+    x = torch.where(seen & (rp != 1.0), torch.where(x > 0, x / rp, x * rp), x)
+    return x - (freq * counts + pres * (counts > 0).to(x.dtype))
+
+
+def _bincount_rows(
+    token_lists: list[list[int]], m: int, vocab: int, device: torch.device
+) -> torch.Tensor:
+    """[m, V + 1] float32 counts of each row's token ids (ids >= V land in the last column)."""
+    counts = torch.zeros(m, vocab + 1, dtype=torch.float32, device=device)
+    width = max((len(t) for t in token_lists), default=0)
+    if width == 0:
+        return counts
+    padded = [list(t) + [vocab] * (width - len(t)) for t in token_lists]
+    idx = index_tensor(padded, device).view(m, width).clamp_(0, vocab)
+    counts.scatter_add_(1, idx, torch.ones(m, width, dtype=torch.float32, device=device))
+    return counts
+
+
+def sampling_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """`sampling_reference.sampling_probs` for m rows at once: `x: [m, V]` float32 (already
+    penalized), one SamplingParams per row (none greedy) -> probs `[m, V]` float32. Top-k and
+    top-p work on the rows that use them only."""
+    m, vocab = x.shape
+    dev = x.device
+    temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+    x = x / temp[:, None]
+    rows_k = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
+    if rows_k:
+        idx = index_tensor(rows_k, dev)
+        sub = x.index_select(0, idx)
+        ks = index_tensor([params[i].top_k - 1 for i in rows_k], dev)[:, None]
+        kth = torch.topk(sub, max(params[i].top_k for i in rows_k), dim=-1).values.gather(1, ks)
+        x = x.index_copy(0, idx, sub.masked_fill(sub < kth, float("-inf")))
+    rows_p = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if rows_p:
+        idx = index_tensor(rows_p, dev)
+        sub = x.index_select(0, idx)
+        top_p = torch.tensor([params[i].top_p for i in rows_p], dtype=torch.float32, device=dev)
+        sorted_probs, order = torch.sort(torch.softmax(sub, dim=-1), dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= top_p[:, None]
+        drop_sorted[:, 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        x = x.index_copy(0, idx, sub.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(x, dim=-1)
+    if any(p.min_p > 0.0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev)[:, None]
+        cut = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+        probs = torch.where(min_p > 0.0, cut / cut.sum(dim=-1, keepdim=True), probs)
+    return probs
+
+
+def _top(
+    logits: torch.Tensor, rows: list[SamplingRow], tokens: torch.Tensor
+) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(row numbers, top ids [m, k], top values [m, k], token logprobs [m]) of the m rows that
+    ask for top logprobs (k the largest number asked), or None."""
+    asked = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    if not asked:
+        return None
+    idx = index_tensor(asked, logits.device)
+    lp = torch.log_softmax(logits.index_select(0, idx), dim=-1)
+    k = min(max(rows[i].params.logprobs or 0 for i in asked), lp.shape[1])
+    vals, ids = torch.topk(lp, k, dim=-1)
+    chosen = lp.gather(1, tokens.index_select(0, idx)[:, None])[:, 0]
+    return asked, ids, vals, chosen
 
 
 @dataclass
 class PendingSample:
-    """A launched `Sampler` step (`Sampler.launch`); `result()` finishes it."""
+    """A launched sampling step: `tokens` on the device, their values on their way to the host.
 
-    sampler: Sampler
-    logits: torch.Tensor  # [n, V] float32
-    rows: list[SamplingRow]
-    plain: list[int]  # the plain greedy rows, sampled on the device
-    greedy: tuple[torch.Tensor, torch.cuda.Event | None] | None
-    # [n] int64 on the logits' device when every row is plain greedy (the next step's input
-    # ids can be taken from it before the host has them: async scheduling), else None
-    device_tokens: torch.Tensor | None = None
-    _raw_logprobs: torch.Tensor | None = field(default=None, repr=False)
+    `host` is [2, n] float64 (token ids < 2**53 are exact; raw logprobs); `top` the host copies
+    of `_top`'s ids and values with the row numbers and counts asked; `event` marks the end of
+    the copies on a GPU (None on the CPU)."""
 
-    @property
-    def raw_logprobs(self) -> torch.Tensor:
-        """[n, V] float32 log_softmax of the logits, computed on first use (only rows sampled on
-        the host or asking for top logprobs read it; plain greedy rows got theirs at launch)."""
-        if self._raw_logprobs is None:
-            self._raw_logprobs = torch.log_softmax(self.logits, dim=-1)
-        return self._raw_logprobs
+    tokens: torch.Tensor
+    host: torch.Tensor
+    top: tuple[list[int], torch.Tensor, torch.Tensor] | None
+    event: torch.cuda.Event | None
+    num_top: list[int] = field(default_factory=list)
 
-    @torch.inference_mode()
-    def result(self, skip: Collection[int] = ()) -> SamplerOutput:
-        """Wait for the greedy rows' copy, sample the other rows; the SamplerOutput.
+    @staticmethod
+    def start(
+        tokens: torch.Tensor,
+        lps: torch.Tensor,
+        top: tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor] | None,
+        num_top: list[int] | None = None,
+    ) -> PendingSample:
+        values = torch.stack([tokens.double(), lps.double()])
+        moved: list[torch.Tensor] = [values]
+        if top is not None:
+            moved += [top[1], top[2]]
+        is_cuda = tokens.device.type == "cuda"
+        host = [t.to("cpu", non_blocking=True) if is_cuda else t for t in moved]
+        event = None
+        if is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        top_host = None
+        if top is not None:
+            top_host = (top[0], host[1], host[2])
+        return PendingSample(tokens, host[0], top_host, event, num_top or [])
 
-        Rows in `skip` (requests that ended since the launch) are not sampled: they draw
-        nothing from the shared generator, and get token -1, logprob NaN and no top logprobs.
-        """
-        tokens: dict[int, int] = {}
-        lps: dict[int, float] = {}
-        if self.greedy is not None:
-            host, event = self.greedy
-            if event is not None:
-                event.synchronize()
-            values = host.tolist()
-            tokens = {i: int(t) for i, t in zip(self.plain, values[0], strict=True)}
-            lps = dict(zip(self.plain, values[1], strict=True))
-        out = SamplerOutput()
-        for i, row in enumerate(self.rows):
-            if i in skip:
-                out.token_ids.append(-1)
-                out.logprobs.append(float("nan"))
-                out.top_logprobs.append(None)
-                continue
-            token = tokens[i] if i in tokens else self.sampler._sample_row(self.logits[i], row)
-            out.token_ids.append(token)
-            n = row.params.logprobs
-            # a row asking for top logprobs reports its token's from the same log_softmax as
-            # them (the launch's one-pass value may differ by an ulp on a GPU)
-            from_launch = i in lps and n is None
-            out.logprobs.append(lps[i] if from_launch else float(self.raw_logprobs[i, token]))
-            out.top_logprobs.append(
-                None if n is None else top_logprobs(self.raw_logprobs[i], n, token)
-            )
+    def result(self) -> SamplerOutput:
+        """Wait for the copies; the SamplerOutput."""
+        if self.event is not None:
+            self.event.synchronize()
+        ids, lps = self.host.tolist()
+        n = len(ids)
+        out = SamplerOutput(
+            token_ids=[int(t) for t in ids],
+            logprobs=lps,
+            top_logprobs=[None] * n,
+            is_finite=[lp == lp and abs(lp) != float("inf") for lp in lps],
+        )
+        if self.top is not None:
+            asked, top_ids, top_vals = self.top
+            rows = zip(asked, self.num_top, top_ids.tolist(), top_vals.tolist(), strict=True)
+            for i, num, tids, tvals in rows:
+                entry = dict(zip(tids[:num], tvals[:num], strict=True))
+                entry[out.token_ids[i]] = lps[i]
+                out.top_logprobs[i] = entry
         return out
-
-
-def _is_plain_greedy(row: SamplingRow) -> bool:
-    """Greedy with nothing that changes the logits first (no penalty, no banned token)."""
-    p = row.params
-    return (
-        p.is_greedy
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-        and not banned_token_ids(row)
-    )
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -7,16 +7,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from hyla.request import InvalidRequestError, SamplingParams
 
 
-def prompt_token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
-    """Token ids of `prompt` (a string, tokenized with special tokens, or a list of ids).
+class TokenIds(list):
+    """Token ids already checked against a vocabulary of `vocab_size` (by `prompt_token_ids`),
+    so the engine thread does not check them again."""
+
+    vocab_size: int = 0
+
+
+def prompt_token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> TokenIds:
+    """Token ids of `prompt` (a string, tokenized with special tokens, or a list of ids),
+    checked at once for the whole list (no Python loop per id).
 
     Raises:
         InvalidRequestError("prompt"): empty, wrong type, text without a tokenizer, or an id
             outside [0, vocab_size).
     """
+    if isinstance(prompt, TokenIds) and prompt.vocab_size == vocab_size:
+        return prompt
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("prompt", "must not be empty")
@@ -27,17 +39,30 @@ def prompt_token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
         except (TypeError, ValueError, UnicodeError) as e:  # e.g. lone surrogates
             raise InvalidRequestError("prompt", f"text cannot be tokenized: {e}") from e
     elif isinstance(prompt, (list, tuple)):
-        ids = list(prompt)
+        ids = prompt
     else:
         raise InvalidRequestError("prompt", f"expected str or list[int], got {type(prompt)}")
-    for t in ids:
-        if not isinstance(t, int) or isinstance(t, bool):
-            raise InvalidRequestError("prompt", f"token ids must be integers, got {t!r}")
-        if not 0 <= t < vocab_size:
-            raise InvalidRequestError("prompt", f"token id {t} not in [0, {vocab_size})")
     if not ids:
         raise InvalidRequestError("prompt", "must not be empty")
-    return ids
+    _check_ids(ids, vocab_size)
+    out = TokenIds(ids)
+    out.vocab_size = vocab_size
+    return out
+
+
+def _check_ids(ids: list[Any], vocab_size: int) -> None:
+    if set(map(type, ids)) != {int}:  # bools, floats, strings ...: name the first one
+        bad = next(t for t in ids if type(t) is not int)
+        if not isinstance(bad, int) or isinstance(bad, bool):
+            raise InvalidRequestError("prompt", f"token ids must be integers, got {bad!r}")
+    try:
+        arr = np.fromiter(ids, dtype=np.int64, count=len(ids))
+    except OverflowError:
+        raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab_size})") from None
+    outside = (arr < 0) | (arr >= vocab_size)
+    if outside.any():
+        bad = int(arr[outside.argmax()])
+        raise InvalidRequestError("prompt", f"token id {bad} not in [0, {vocab_size})")
 
 
 def validate_lengths(num_prompt_tokens: int, params: SamplingParams, max_model_len: int) -> None:

@@ -167,7 +167,7 @@ def _json(model: Any) -> Response:
 
 async def create_completion(ctx: Context, req: CompletionRequest, request: Request) -> Response:
     convert.check_model(req.model, ctx.model_name)
-    prompts = convert.normalize_prompts(req.prompt)
+    prompts = convert.normalize_prompts(req.prompt, ctx.engine.max_model_len)
     params = convert.completion_params(req, ctx.engine.max_model_len)
     batch = await start_streams(ctx, prompts, params, random_id("cmpl"))
     if req.stream:
@@ -264,9 +264,10 @@ async def create_chat_completion(
     ctx: Context, req: ChatCompletionRequest, request: Request
 ) -> Response:
     convert.check_model(req.model, ctx.model_name)
+    convert.check_num_messages(req, ctx.engine.max_model_len)  # before the costly rendering
+    params = convert.chat_params(req, ctx.engine.max_model_len)
     # Template rendering and tokenization of a large conversation take seconds: not on the loop.
     prompt_ids = await asyncio.to_thread(convert.chat_prompt_ids, ctx.engine.tokenizer, req)
-    params = convert.chat_params(req, ctx.engine.max_model_len)
     batch = await start_streams(ctx, [prompt_ids], params, random_id("chatcmpl"))
     if req.stream:
         return StreamingResponse(_chat_events(ctx, req, batch), headers=SSE_HEADERS,

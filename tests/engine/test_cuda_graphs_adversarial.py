@@ -59,12 +59,12 @@ def compare(
     model, script: Script, sizes=(1, 2, 4), **engine_kw
 ) -> tuple[dict[str, RequestOutput], Recorder, LLMEngine]:
     """Run `script` on a plain and on a static engine; assert the same outputs and no leaks.
-    The static engine runs as on CUDA: async output and async scheduling (a greedy decode
-    step's input ids come from the previous step's tokens on the device). Returns the static
-    engine's outputs, its recorder and the static engine."""
+    Both run the one overlapped pipeline (a decode step's input ids come from the previous
+    step's tokens on the device). Returns the static engine's outputs, its recorder and the
+    static engine."""
     results, recorder, engine = [], None, None
     for static in (False, True):
-        engine = make_engine(model, async_output=static, async_scheduling=static, **engine_kw)
+        engine = make_engine(model, **engine_kw)
         if static:
             runner = engine.runner
             runner.graphs = DecodeGraphs(

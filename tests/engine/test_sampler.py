@@ -1,5 +1,7 @@
 """Sampler: each option against a plain-Python oracle (math on lists, no torch ops), the draw
-against its distribution, seeds against batch neighbours, and logprobs against log-softmax."""
+against its distribution, the batched device sampler against the per-row reference
+(`sampling_reference.sample_row`, same generators: same tokens), seeds against batch
+neighbours, logprobs against log-softmax, and non-finite rows flagged."""
 
 from __future__ import annotations
 
@@ -8,14 +10,8 @@ import math
 import pytest
 import torch
 
-from hyla.engine.sampler import (
-    Sampler,
-    SamplingRow,
-    apply_penalties,
-    draw,
-    make_generator,
-    sampling_probs,
-)
+from hyla.engine.sampler import Sampler, SamplingRow, make_generator
+from hyla.engine.sampling_reference import apply_penalties, draw, sample_row, sampling_probs
 from hyla.request import SamplingParams
 
 V = 12
@@ -85,8 +81,10 @@ def test_repetition_penalty_matches_ctrl_definition(rp):
     seen = set(prompt) | set(output)
     expect = [(x / rp if x > 0 else x * rp) if i in seen else x for i, x in enumerate(xs)]
     params = SamplingParams(repetition_penalty=rp)
-    got = apply_penalties(torch.tensor(xs), row(params, prompt, output))
+    got = apply_penalties(torch.tensor(xs), params, prompt, output)
     assert got.tolist() == pytest.approx(expect, abs=1e-6)
+    batched = Sampler()._penalized(torch.tensor([xs]), [row(params, prompt, output)], None)
+    assert batched[0].tolist() == pytest.approx(expect, abs=1e-6)
 
 
 @pytest.mark.parametrize("presence,frequency", [(0.5, 0.0), (0.0, 0.7), (-1.0, 1.5)])
@@ -98,8 +96,10 @@ def test_presence_and_frequency_penalties_count_output_only(presence, frequency)
         c = output.count(i)
         expect[i] -= frequency * c + presence * (1 if c else 0)
     params = SamplingParams(presence_penalty=presence, frequency_penalty=frequency)
-    got = apply_penalties(torch.tensor(xs), row(params, prompt, output))
+    got = apply_penalties(torch.tensor(xs), params, prompt, output)
     assert got.tolist() == pytest.approx(expect, abs=1e-6)
+    batched = Sampler()._penalized(torch.tensor([xs]), [row(params, prompt, output)], None)
+    assert batched[0].tolist() == pytest.approx(expect, abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -119,6 +119,13 @@ def test_sampling_probs_match_oracle(kw):
     xs = logits_list(4)
     got = sampling_probs(torch.tensor(xs), SamplingParams(**kw)).tolist()
     assert got == pytest.approx(oracle_probs(xs, **kw), abs=1e-6)
+    if SamplingParams(**kw).is_greedy:
+        return
+    from hyla.engine.sampler import sampling_probs as batched_probs
+
+    other = SamplingParams(temperature=0.5, top_p=0.3)  # a neighbour with other options
+    both = batched_probs(torch.tensor([logits_list(9), xs]), [other, SamplingParams(**kw)])
+    assert both[1].tolist() == pytest.approx(oracle_probs(xs, **kw), abs=1e-6)
 
 
 def test_draw_follows_the_distribution():
@@ -199,50 +206,86 @@ def test_row_count_must_match():
         Sampler()(torch.zeros(2, V), [row(SamplingParams())])
 
 
-def test_plain_greedy_rows_are_sampled_together_with_one_read_back(monkeypatch) -> None:
-    """Greedy rows without penalties or banned tokens take one batched argmax and one
-    read-back; mixed with other rows, every row gets what the per-row path gives it."""
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(6, 50, generator=gen)
-    logits[2, 7] = logits[2, 9] = logits[2].max() + 1.0  # a tie: the first index wins
-    greedy = SamplingParams(temperature=0.0)
-    rows = [
-        row(greedy),
-        row(SamplingParams(temperature=0.0, repetition_penalty=1.3), prompt=[3, 4]),
-        row(greedy),
-        row(SamplingParams(temperature=0.8, seed=1), gen=make_generator(1)),
-        row(SamplingParams(temperature=0.0, min_tokens=2), eos=[5]),
-        row(SamplingParams(temperature=0.0, logprobs=2)),
-    ]
-    want = [Sampler()._sample_row(logits[i].clone(), r) for i, r in enumerate(rows[:3])]
-    out = Sampler()(logits, rows)
-    assert out.token_ids[:3] == want and out.token_ids[2] == 7
-    raw = torch.log_softmax(logits, dim=-1)
-    for i, t in enumerate(out.token_ids):
-        assert out.logprobs[i] == float(raw[i, t])
+MIXED = [
+    SamplingParams(temperature=0),
+    SamplingParams(temperature=0, repetition_penalty=1.3),
+    SamplingParams(temperature=0.8, seed=1),
+    SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[4]),
+    SamplingParams(temperature=1.2, top_k=5, top_p=0.9, seed=2, presence_penalty=0.5),
+    SamplingParams(temperature=0.7, min_p=0.1, frequency_penalty=1.0, seed=3),
+    SamplingParams(temperature=0.9),
+    SamplingParams(top_k=1, logprobs=3),
+]
+
+
+def test_batched_sampler_equals_the_per_row_reference():
+    """Every option mixed in one batch, over 12 steps: each row's tokens equal
+    `sample_row` on that row alone with a generator of the same seed (exact); greedy rows are
+    the argmax of the penalized logits."""
+    vocab = 40
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, vocab, (6,), generator=gen).tolist() for _ in MIXED]
+    ours = Sampler(make_generator(0))
+    ref_shared = make_generator(0)
+    gens = [make_generator(p.seed) if p.seed is not None else None for p in MIXED]
+    ref_gens = [make_generator(p.seed) if p.seed is not None else None for p in MIXED]
+    outputs: list[list[int]] = [[] for _ in MIXED]
+    for _ in range(12):
+        logits = torch.randn(len(MIXED), vocab, generator=gen) * 3
+        rows = [row(p, prompts[i], outputs[i], eos=[2], gen=gens[i]) for i, p in enumerate(MIXED)]
+        got = ours(logits, rows).token_ids
+        for i, p in enumerate(MIXED):
+            g = ref_gens[i] if ref_gens[i] is not None else ref_shared
+            want = sample_row(logits[i].clone(), p, prompts[i], outputs[i], (2,), g)
+            assert got[i] == want, (i, p)
+            outputs[i].append(got[i])
+    assert len(set(outputs[2])) > 1
+
+
+def test_pending_tokens_count_in_penalties_and_min_tokens():
+    """A row whose last output token is still on the device (`num_pending`, value in
+    `pending_tokens`) samples what the same row with that token on the host samples."""
+    xs = torch.tensor([logits_list(8, 16)])
+    top = int(xs.argmax())
+    params = SamplingParams(temperature=0, repetition_penalty=1e6, min_tokens=2)
+    on_host = row(params, prompt=[1], output=[3, top], eos=[5])
+    pending = row(params, prompt=[1], output=[3], eos=[5])
+    pending.num_pending = 1
+    want = Sampler()(xs, [on_host]).token_ids
+    got = Sampler().launch(xs, [pending], torch.tensor([top])).result().token_ids
+    assert got == want and got[0] != top
+
+
+def test_non_finite_rows_are_flagged_and_others_untouched():
+    logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(1))
+    clean = logits.clone()
+    logits[0, 3] = float("nan")  # one NaN: greedy would pick it (torch.argmax counts NaN as max)
+    logits[1] = float("nan")
+    logits[2, 7] = float("inf")
+    rows = [row(SamplingParams(temperature=0)) for _ in range(3)]
+    rows.append(row(SamplingParams(temperature=0.5, seed=1), gen=make_generator(1)))
+    out = Sampler(make_generator(0))(logits, rows)
+    assert out.is_finite == [False, False, False, True]
+    ref = sample_row(clean[3].clone(), rows[3].params, [], [], (), make_generator(1))
+    assert out.token_ids[3] == ref
+    sampled = Sampler(make_generator(0))(logits, [row(SamplingParams(temperature=0.8))] * 4)
+    assert sampled.is_finite == [False, False, False, True]
+
+
+def test_plain_greedy_batch_reads_back_once(monkeypatch) -> None:
+    """A step of plain greedy rows is one `greedy_logprobs` and one read-back, no per-row
+    read; ties pick the first maximum."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+    logits[2, 7] = logits[2, 9] = logits[2].max() + 1.0
     reads = []
     original = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or original(self))
     monkeypatch.setattr(torch.Tensor, "__int__", lambda self: pytest.fail("per-row read"))
     monkeypatch.setattr(torch.Tensor, "__float__", lambda self: pytest.fail("per-row read"))
-    plain = Sampler()(logits, [row(greedy) for _ in range(6)])
+    plain = Sampler()(logits, [row(SamplingParams(temperature=0)) for _ in range(6)])
     monkeypatch.undo()
     assert reads == [1] and plain.token_ids == logits.argmax(-1).tolist()
-
-
-def test_a_greedy_row_with_top_logprobs_reports_one_value_for_its_token(monkeypatch) -> None:
-    """Plain greedy rows get token and logprob from `greedy_logprobs` at launch (one pass on a
-    GPU, which may differ from log_softmax by an ulp: faked here by an offset); a row asking for
-    top logprobs reports its token's logprob from the same log_softmax as its top entries."""
-    import hyla.engine.sampler as sampler_mod
-
-    real = sampler_mod.greedy_logprobs
-    monkeypatch.setattr(sampler_mod, "greedy_logprobs", lambda x: (real(x)[0], real(x)[1] + 1e-3))
-    xs = torch.tensor([logits_list(3), logits_list(4)])
-    raw = torch.log_softmax(xs, dim=-1)
-    out = Sampler(make_generator(0))(
-        xs, [row(SamplingParams(temperature=0, logprobs=2)), row(SamplingParams(temperature=0))]
-    )
-    t0, t1 = out.token_ids
-    assert out.logprobs[0] == out.top_logprobs[0][t0] == pytest.approx(float(raw[0, t0]), abs=1e-7)
-    assert out.logprobs[1] == pytest.approx(float(raw[1, t1]) + 1e-3, abs=1e-6)  # launch value
+    assert plain.token_ids[2] == 7
+    raw = torch.log_softmax(logits, dim=-1)
+    for i, t in enumerate(plain.token_ids):
+        assert plain.logprobs[i] == pytest.approx(float(raw[i, t]), abs=1e-6)

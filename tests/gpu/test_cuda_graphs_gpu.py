@@ -1,7 +1,7 @@
-"""CUDA-graph decode on a GPU: the engine as it runs by default on CUDA (captured decode steps,
-async output and async scheduling: each greedy step's tokens feed the next step on the device)
-gives the tokens of the same engine run eagerly and synchronously (`enforce_eager=True`,
-`async_output=False`), for tiny Kimi-Linear (KDA +
+"""CUDA-graph decode on a GPU: the engine as it runs by default on CUDA (captured decode steps in
+the overlapped pipeline: each step's tokens feed the next step on the device) gives the tokens
+of the same engine run eagerly with each step's tokens read before the next step
+(`enforce_eager=True`, `flush()` after every step), for tiny Kimi-Linear (KDA +
 MLA + MoE), DeepSeek-V3.2 (DSA with top-k 16, so long rows take the indexer) and Qwen3-Next
 (GDN + gated GQA + MoE) models in fp32.
 
@@ -29,11 +29,13 @@ pytestmark = [
 
 
 def _run(model, eager: bool, prompts: list[list[int]]):
-    sync = {"async_output": False} if eager else {}  # the oracle: eager and synchronous
-    engine = make_engine(model, enforce_eager=eager, max_num_seqs=8, device="cuda", **sync)
+    engine = make_engine(model, enforce_eager=eager, max_num_seqs=8, device="cuda")
     for i, p in enumerate(prompts):
         params = SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True, logprobs=5)
         engine.add_request(str(i), p, params)
+    if eager:  # the oracle: eager, each step's tokens on the host before the next step
+        step = engine.step
+        engine.step = lambda: step() + engine.flush()
     return run_all(engine), engine
 
 
@@ -50,7 +52,7 @@ def test_graph_decode_matches_eager(tmp_path, family, num_seqs) -> None:
     graphed, engine = _run(model, False, prompts)
     graphs = engine.runner.graphs
     assert graphs is not None and any(s.graph is not None for s in graphs.steps.values())
-    assert engine.async_scheduling and engine.num_inflight_steps > 0
+    assert engine.num_device_token_steps > 0
     print(f"{family} x{num_seqs}: captured {sorted(graphs.steps)}")
     for rid in eager:
         assert_same_completion(eager[rid], graphed[rid], atol=2e-3)

@@ -90,7 +90,7 @@ def test_client_timeout_on_non_streaming_request_aborts_it(server):
 
 
 def test_request_timeout_finish_reason(make_server):
-    server = make_server(async_options={"request_timeout": 0.4})
+    server = make_server(engine_options={"request_timeout": 0.4})
     client = server.client()
     r = client.completions.create(model=MODEL, prompt="Hi", max_tokens=200,
                                   extra_body={"ignore_eos": True})
