@@ -5,7 +5,10 @@ The `transformers` model of the config's `model_type` is built on the meta devic
 no weights) and its modules are grouped by class; each class is matched by its name (and, for
 attention, by the config's layer kinds) against what hyla implements. Config fields that change
 the maths without a module of their own (clamped SwiGLU, hyper-connections, sliding windows, an
-unknown router scoring or rope type, a vision tower) are checked separately.
+unknown router scoring or rope type, a vision tower) are checked separately. Each "ok" row names
+the hyla module that runs it (and "PyTorch only" where it has no GPU kernel yet); the family's
+adapter (hyla.models.registry) decides the family-specific rows (vision towers). This is the one
+gap list: docs/model_gaps.md describes the same rows for glm5_next and qwen3_5.
 """
 
 from __future__ import annotations
@@ -20,36 +23,54 @@ from typing import Any
 from hyla.models.loader import config_path
 
 OK, MISSING, CHECK, SKIPPED = "ok", "missing", "check", "skipped"
+# Every OK target starts with the hyla module (`layers/x.Name`, `ops/x.fn`) that runs it;
+# tests/models/test_module_gaps.py checks each one exists.
+_HC = "layers/hyper_connection.HyperConnection (ops/hyper_connection; PyTorch only)"
+_CLAMPED_MLP = "ops/activation.silu_and_mul_clamped (layers/mlp.GatedMLP; PyTorch only)"
+_VISION_TOWERS = {  # family -> hyla tower (hyla.models.vision_loader.TOWERS)
+    "glm5_next": "layers/glm5_next_vision.Glm5NextVisionTower (ops/vision)",
+    "qwen3_5": "layers/qwen3_5_vision.Qwen35VisionTower (ops/vision)",
+}
+# Said of every family with a vision tower, true while `LLM.generate` takes no images (tested)
+IMAGES_IN_ENGINE = "images through LLM.generate / the server (encoder cache, image hash in "
+IMAGES_IN_ENGINE += "prefix keys, per-request M-RoPE positions)"
 
 # (class-name pattern, status, hyla target); first match wins; names are lowercased with the
 # model prefix kept, so patterns match the class's tail
 _MODULE_RULES: tuple[tuple[str, str, str], ...] = (
-    (r"hyperconnection|hyperhead", MISSING, "hyper-connections (hc_mult residual streams)"),
+    (r"hyperconnection|hyperhead", OK, _HC),
     (r"compressor", MISSING, "compressed-KV attention (CSA/HCA compressors)"),
     (r"hashrouter", MISSING, "hash routing of tokens to experts"),
     (r"sqrtsoftplus", MISSING, "sqrt-softplus router scoring"),
     (r"groupedlinear", MISSING, "grouped low-rank output projection (o_groups)"),
-    (r"unweightedrmsnorm", MISSING, "weight-free RMSNorm"),
-    (r"rmsnormgated", OK, "ops/norm gated RMSNorm (layers/linear_attention)"),
-    (r"rmsnorm", OK, "ops/norm rms_norm (layers/norm.RMSNorm)"),
+    (r"rmsnormgated", OK, "ops/norm.gated_rms_norm (layers/linear_attention.GatedRMSNorm)"),
+    (r"rmsnorm", OK, "layers/norm.RMSNorm (ops/norm)"),
     (r"deltaattention", OK, "layers/linear_attention.KimiDeltaAttention (ops/kda)"),
     (r"gateddeltanet", OK, "layers/linear_attention.GatedDeltaNet (ops/gdn)"),
-    (r"forgetgate", OK, "ops/gates KDA forget gate"),
-    (r"indexerscorer|indexer$", OK, "ops/dsa_indexer lightning indexer"),
-    (r"topkrouter|router$", OK, "layers/moe.Router (ops/moe routing)"),
-    (r"experts$", OK, "ops/moe experts"),
+    (r"indexerscorer|indexer$", OK, "layers/sparse_attention.LightningIndexer (ops/dsa_indexer)"),
+    (r"topkrouter|router$", OK, "layers/moe.Router (ops/moe)"),
     (r"moe$|sparsemoeblock$", OK, "layers/moe.MoE"),
-    (r"mlp$", OK, "layers/mlp.MLP"),
-    (r"siluactivation$", OK, "ops/activation silu"),
-    (r"rotaryembedding$", OK, "layers/rotary (ops/rotary)"),
-    (r"^embedding$", OK, "embed_tokens / lm_head"),
-    (r"^linear$", OK, "ops/linear"),
-    (r"^conv1d$", OK, "ops/short_conv"),
-    (r"^layernorm$", CHECK, "LayerNorm: hyla has it only as the DSA indexer's k_norm"),
+    (r"mlp$", OK, "layers/mlp.GatedMLP (ops/activation)"),
+    (r"siluactivation$", OK, "ops/activation.silu_and_mul"),
+    (r"rotaryembedding$", OK, "layers/rotary.RotaryEmbedding (ops/rotary)"),
+    (r"^embedding$", OK, "models/hybrid.HybridModel (embed_tokens, lm_head)"),
+    (r"^linear$", OK, "layers/linear.Linear (ops/linear)"),
+    (r"^conv1d$", OK, "ops/short_conv.causal_conv1d"),
 )
 _CONTAINERS = re.compile(r"(model|decoderlayer|modulelist|forcausallm|moduledict|sequential)$")
 _VISION = re.compile(r"vision|visual|patch|merger", re.IGNORECASE)
 _INDEXED = ("indexed_attention", "deepseek_sparse_attention")
+
+
+def family(config: dict[str, Any]) -> str | None:
+    """hyla's adapter family of a config.json dict (hyla.models.registry), None if unsupported."""
+    from hyla.config import ConfigError
+    from hyla.models.registry import family_of
+
+    try:
+        return family_of(config)
+    except ConfigError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -96,6 +117,8 @@ def _attention_target(path: str, text: dict[str, Any]) -> tuple[str, str]:
             return OK, "layers/linear_attention.GatedDeltaNet (ops/gdn)"
         return MISSING, "linear attention of an unknown kind"
     if kind in _INDEXED or (text.get("index_topk") and not kind):
+        if text.get("index_kpool"):
+            return OK, "layers/pooled_sparse_attention.PooledDSAttention (MLA + pooled top-k)"
         return OK, "layers/sparse_attention.DSAttention (MLA + indexer top-k)"
     if kind not in ("", "full_attention", "attention"):
         return MISSING, f"attention kind {kind!r}"
@@ -104,13 +127,46 @@ def _attention_target(path: str, text: dict[str, Any]) -> tuple[str, str]:
     return OK, "layers/attention.GQAttention"
 
 
-def classify_module(cls: str, path: str, text: dict[str, Any]) -> tuple[str, str] | None:
-    """(status, hyla target) of one module, or None for a container."""
+def _variant(name: str, path: str, text: dict[str, Any]) -> tuple[str, str] | None:
+    """Classes whose hyla counterpart depends on where they sit or on a config field."""
+    if name.endswith("unweightedrmsnorm"):
+        if "_hc." in path or "hc_head" in path:  # the streams' norm inside mHC
+            return OK, "ops/hyper_connection.hc_weights (RMS of the streams; PyTorch only)"
+        return MISSING, "weight-free RMSNorm"
+    if name == "layernorm":
+        if path.endswith("indexer.k_norm"):
+            return OK, "layers/sparse_attention.LightningIndexer (k_norm)"
+        return CHECK, "LayerNorm: hyla has it only as the DSA indexer's k_norm"
+    if name.endswith("forgetgate"):
+        if text.get("linear_lower_bound") is not None:
+            return OK, "ops/gates.kda_gates_bounded (lower-bounded; PyTorch only)"
+        return OK, "ops/gates.kda_gates"
+    if re.search(r"indexer$", name) and text.get("index_kpool"):
+        return OK, "layers/pooled_sparse_attention.KPoolIndexer (ops/kpool_indexer; PyTorch only)"
+    if name.endswith("experts"):
+        if text.get("swiglu_limit") is not None:
+            return OK, "ops/moe_clamped.moe_experts_clamped (clamped SwiGLU; PyTorch only)"
+        return OK, "ops/moe.moe_experts"
+    if name.endswith("mlp") and text.get("swiglu_limit") is not None:
+        return OK, _CLAMPED_MLP
+    return None
+
+
+def classify_module(
+    cls: str, path: str, text: dict[str, Any], fam: str | None = None
+) -> tuple[str, str] | None:
+    """(status, hyla target) of one module of a model of hyla family `fam`, or None for a
+    container."""
     name = cls.lower()
     if _VISION.search(cls) or _VISION.search(path):
-        return MISSING, "vision tower / image path (hyla serves text only)"
+        if fam in _VISION_TOWERS:
+            return OK, _VISION_TOWERS[fam] + " (model level; PyTorch only)"
+        return MISSING, "vision tower / image path"
     if _CONTAINERS.search(name) and "attention" not in name:
         return None
+    variant = _variant(name, path, text)
+    if variant is not None:
+        return variant
     for pattern, status, target in _MODULE_RULES:
         if re.search(pattern, name):
             return status, target
@@ -136,11 +192,12 @@ def module_gaps(config: dict[str, Any]) -> tuple[Gap, ...]:
     """Module classes of the transformers model of `config`, each mapped to hyla."""
     model = _build_meta(config)
     text = _text_config(model.config.to_dict())
+    fam = family(config)
     counts: Counter[str] = Counter()
     first: dict[str, tuple[str, str, str]] = {}
     for path, module in model.named_modules():
         cls = type(module).__name__
-        verdict = classify_module(cls, path, text)
+        verdict = classify_module(cls, path, text, fam)
         if verdict is None:
             continue
         if _VISION.search(path) or _VISION.search(cls):
@@ -150,52 +207,66 @@ def module_gaps(config: dict[str, Any]) -> tuple[Gap, ...]:
     return tuple(Gap(c, counts[c], *first[c]) for c in counts)
 
 
+# config fields that change the maths: (field, status when set, note)
+_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("swiglu_limit", OK, _CLAMPED_MLP + ", ops/moe_clamped (clamped SwiGLU)"),
+    ("hc_mult", OK, _HC + ", hc_mult residual streams"),
+    ("index_kpool", OK, "ops/kpool_indexer.kpool_indexer_topk (pooled indexer; PyTorch only)"),
+    ("linear_lower_bound", OK, "ops/gates.kda_gates_bounded (KDA gate lower bound; PyTorch only)"),
+    ("compress_rates", MISSING, "compressed-KV attention"),
+    ("o_lora_rank", MISSING, "low-rank grouped output projection"),
+)
+
+
+def _rope_fields(text: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    out = []
+    if rope_type not in (None, "default", "linear", "yarn"):
+        out.append(("rope_type", rope_type, MISSING, "rope types: default, linear, yarn"))
+    if isinstance(rope, dict) and "mrope_section" in rope:
+        out.append(("mrope_section", rope["mrope_section"], OK,
+                    "ops/rotary/mrope.mrope_cos_sin (M-RoPE; text: 1-D positions)"))  # fmt: skip
+    return out
+
+
+def _vision_fields(config: dict[str, Any], fam: str | None) -> list[tuple[str, Any, str, str]]:
+    if config.get("vision_config") is None:
+        return []
+    if fam not in _VISION_TOWERS:
+        return [("vision_config", "present", MISSING, "vision tower / image inputs")]
+    tower = _VISION_TOWERS[fam] + " (model level: HybridModel.forward; PyTorch only)"
+    return [("vision_config", "present", OK, tower),
+            ("vision_config", "present", MISSING, IMAGES_IN_ENGINE)]  # fmt: skip
+
+
 def _field_checks(config: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     """(field, value, status, note) for config fields that change the maths."""
     text, out = _text_config(config), []
     act = text.get("hidden_act", "silu")
     if act != "silu":
         out.append(("hidden_act", act, MISSING, "only silu (SwiGLU) MLPs"))
-    for name, note in (
-        ("swiglu_limit", "clamped SwiGLU"),
-        ("hc_mult", "hyper-connections: hc_mult residual streams"),
-        ("index_kpool", "pooled indexer keys"),
-        ("linear_lower_bound", "a lower bound on the KDA forget gate"),
-        ("compress_rates", "compressed-KV attention"),
-        ("o_lora_rank", "low-rank grouped output projection"),
-    ):
-        if text.get(name) is not None:
-            out.append((name, text[name], MISSING, note))
+    out += [(n, text[n], st, note) for n, st, note in _FIELDS if text.get(n) is not None]
     window = text.get("sliding_window")
     if window and text.get("use_sliding_window", True):
         out.append(("sliding_window", window, MISSING, "sliding-window attention"))
     scoring = text.get("scoring_func") or text.get("moe_router_activation_func")
     if scoring and scoring not in ("softmax", "sigmoid"):
         out.append(("scoring_func", scoring, MISSING, "router scoring: softmax, sigmoid"))
-    if "indexer_types" in text and set(text["indexer_types"]) - {"full"}:
-        out.append(("indexer_types", sorted(set(text["indexer_types"])), MISSING,
-                    "layers sharing another layer's top-k"))  # fmt: skip
+    kinds = set(text.get("indexer_types") or ())
+    if kinds - {"full", "shared"}:
+        out.append(("indexer_types", sorted(kinds), MISSING, "indexer kinds: full, shared"))
+    elif "shared" in kinds:
+        out.append(("indexer_types", sorted(kinds), OK, "layers/pooled_sparse_attention."
+                    "PooledDSAttention (shares the last full layer's top-k)"))  # fmt: skip
     if text.get("kv_lora_rank") and text.get("qk_rope_head_dim") == 0:
-        out.append(("qk_rope_head_dim", 0, CHECK, "MLA without a rope part (NoPE MLA exists; a "
-                    "zero-width rope slice is untested)"))  # fmt: skip
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
-    if rope_type not in (None, "default", "linear", "yarn"):
-        out.append(("rope_type", rope_type, MISSING, "rope types: default, linear, yarn"))
-    if isinstance(rope, dict) and "mrope_section" in rope:
-        out.append(("mrope_section", rope["mrope_section"], MISSING, "multimodal rope"))
-    if text.get("num_nextn_predict_layers"):
-        out.append(
-            (
-                "num_nextn_predict_layers",
-                text["num_nextn_predict_layers"],
-                SKIPPED,
-                "multi-token-prediction layers are not served (speculative decoding)",
-            )
-        )
-    if config.get("vision_config") is not None:
-        out.append(("vision_config", "present", MISSING, "image inputs (hyla serves text)"))
-    return out
+        out.append(("qk_rope_head_dim", 0, OK, "layers/attention.MLAttention (NoPE MLA)"))
+    out += _rope_fields(text)
+    for name in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        if text.get(name):
+            note = "multi-token-prediction layers are not served (speculative decoding)"
+            out.append((name, text[name], SKIPPED, note))
+    return out + _vision_fields(config, family(config))
 
 
 def gap_report(path: str | Path) -> GapReport:
@@ -210,6 +281,9 @@ def gap_report(path: str | Path) -> GapReport:
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise ValueError("model_type: config.json names no model_type")
+    if model_type == "hyla":  # hyla's own layout: there is no transformers model to map
+        modules, built = (), "hyla's own layout: every module is hyla's"
+        return GapReport(model_type=model_type, built_with=built, modules=modules, fields=())
     try:
         modules, built = module_gaps(config), "transformers (meta device)"
     except (ValueError, KeyError, TypeError, AssertionError, ImportError) as e:  # cannot build

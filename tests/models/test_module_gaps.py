@@ -1,19 +1,28 @@
-"""`hyla inspect --gaps` on configs of architectures hyla does not support (transformers 5.24's
-config classes, defaults shrunk to a few layers) and on the supported families. The oracle is
-what those architectures are known to contain (their transformers modeling code)."""
+"""`hyla inspect --gaps` (hyla.models.module_gaps, the one gap list) on transformers 5.24's
+configs. Oracles: the classes transformers' modeling code builds (named per architecture below),
+and what hyla contains: every "ok" row must name a hyla module/function that exists (and say
+"PyTorch only" when its ops folder has no GPU kernels.py), the vision rows follow
+hyla.models.vision_loader.TOWERS, and the "images through the engine" row stays missing while
+`LLM.generate` takes no images."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+import hyla
 from hyla.cli import app
-from hyla.models.module_gaps import MISSING, OK, gap_report
+from hyla.models.module_gaps import IMAGES_IN_ENGINE, MISSING, OK, gap_report
 from tests.hf_tiny import FAMILIES, tiny_hf_config
 
 SMALL = dict(num_hidden_layers=4, vocab_size=512, pad_token_id=0)
+OPS = Path(hyla.__file__).parent / "ops"
 
 
 def _write(tmp_path, config: dict) -> str:
@@ -41,49 +50,127 @@ def _targets(report) -> dict[str, str]:
 
 
 def _fields(report) -> dict[str, str]:
-    return {g.name: g.status for g in report.fields}
+    return {(g.name, g.status): g.target for g in report.fields}
 
 
-def test_glm5_next_kda_and_dsa_map_hyper_connections_missing(tmp_path):
-    layers = ["linear_attention"] * 3 + ["indexed_attention"]
-    text = dict(SMALL, layer_types=layers, mlp_layer_types=["dense"] + ["sparse"] * 3,
-                indexer_types=["full"] * 4, n_routed_experts=8)  # fmt: skip
-    report = gap_report(_from_transformers(tmp_path, "glm5_next", text))
+def _hyla_object(target: str):
+    """The object a row's leading `layers/x.Name` / `ops/x/y.fn` names (None if none)."""
+    head = target.split(" ")[0].rstrip(",")
+    if "/" not in head:
+        return None
+    module, _, attr = head.partition(".")
+    mod = importlib.import_module("hyla." + module.replace("/", "."))
+    return getattr(mod, attr) if attr else mod
+
+
+def _assert_rows_true(report) -> None:
+    for g in report.modules + report.fields:
+        if g.status != OK:
+            continue
+        assert _hyla_object(g.target) is not None, g
+        for op in re.findall(r"\bops/(\w+)", g.target):
+            if op != "rotary" and not _has_gpu_path(op):  # rope: cos/sin tables, torch by design
+                assert "PyTorch only" in g.target, (g, op)
+
+
+def _has_gpu_path(op: str) -> bool:
+    """Whether hyla/ops/<op> has a Triton or fla path (a GPU kernel of its own)."""
+    return any(re.search(r"\b(triton|fla)\b", f.read_text()) for f in (OPS / op).glob("*.py"))
+
+
+GLM = ["linear_attention"] * 2 + ["indexed_attention"] * 2
+GLM_TEXT = dict(SMALL, layer_types=GLM, mlp_layer_types=["dense"] + ["sparse"] * 3,
+                indexer_types=["full", "full", "full", "shared"], n_routed_experts=8)  # fmt: skip
+
+
+def test_glm5_next_maps_every_module_to_hyla(tmp_path):
+    report = gap_report(_from_transformers(tmp_path, "glm5_next", GLM_TEXT))
+    _assert_rows_true(report)
     targets = _targets(report)
-    assert "KimiDeltaAttention" in targets["Glm5NextTextLinearAttention"]
-    assert "DSAttention" in targets["Glm5NextTextAttention"]
-    assert _status(report, "HyperConnection") == {"Glm5NextTextHyperConnection": MISSING}
-    assert _status(report, "vision") == {"vision tower": MISSING}
+    # classes of transformers' modeling_glm5_next.py and the hyla module each needs
+    for cls, hyla_name in (
+        ("Glm5NextTextLinearAttention", "KimiDeltaAttention"),
+        ("Glm5NextTextForgetGate", "kda_gates_bounded"),
+        ("Glm5NextTextAttention", "PooledDSAttention"),
+        ("Glm5NextTextIndexer", "KPoolIndexer"),
+        ("Glm5NextTextHyperConnection", "HyperConnection"),
+        ("Glm5NextTextHyperHead", "HyperConnection"),
+        ("Glm5NextTextUnweightedRMSNorm", "hc_weights"),
+        ("Glm5NextTextExperts", "moe_experts_clamped"),
+        ("Glm5NextTextMLP", "silu_and_mul_clamped"),
+    ):
+        assert hyla_name in targets[cls], (cls, targets[cls])
+    from hyla.models.vision_loader import TOWERS
+
+    assert TOWERS["glm5_next"][0].__name__ in targets["vision tower"]
+    assert {g.name for g in report.modules if g.status != OK} == set()
     fields = _fields(report)
-    assert fields["swiglu_limit"] == fields["hc_mult"] == fields["vision_config"] == MISSING
+    for name in ("swiglu_limit", "hc_mult", "index_kpool", "linear_lower_bound", "indexer_types"):
+        assert (name, OK) in fields, name
+    assert fields[("vision_config", MISSING)] == IMAGES_IN_ENGINE
 
 
-def test_qwen3_5_is_qwen3_next_without_moe_plus_vision(tmp_path):
+def test_images_through_the_engine_stay_missing_while_generate_takes_none():
+    from hyla.engine.llm import LLM
+
+    params = set(inspect.signature(LLM.generate).parameters)
+    assert not params & {"images", "multi_modal_data", "image"}, "update module_gaps"
+
+
+def test_qwen3_5_maps_every_module_and_mrope(tmp_path):
     layers = ["linear_attention"] * 3 + ["full_attention"]
-    report = gap_report(_from_transformers(tmp_path, "qwen3_5", dict(SMALL, layer_types=layers)))
+    rope = {"rope_type": "default", "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25}
+    text = dict(SMALL, layer_types=layers, rope_parameters=rope)
+    report = gap_report(_from_transformers(tmp_path, "qwen3_5", text))
+    _assert_rows_true(report)
     targets = _targets(report)
     assert "GatedDeltaNet" in targets["Qwen3_5GatedDeltaNet"]
     assert "GQAttention" in targets["Qwen3_5Attention"]
-    missing = {g.name for g in report.modules + report.fields if g.status == MISSING}
+    fields = _fields(report)
+    assert "mrope_cos_sin" in fields[("mrope_section", OK)]
+    from hyla.models.vision_loader import TOWERS
+
+    assert TOWERS["qwen3_5"][0].__name__ in fields[("vision_config", OK)]
     # transformers builds Qwen3_5ForCausalLM (text only): the tower shows as the config field
-    assert missing == {"vision_config"}
+    missing = [g for g in report.modules + report.fields if g.status == MISSING]
+    assert [g.target for g in missing] == [IMAGES_IN_ENGINE]
 
 
 def test_deepseek_v4_compressed_attention_and_router_missing(tmp_path):
     report = gap_report(_from_transformers(tmp_path, "deepseek_v4"))
+    _assert_rows_true(report)
     status = {g.name: g.status for g in report.modules}
-    assert status["DeepseekV4HashRouter"] == MISSING
-    assert status["SqrtSoftplusActivation"] == MISSING
-    assert MISSING in {status[n] for n in status if "Compressor" in n}
-    assert status["DeepseekV4Experts"] == OK
-    fields = _fields(report)
-    assert fields["scoring_func"] == fields["sliding_window"] == MISSING
+    # modules of modeling_deepseek_v4.py with no hyla counterpart
+    for cls in ("DeepseekV4HashRouter", "SqrtSoftplusActivation", "DeepseekV4GroupedLinear",
+                "DeepseekV4CSACompressor", "DeepseekV4HCACompressor"):  # fmt: skip
+        assert status[cls] == MISSING, cls
+    assert status["DeepseekV4Experts"] == status["DeepseekV4HyperConnection"] == OK
+    fields = {g.name: g.status for g in report.fields}
+    assert fields["scoring_func"] == fields["sliding_window"] == fields["compress_rates"] == MISSING
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def _supported_configs() -> dict[str, dict]:
+    from tests.glm_tiny import tiny_glm_text_config
+    from tests.server.conftest import tiny_model_config
+
+    configs = {f: tiny_hf_config(f).to_dict() for f in FAMILIES}
+    configs["glm5_next"] = dict(tiny_glm_text_config(), model_type="glm5_next_text")
+    configs["qwen3_5"] = {"model_type": "qwen3_5_text", "layer_types": ["linear_attention",
+                          "full_attention"], **SMALL, "num_hidden_layers": 2}  # fmt: skip
+    configs["hyla"] = tiny_model_config(256).to_dict()
+    return configs
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "glm5_next", "qwen3_5", "hyla"])
 def test_supported_families_have_no_gaps(tmp_path, family):
-    report = gap_report(_write(tmp_path, tiny_hf_config(family).to_dict()))
-    assert report.modules and report.num_missing == 0, report
+    from hyla.models.registry import family_of
+
+    config = _supported_configs()[family]
+    assert family_of(config) == family  # the oracle: hyla's registry serves this config
+    report = gap_report(_write(tmp_path, config))
+    _assert_rows_true(report)
+    assert report.num_missing == 0, report
+    assert bool(report.modules) == (family != "hyla"), report
 
 
 def test_unknown_model_type_reports_fields_only(tmp_path):
@@ -91,7 +178,7 @@ def test_unknown_model_type_reports_fields_only(tmp_path):
                              "sliding_window": 64})  # fmt: skip
     report = gap_report(path)
     assert report.modules == () and "config fields only" in report.built_with
-    assert _fields(report) == {"hidden_act": MISSING, "sliding_window": MISSING}
+    assert set(_fields(report)) == {("hidden_act", MISSING), ("sliding_window", MISSING)}
 
 
 def test_cli_inspect_gaps(tmp_path):
