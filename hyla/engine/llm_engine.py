@@ -345,7 +345,7 @@ class LLMEngine:
             self._release_suspect()
             if self._inflight is not None and self._inflight.save_needs_values(self.cache):
                 self._drain()
-            out = self.scheduler.schedule()
+            out = self._schedule()
             launched = None if out.is_empty else self._launch(out)
             self._drain()  # the host work of step N while N+1 runs
             if launched is not None:
@@ -354,6 +354,14 @@ class LLMEngine:
                     launched = None  # every sampled request ended meanwhile: nothing to read
             self._inflight = launched
             return self._collect_outputs()
+
+    def _schedule(self) -> SchedulerOutput:
+        """The next step; a suspect on probation runs alone, unless it cannot run alone (no cache
+        for it while the others hold theirs, or it waits for another's prefix)."""
+        out = self.scheduler.schedule(only=self._probe)
+        if out.is_empty and self._probe is not None:
+            out = self.scheduler.schedule()
+        return out
 
     def flush(self) -> list[RequestOutput]:
         """Read the in-flight step's tokens now (waits for the device); their outputs."""
@@ -447,14 +455,15 @@ class LLMEngine:
 
     def _step_failed(self, out: SchedulerOutput, error: Exception) -> None:
         """A step raised. Requests outside it keep running. The culprit, when known (alone in
-        the step, or the one suspect on probation in it), ends with an error; the step's other
+        the step), ends with an error; the step's other
         requests are held out of the scheduler (their cache released: the failed forward may
         have half-updated their state, so they recompute) and come back one at a time
-        (`_release_suspect`), each alone on probation until it gets through a sampled step."""
+        (`_release_suspect`), each alone in its steps (`Scheduler.schedule(only=...)`: a
+        neighbour would make the blame a guess) until it gets through a sampled step."""
         ids = list(out.num_scheduled_tokens)
         logger.exception("engine step failed (%d requests)", len(ids))
         message = f"engine step failed: {type(error).__name__}: {error}"
-        culprit = ids[0] if len(ids) == 1 else (self._probe if self._probe in ids else None)
+        culprit = ids[0] if len(ids) == 1 else None
         for rid in ids:
             if rid == culprit:
                 self._finish(rid, RequestStatus.FINISHED_ERROR, message)
