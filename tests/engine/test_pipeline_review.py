@@ -65,3 +65,125 @@ def test_a_culprit_arriving_during_probation_does_not_end_the_innocent_probe(kim
     for rid in ("a", "b"):
         assert final[rid].outputs[0].finish_reason == "length", rid
         assert_same_completion(final[rid], solo(oracle, prompts[rid], PARAMS))
+
+
+def _assert_i4(engine) -> None:
+    """Every block, slot and state checkpoint back: no reference held by anyone."""
+    assert_all_free(engine)
+    prefix = engine.cache.prefix
+    if prefix is not None:
+        assert not any(prefix.checkpoints.ref_counts)
+        assert not prefix._pending and not prefix._tails
+
+
+def test_failures_under_preemption_end_only_the_culprit(kimi):
+    """A cache of 6 blocks for 4 requests of 3 blocks each (preemptions) and a failing one:
+    every request finishes (a probe that cannot run alone runs with the others rather than
+    wait forever), the innocent ones equal their solo runs, nothing leaks."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    engine = make_engine(model, path, num_blocks=6, max_model_len=64, max_num_seqs=4)
+    failed: list[int] = []
+    _fail_on_token(engine, failed)
+    prompts = {f"r{i}": prompt_ids(30, 70 + i, vocab) for i in range(3)}
+    prompts["x"] = prompt_ids(3, 3, vocab) + [BAD]
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, PARAMS)
+    final = {}
+    for _ in range(300):
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+        if not engine.has_unfinished_requests():
+            break
+    assert set(final) == set(prompts) and failed
+    assert final["x"].outputs[0].finish_reason == "error"
+    _assert_i4(engine)
+    oracle = make_engine(model, path)
+    for rid in ("r0", "r1", "r2"):
+        assert final[rid].outputs[0].finish_reason == "length", rid
+        assert_same_completion(final[rid], solo(oracle, prompts[rid], PARAMS))
+
+
+def test_failures_with_prefix_checkpoints_and_n2_leak_nothing(kimi):
+    """Failing steps among prefix hits, interior checkpoints and n=2 groups: the culprit's
+    sequences end with an error, the others equal their solo runs, every checkpoint is back."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    kw = dict(enable_prefix_caching=True, state_checkpoint_stride=16, max_num_batched_tokens=40)
+    engine = make_engine(model, path, **kw)
+    failed: list[int] = []
+    _fail_on_token(engine, failed)
+    shared = prompt_ids(40, 9, vocab)
+    n2 = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1, n=2)
+    prompts = {f"p{i}": shared + prompt_ids(3 + i, 20 + i, vocab) for i in range(3)}
+    prompts["x"] = shared + [BAD]
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, n2)
+    final = run_all(engine)
+    assert failed
+    _assert_i4(engine)
+    assert [c.finish_reason for c in final["x"].outputs] == ["error", "error"]
+    oracle = make_engine(model, path)
+    for rid in ("p0", "p1", "p2"):
+        assert_same_completion(final[rid], solo(oracle, prompts[rid], n2))
+
+
+def test_aborts_of_pending_tokens_leak_nothing(kimi):
+    """Aborts between steps (a token in flight for each request) and a second abort of the same
+    id: the final output says "abort" once, the survivors equal their solo runs."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    kw = dict(enable_prefix_caching=True, state_checkpoint_stride=16)
+    engine = make_engine(model, path, **kw)
+    prompts = {f"r{i}": prompt_ids(20 + i, 40 + i, vocab) for i in range(4)}
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, params)
+    outs = []
+    for k in range(3):
+        outs += engine.step()
+    assert engine._inflight is not None
+    engine.abort_request(["r1", "r3"])
+    engine.abort_request("r1")
+    final = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outs.append(o)
+            if o.finished:
+                final[o.request_id] = o
+    assert [o.request_id for o in outs if o.finished].count("r1") == 1
+    assert final["r1"].outputs[0].finish_reason == "abort"
+    assert all(lp is not None for o in outs for c in o.outputs for lp in c.logprobs)
+    _assert_i4(engine)
+    oracle = make_engine(model, path)
+    for rid in ("r0", "r2"):
+        assert_same_completion(final[rid], solo(oracle, prompts[rid], params))
+
+
+def test_a_prefill_poisoned_at_its_first_token_leaves_nothing_in_the_prefix_cache(kimi):
+    """Non-finite logits at the first sampled token of a chunked prefill that saved interior
+    checkpoints: a later request with the same prompt prefix runs cold (no hit) and equals a
+    cold run; every checkpoint is back."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    kw = dict(enable_prefix_caching=True, state_checkpoint_stride=16, max_num_batched_tokens=24)
+    engine = make_engine(model, path, **kw)
+    bad = prompt_ids(50, 17, vocab)
+    launch = engine.sampler.launch
+
+    def poisoned(logits, rows, pending=None):
+        logits = logits.clone()
+        for i, row in enumerate(rows):
+            if row.prompt_token_ids == bad:
+                logits[i] = float("-inf")
+        return launch(logits, rows, pending)
+
+    engine.sampler.launch = poisoned
+    engine.add_request("bad", bad, PARAMS)
+    first = run_all(engine)["bad"].outputs[0]
+    assert first.finish_reason == "error" and first.token_ids == []
+    engine.sampler.launch = launch
+    engine.add_request("again", bad[:40] + [5], PARAMS)
+    again = run_all(engine)["again"]
+    assert again.num_cached_tokens == 0
+    _assert_i4(engine)
+    assert_same_completion(again, solo(make_engine(model, path), bad[:40] + [5], PARAMS))
