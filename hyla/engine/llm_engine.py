@@ -37,7 +37,7 @@ from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
-from hyla.engine.sampler import Sampler, SamplingRow, make_generator
+from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.engine.warmup import warm_up
 from hyla.forward_batch import index_tensor
@@ -498,18 +498,26 @@ class LLMEngine:
             req = step.requests[rid]
             if req.is_finished:  # ended since the launch: its token is dropped
                 continue
-            group = self._seq_owner[rid]
             if not sample.is_finite[i]:
                 self._poisoned(req)
                 continue
-            token = sample.token_ids[i]
-            req.resolve_placeholder(token)
-            self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
-            if group.metrics.first_token_time is None:
-                group.metrics.first_token_time = now
-            group.metrics.last_token_time = now
-            self._decide_stop(rid, token)
-            self._dirty[group.request_id] = None
+            try:
+                self._take_token(rid, sample.token_ids[i], sample, i, now)
+            except Exception as e:  # noqa: BLE001 - its host work failed: it ends alone
+                logger.exception("processing a token of %s failed", rid)
+                message = f"engine step failed: {type(e).__name__}: {e}"
+                self._finish(rid, RequestStatus.FINISHED_ERROR, message)
+
+    def _take_token(self, rid: str, token: int, sample: SamplerOutput, i: int, now: float) -> None:
+        """Row `i` of `sample` is `rid`'s new token: resolve its placeholder, then its stops."""
+        group = self._seq_owner[rid]
+        self._seq_of[rid].request.resolve_placeholder(token)
+        self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
+        if group.metrics.first_token_time is None:
+            group.metrics.first_token_time = now
+        group.metrics.last_token_time = now
+        self._decide_stop(rid, token)
+        self._dirty[group.request_id] = None
 
     def _poisoned(self, req: Request) -> None:
         """`req`'s logits were not finite: end it with an error, and make the blocks and

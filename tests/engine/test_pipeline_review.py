@@ -139,7 +139,7 @@ def test_aborts_of_pending_tokens_leak_nothing(kimi):
     for rid, ids in prompts.items():
         engine.add_request(rid, ids, params)
     outs = []
-    for k in range(3):
+    for _ in range(3):
         outs += engine.step()
     assert engine._inflight is not None
     engine.abort_request(["r1", "r3"])
@@ -187,3 +187,27 @@ def test_a_prefill_poisoned_at_its_first_token_leaves_nothing_in_the_prefix_cach
     assert again.num_cached_tokens == 0
     _assert_i4(engine)
     assert_same_completion(again, solo(make_engine(model, path), bad[:40] + [5], PARAMS))
+
+
+def test_a_failure_while_processing_one_token_ends_only_its_request(kimi):
+    """The host work of one request's token raises (its detokenizer here; on a GPU a read may
+    raise too): that request ends with "error", the step's other requests go on and equal
+    their solo runs, and `step()` does not raise (the async server would end every stream)."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    prompts = {f"r{i}": prompt_ids(6 + i, 80 + i, vocab) for i in range(3)}
+    engine = make_engine(model, path)
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, PARAMS)
+
+    def broken(tokens):
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
+
+    engine._seq_of["r1#0"].detokenizer.update = broken
+    final = run_all(engine)
+    err = final["r1"].outputs[0]
+    assert err.finish_reason == "error" and "UnicodeDecodeError" in err.stop_reason
+    _assert_i4(engine)
+    oracle = make_engine(model, path)
+    for rid in ("r0", "r2"):
+        assert_same_completion(final[rid], solo(oracle, prompts[rid], PARAMS))
