@@ -211,3 +211,44 @@ def test_a_failure_while_processing_one_token_ends_only_its_request(kimi):
     oracle = make_engine(model, path)
     for rid in ("r0", "r2"):
         assert_same_completion(final[rid], solo(oracle, prompts[rid], PARAMS))
+
+
+def test_async_engine_fails_one_stream_and_the_others_finish(kimi):
+    """Through the AsyncEngine: the stream of the request with the bad token raises
+    RequestFailedError; the streams around it finish with their solo runs' tokens."""
+    import asyncio
+
+    from hyla.engine.async_engine import AsyncEngine
+    from hyla.engine.async_stream import RequestFailedError
+
+    model, path = kimi
+    vocab = model.config.vocab_size
+    prompts = {f"r{i}": prompt_ids(5 + i, 90 + i, vocab) for i in range(3)}
+    prompts["x"] = prompt_ids(4, 3, vocab) + [BAD]
+    engine = make_engine(model, path)
+    failed: list[int] = []
+    _fail_on_token(engine, failed)
+
+    async def consume(aengine, rid):
+        stream = await aengine.add_request(prompts[rid], PARAMS, rid)
+        try:
+            return [o async for o in stream][-1]
+        except RequestFailedError as e:
+            return e
+
+    async def run():
+        aengine = AsyncEngine(engine)
+        aengine.start()
+        try:
+            results = await asyncio.gather(*(consume(aengine, r) for r in prompts))
+        finally:
+            await aengine.shutdown(drain=False)
+        return dict(zip(prompts, results, strict=True))
+
+    results = asyncio.run(run())
+    assert isinstance(results["x"], RequestFailedError) and failed
+    _assert_i4(engine)
+    oracle = make_engine(model, path)
+    for rid in ("r0", "r1", "r2"):
+        assert results[rid].outputs[0].finish_reason == "length"
+        assert_same_completion(results[rid], solo(oracle, prompts[rid], PARAMS))
