@@ -252,3 +252,78 @@ def test_async_engine_fails_one_stream_and_the_others_finish(kimi):
     for rid in ("r0", "r1", "r2"):
         assert results[rid].outputs[0].finish_reason == "length"
         assert_same_completion(results[rid], solo(oracle, prompts[rid], PARAMS))
+
+
+def test_a_timeout_with_a_token_in_flight_ends_only_its_request(kimi):
+    """A request that times out while its token is on the device: "timeout" once, its token
+    dropped, the others equal their solo runs, nothing leaks."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    prompts = {f"r{i}": prompt_ids(6 + i, 100 + i, vocab) for i in range(3)}
+    engine = make_engine(model, path, request_timeout=3600.0)
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, PARAMS)
+    outs = engine.step() + engine.step()
+    assert engine._inflight is not None and engine._seq_of["r1#0"].request.num_placeholders
+    engine._groups["r1"].metrics.arrival_time -= 7200.0
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    final = {o.request_id: o for o in outs if o.finished}
+    assert [o.request_id for o in outs if o.finished].count("r1") == 1
+    assert final["r1"].outputs[0].finish_reason == "timeout"
+    _assert_i4(engine)
+    oracle = make_engine(model, path)
+    for rid in ("r0", "r2"):
+        assert_same_completion(final[rid], solo(oracle, prompts[rid], PARAMS))
+
+
+def test_best_of_with_a_failing_group_ends_the_group_and_spares_the_others(kimi):
+    """best_of=3, n=1 for a request with the bad token beside a seeded best_of request: the
+    first ends with "error", the second equals its solo run (same seeds, same winner)."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=4, best_of=3, n=1, logprobs=1)
+    good, bad = prompt_ids(9, 110, vocab), prompt_ids(5, 111, vocab) + [BAD]
+    engine = make_engine(model, path)
+    failed: list[int] = []
+    _fail_on_token(engine, failed)
+    engine.add_request("good", good, params)
+    engine.add_request("bad", bad, params)
+    final = run_all(engine)
+    assert final["bad"].outputs[0].finish_reason == "error"
+    _assert_i4(engine)
+    assert_same_completion(final["good"], solo(make_engine(model, path), good, params))
+
+
+def test_a_sampler_failure_for_one_row_ends_only_its_request(kimi):
+    """The sampler raises (before drawing) for the rows of one request, from its third token
+    on, while the step before is in flight: that request ends with "error", its neighbours
+    (seeded and penalised, so a replayed draw or a lost pending token would show) equal their
+    solo runs, nothing leaks."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    params = SamplingParams(
+        temperature=0.9, seed=3, max_tokens=6, ignore_eos=True, logprobs=1,
+        repetition_penalty=1.3, frequency_penalty=0.5,
+    )  # fmt: skip
+    prompts = {f"r{i}": prompt_ids(6 + i, 120 + i, vocab) for i in range(3)}
+    prompts["x"] = prompt_ids(4, 3, vocab) + [BAD]
+    engine = make_engine(model, path)
+    launch = engine.sampler.launch
+
+    def failing(logits, rows, pending=None):
+        if any(BAD in r.prompt_token_ids and r.num_output_tokens >= 2 for r in rows):
+            raise IndexError("sampler")
+        return launch(logits, rows, pending)
+
+    engine.sampler.launch = failing
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, params)
+    final = run_all(engine)
+    err = final["x"].outputs[0]
+    assert err.finish_reason == "error" and "IndexError" in err.stop_reason
+    assert len(err.token_ids) == 2
+    _assert_i4(engine)
+    oracle = make_engine(model, path)
+    for rid in ("r0", "r1", "r2"):
+        assert_same_completion(final[rid], solo(oracle, prompts[rid], params))
