@@ -327,3 +327,30 @@ def test_a_sampler_failure_for_one_row_ends_only_its_request(kimi):
     oracle = make_engine(model, path)
     for rid in ("r0", "r1", "r2"):
         assert_same_completion(final[rid], solo(oracle, prompts[rid], params))
+
+
+def test_a_probe_without_cache_to_run_alone_runs_with_the_others(kimi):
+    """A suspect back on probation while a running request holds most of the cache: it cannot
+    run alone, so the step schedules everyone rather than nothing forever; both finish equal to
+    their solo runs, nothing leaks."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    engine = make_engine(model, path, num_blocks=6, max_model_len=64, max_num_seqs=4)
+    prompts = {"r": prompt_ids(58, 130, vocab), "p": prompt_ids(40, 131, vocab)}
+    engine.add_request("r", prompts["r"], PARAMS)
+    outs = engine.step()
+    engine.add_request("p", prompts["p"], PARAMS)
+    outs += engine.step()
+    assert engine._seq_of["p#0"].request.num_computed_tokens == 0  # no room beside r
+    engine._hold("p#0")  # as after a failed step: a suspect, put back alone
+    for _ in range(50):
+        outs += engine.step()
+        if not engine.has_unfinished_requests():
+            break
+    final = {o.request_id: o for o in outs if o.finished}
+    assert set(final) == {"r", "p"}
+    _assert_i4(engine)
+    oracle = make_engine(model, path)
+    for rid, ids in prompts.items():
+        assert final[rid].outputs[0].finish_reason == "length"
+        assert_same_completion(final[rid], solo(oracle, ids, PARAMS))
