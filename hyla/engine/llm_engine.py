@@ -496,10 +496,10 @@ class LLMEngine:
         now = time.monotonic()
         for i, rid in enumerate(step.sample_ids):
             req = step.requests[rid]
-            if req.is_finished:  # ended since the launch: its token is dropped
-                continue
             if not sample.is_finite[i]:
-                self._poisoned(req)
+                self._poisoned(req)  # also when it ended meanwhile: its blocks stay cached
+                continue
+            if req.is_finished:  # ended since the launch: its token is dropped
                 continue
             try:
                 self._take_token(rid, sample.token_ids[i], sample, i, now)
@@ -523,7 +523,7 @@ class LLMEngine:
         """`req`'s logits were not finite: end it with an error, and make the blocks and
         checkpoints it filed (past its own prefix-cache hit) unfindable, since the NaN may have
         come from any of its steps."""
-        self.cache.uncache(req.request_id, req.num_cached_tokens // self.cache_plan.block_size)
+        self.cache.uncache(req, req.num_cached_tokens // self.cache_plan.block_size)
         message = "the model produced non-finite logits (NaN or Inf) for this request"
         self._finish(req.request_id, RequestStatus.FINISHED_ERROR, message)
 

@@ -354,3 +354,44 @@ def test_a_probe_without_cache_to_run_alone_runs_with_the_others(kimi):
     for rid, ids in prompts.items():
         assert final[rid].outputs[0].finish_reason == "length"
         assert_same_completion(final[rid], solo(oracle, ids, PARAMS))
+
+
+@pytest.mark.parametrize("end", ["abort", "hold"])
+def test_a_poisoned_step_read_after_its_request_released_its_cache(kimi, end):
+    """A request's non-finite logits row is still on the device when its cache is released
+    (an abort; a hold after the next step failed): its blocks were filed in the prefix cache
+    meanwhile, and must not be served to a later request of the same prompt (cold run)."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    kw = dict(enable_prefix_caching=True, state_checkpoint_stride=16)
+    engine = make_engine(model, path, **kw)
+    bad = prompt_ids(40, 140, vocab)
+    launch = engine.sampler.launch
+    poisoned_launches = []
+
+    def poisoned(logits, rows, pending=None):
+        logits = logits.clone()
+        for i, row in enumerate(rows):
+            if row.prompt_token_ids == bad and row.num_output_tokens >= 2:
+                logits[i] = float("nan")
+                poisoned_launches.append(i)
+        return launch(logits, rows, pending)
+
+    engine.sampler.launch = poisoned
+    engine.add_request("bad", bad, PARAMS)
+    while not poisoned_launches:
+        engine.step()
+    assert engine._inflight is not None  # the poisoned row not read yet
+    if end == "abort":
+        engine.abort_request("bad")
+    else:
+        engine._hold("bad#0")  # what `_step_failed` does to a neighbour of a culprit
+    engine.sampler.launch = launch
+    final = {o.request_id: o for o in engine.flush() if o.finished}
+    final.update(run_all(engine))
+    assert final["bad"].outputs[0].finish_reason == ("abort" if end == "abort" else "error")
+    engine.add_request("again", bad + [5], PARAMS)
+    again = run_all(engine)["again"]
+    assert again.num_cached_tokens == 0
+    _assert_i4(engine)
+    assert_same_completion(again, solo(make_engine(model, path), bad + [5], PARAMS))
