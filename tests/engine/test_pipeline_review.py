@@ -395,3 +395,26 @@ def test_a_poisoned_step_read_after_its_request_released_its_cache(kimi, end):
     assert again.num_cached_tokens == 0
     _assert_i4(engine)
     assert_same_completion(again, solo(make_engine(model, path), bad + [5], PARAMS))
+
+
+def test_a_stop_string_across_tokens_with_n2_and_neighbours(kimi):
+    """n=2 greedy with a stop string made of the end of one token and the start of the next
+    (in flight when the first is read): both completions stop where the unstopped run's text
+    first holds it (the oracle), with finish reason "stop"; nothing leaks."""
+    model, path = kimi
+    engine = make_engine(model, path)
+    plain = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    base = solo(engine, "hello world", plain).outputs[0]
+    tok = engine.tokenizer
+    pieces = [tok.decode(base.token_ids[: k + 1]) for k in range(len(base.token_ids))]
+    k = next(k for k in range(2, 7) if len(pieces[k]) > len(pieces[k - 1]) > len(pieces[k - 2]))
+    cut = len(pieces[k - 1])
+    stop = base.text[cut - 1 : cut + 1]
+    expected = base.text[: base.text.index(stop)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, n=2, stop=[stop])
+    engine.add_request("s", "hello world", params)
+    engine.add_request("other", "the quick brown", plain)
+    final = run_all(engine)
+    for c in final["s"].outputs:
+        assert c.finish_reason == "stop" and c.stop_reason == stop and c.text == expected
+    _assert_i4(engine)
