@@ -450,7 +450,7 @@ class LLMEngine:
             return None
         if not any(r.num_pending and r.has_penalties for r in rows):
             return None
-        src, _ = inflight.pending_tokens(sample_ids)
+        src = inflight.pending_tokens(sample_ids)
         return inflight.sample.tokens.index_select(0, index_tensor(src, self.device))
 
     def _step_failed(self, out: SchedulerOutput, error: Exception) -> None:
