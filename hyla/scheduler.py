@@ -130,11 +130,12 @@ class Scheduler:
         self.num_preemptions += 1
         self._enqueue(req)
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, only: str | None) -> int:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.num_output_tokens >= req.max_output_tokens:  # its last token is pending
+            skip = only is not None and req.request_id != only
+            if skip or req.num_output_tokens >= req.max_output_tokens:  # last token pending
                 i += 1
                 continue
             n = self._num_new_tokens(req, budget)
@@ -152,10 +153,12 @@ class Scheduler:
                 i += 1
         return budget
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, only: str | None) -> None:
         for req in list(self.waiting):
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
+            if only is not None and req.request_id != only:
+                continue
             wants_logprobs = req.params.prompt_logprobs is not None  # needs every prompt row
             hit = self.cache.match(req) if not wants_logprobs else PrefixHit()
             shared = None if wants_logprobs else self.cache.in_flight_boundary(req, hit)
@@ -177,13 +180,14 @@ class Scheduler:
             out.num_scheduled_tokens[req.request_id] = n
             budget -= n
 
-    def schedule(self) -> SchedulerOutput:
-        """Decide the next step under `max_num_batched_tokens` and `max_num_seqs`."""
+    def schedule(self, only: str | None = None) -> SchedulerOutput:
+        """Decide the next step under `max_num_batched_tokens` and `max_num_seqs`; with `only`,
+        schedule that request alone (the others wait)."""
         self.cache.end_step()
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens, only)
         if not out.preempted_ids:
-            self._admit_waiting(out, budget)
+            self._admit_waiting(out, budget, only)
         ends = {
             rid: self.requests[rid].num_computed_tokens + n
             for rid, n in out.num_scheduled_tokens.items()

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hyla.cache.block_pool import BlockPool, SlotPool
-from hyla.cache.prefix import CheckpointPolicy, PrefixCache, PrefixHit
+from hyla.cache.prefix import CheckpointPolicy, PrefixCache, PrefixHit, extend_block_hashes
 from hyla.request import Request
 
 
@@ -136,12 +136,18 @@ class CacheManager:
         if self.prefix is not None:
             self.prefix.release(request_id, keep_hashes)
 
-    def uncache(self, request_id: str, first_block: int = 0) -> None:
-        """Make `request_id`'s blocks from `first_block` on, and the state checkpoints keyed by
-        them, unfindable by prefix matching (a step of it produced non-finite values)."""
-        table = self.block_tables.get(request_id)
-        if table and self.prefix is not None:
-            self.block_pool.uncache(table[first_block:])
+    def uncache(self, req: Request, first_block: int = 0) -> None:
+        """Make the blocks `req` filed from `first_block` on, and the state checkpoints keyed by
+        them, unfindable by prefix matching (a step of it produced non-finite values). Found by
+        the hashes of its tokens: its cache may be released already (an abort or a preemption
+        before the step's values were read), its blocks still cached."""
+        if self.prefix is None:
+            return
+        hashes = extend_block_hashes(
+            [], req.all_token_ids, self.block_size, num_tokens=req.num_known_tokens
+        )
+        blocks = (self.block_pool.lookup(h) for h in hashes[first_block:])
+        self.block_pool.uncache([b for b in blocks if b is not None])
 
     def block_table(self, request_id: str) -> list[int]:
         return self.block_tables[request_id]

@@ -55,12 +55,11 @@ class LaunchedStep:
             start += n
         return DeviceTokens(self.sample.tokens, tuple(dst), tuple(src))
 
-    def pending_tokens(self, sample_ids: list[str]) -> tuple[list[int], list[bool]]:
-        """For a later step's sampled rows: (row of this step holding each one's pending token,
-        whether it has one)."""
+    def pending_tokens(self, sample_ids: list[str]) -> list[int]:
+        """For a later step's sampled rows: the row of this step holding each one's pending
+        token (0 for a row without one: its `SamplingRow.num_pending` is 0, the value unread)."""
         rows = {rid: i for i, rid in enumerate(self.sample_ids)}
-        src = [rows.get(rid, 0) for rid in sample_ids]
-        return src, [rid in rows for rid in sample_ids]
+        return [rows.get(rid, 0) for rid in sample_ids]
 
     def save_needs_values(self, cache: CacheManager) -> bool:
         """A running request's next decode ends a checkpoint stride at its placeholder and

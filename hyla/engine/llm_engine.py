@@ -37,7 +37,7 @@ from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
-from hyla.engine.sampler import Sampler, SamplingRow, make_generator
+from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.engine.warmup import warm_up
 from hyla.forward_batch import index_tensor
@@ -345,7 +345,7 @@ class LLMEngine:
             self._release_suspect()
             if self._inflight is not None and self._inflight.save_needs_values(self.cache):
                 self._drain()
-            out = self.scheduler.schedule()
+            out = self._schedule()
             launched = None if out.is_empty else self._launch(out)
             self._drain()  # the host work of step N while N+1 runs
             if launched is not None:
@@ -354,6 +354,14 @@ class LLMEngine:
                     launched = None  # every sampled request ended meanwhile: nothing to read
             self._inflight = launched
             return self._collect_outputs()
+
+    def _schedule(self) -> SchedulerOutput:
+        """The next step; a suspect on probation runs alone, unless it cannot run alone (no cache
+        for it while the others hold theirs, or it waits for another's prefix)."""
+        out = self.scheduler.schedule(only=self._probe)
+        if out.is_empty and self._probe is not None:
+            out = self.scheduler.schedule()
+        return out
 
     def flush(self) -> list[RequestOutput]:
         """Read the in-flight step's tokens now (waits for the device); their outputs."""
@@ -442,19 +450,20 @@ class LLMEngine:
             return None
         if not any(r.num_pending and r.has_penalties for r in rows):
             return None
-        src, _ = inflight.pending_tokens(sample_ids)
+        src = inflight.pending_tokens(sample_ids)
         return inflight.sample.tokens.index_select(0, index_tensor(src, self.device))
 
     def _step_failed(self, out: SchedulerOutput, error: Exception) -> None:
         """A step raised. Requests outside it keep running. The culprit, when known (alone in
-        the step, or the one suspect on probation in it), ends with an error; the step's other
+        the step), ends with an error; the step's other
         requests are held out of the scheduler (their cache released: the failed forward may
         have half-updated their state, so they recompute) and come back one at a time
-        (`_release_suspect`), each alone on probation until it gets through a sampled step."""
+        (`_release_suspect`), each alone in its steps (`Scheduler.schedule(only=...)`: a
+        neighbour would make the blame a guess) until it gets through a sampled step."""
         ids = list(out.num_scheduled_tokens)
         logger.exception("engine step failed (%d requests)", len(ids))
         message = f"engine step failed: {type(error).__name__}: {error}"
-        culprit = ids[0] if len(ids) == 1 else (self._probe if self._probe in ids else None)
+        culprit = ids[0] if len(ids) == 1 else None
         for rid in ids:
             if rid == culprit:
                 self._finish(rid, RequestStatus.FINISHED_ERROR, message)
@@ -487,26 +496,34 @@ class LLMEngine:
         now = time.monotonic()
         for i, rid in enumerate(step.sample_ids):
             req = step.requests[rid]
+            if not sample.is_finite[i]:
+                self._poisoned(req)  # also when it ended meanwhile: its blocks stay cached
+                continue
             if req.is_finished:  # ended since the launch: its token is dropped
                 continue
-            group = self._seq_owner[rid]
-            if not sample.is_finite[i]:
-                self._poisoned(req)
-                continue
-            token = sample.token_ids[i]
-            req.resolve_placeholder(token)
-            self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
-            if group.metrics.first_token_time is None:
-                group.metrics.first_token_time = now
-            group.metrics.last_token_time = now
-            self._decide_stop(rid, token)
-            self._dirty[group.request_id] = None
+            try:
+                self._take_token(rid, sample.token_ids[i], sample, i, now)
+            except Exception as e:  # noqa: BLE001 - its host work failed: it ends alone
+                logger.exception("processing a token of %s failed", rid)
+                message = f"engine step failed: {type(e).__name__}: {e}"
+                self._finish(rid, RequestStatus.FINISHED_ERROR, message)
+
+    def _take_token(self, rid: str, token: int, sample: SamplerOutput, i: int, now: float) -> None:
+        """Row `i` of `sample` is `rid`'s new token: resolve its placeholder, then its stops."""
+        group = self._seq_owner[rid]
+        self._seq_of[rid].request.resolve_placeholder(token)
+        self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
+        if group.metrics.first_token_time is None:
+            group.metrics.first_token_time = now
+        group.metrics.last_token_time = now
+        self._decide_stop(rid, token)
+        self._dirty[group.request_id] = None
 
     def _poisoned(self, req: Request) -> None:
         """`req`'s logits were not finite: end it with an error, and make the blocks and
         checkpoints it filed (past its own prefix-cache hit) unfindable, since the NaN may have
         come from any of its steps."""
-        self.cache.uncache(req.request_id, req.num_cached_tokens // self.cache_plan.block_size)
+        self.cache.uncache(req, req.num_cached_tokens // self.cache_plan.block_size)
         message = "the model produced non-finite logits (NaN or Inf) for this request"
         self._finish(req.request_id, RequestStatus.FINISHED_ERROR, message)
 

@@ -89,6 +89,15 @@ def assert_all_free(engine: LLMEngine) -> None:
     assert not engine.cache.block_tables and not engine.cache.state_slots
 
 
+def assert_i4(engine: LLMEngine) -> None:
+    """Every block, slot and state checkpoint back: no reference held by anyone."""
+    assert_all_free(engine)
+    prefix = engine.cache.prefix
+    if prefix is not None:
+        assert not any(prefix.checkpoints.ref_counts)
+        assert not prefix._pending and not prefix._tails
+
+
 def assert_same_completion(a: RequestOutput, b: RequestOutput, atol: float = 1e-5) -> None:
     """Identical token ids; per-token top logprobs equal within `atol` (fp32 logits)."""
     for x, y in zip(a.outputs, b.outputs, strict=True):
