@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hyla.cli import app
+from hyla.scheduler import SchedulerOutput
 from tests.server.conftest import MODEL
 
 USER = [{"role": "user", "content": "Hi"}]
@@ -284,9 +285,10 @@ def test_openapi_lists_the_error_statuses_and_metrics_as_text(server):
 def test_queue_timeout_before_the_first_token_is_an_error(make_server, monkeypatch):
     """A request that got no token before `request_timeout` (here: an engine that makes no
     progress, as under a long queue) is a 503 `queue_timeout`, not a 200 with empty text."""
-    server = make_server(async_options={"request_timeout": 0.5})
-    real_step = server.engine.step
-    monkeypatch.setattr(server.engine, "step", lambda: (time.sleep(0.02), [])[1])
+    server = make_server(engine_options={"request_timeout": 0.5})
+    scheduler = server.engine.scheduler
+    real_schedule = scheduler.schedule
+    monkeypatch.setattr(scheduler, "schedule", lambda: (time.sleep(0.02), SchedulerOutput())[1])
     client = server.client()
     with pytest.raises(openai.InternalServerError) as e:
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=4)
@@ -295,7 +297,7 @@ def test_queue_timeout_before_the_first_token_is_an_error(make_server, monkeypat
     stream = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, stream=True)
     with pytest.raises(openai.APIError, match="timed out"):
         list(stream)
-    monkeypatch.setattr(server.engine, "step", real_step)
+    monkeypatch.setattr(scheduler, "schedule", real_schedule)
     server.wait_idle()
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices
 
