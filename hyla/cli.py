@@ -342,6 +342,8 @@ def validate(
                                                "throughput grid."),
 ) -> None:
     """Run the acceptance checklist on MODEL; exit 0 only when every check passes its bound."""
+    names = tuple(c.strip() for c in checks.split(",") if c.strip())
+    _check_validate_args(model, names)
     import torch
 
     from hyla.engine.llm_engine import DEFAULT_MODEL_DIR
@@ -357,7 +359,7 @@ def validate(
         ctx = Context(model=path, reference=Path(reference) if reference else path,
                       out_dir=Path(out), device=device, dtype=dtype, quick=quick, url=url,
                       engine_options=options)
-        _, results = run_validate(ctx, tuple(c.strip() for c in checks.split(",") if c.strip()))
+        _, results = run_validate(ctx, names)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     for r in results:
@@ -365,6 +367,23 @@ def validate(
     typer.echo(f"report: {out}/report.md, {out}/report.html, {out}/summary.json", err=True)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
+
+
+def _check_validate_args(model: str | None, names: tuple[str, ...]) -> None:
+    """Fail cleanly (exit 2) before importing torch: an unknown check, a missing model, or
+    checks whose report plots need matplotlib (the `validate` extra) when it is absent."""
+    import importlib.util
+
+    from hyla.validate.runner import CHECK_NAMES
+
+    unknown = [c for c in names if c not in CHECK_NAMES]
+    if unknown:
+        _fail(f"checks: unknown {unknown}; choose from {', '.join(CHECK_NAMES)}")
+    _check_args(model, {}, needs_tokenizer=False)
+    plotted = [c for c in names if c in ("precision", "long_context", "throughput")]
+    if plotted and importlib.util.find_spec("matplotlib") is None:
+        _fail(f"checks {', '.join(plotted)} plot with matplotlib, which is not installed: pip "
+              "install 'hyla[validate]' (from a checkout: pip install -e '.[validate]')")  # fmt: skip
 
 
 @bench_app.command("serve")

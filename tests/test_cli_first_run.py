@@ -72,9 +72,11 @@ def probe(*args: str) -> tuple[subprocess.CompletedProcess, float]:
      (["generate", "hi", "--max-num-seqs", "0"], "max_num_seqs:"),
      (["serve", "--port", "0", "--block-size", "0"], "block_size:"),
      (["generate", "hi", "--tokenizer", "/nonexistent/tok"], "tokenizer:"),
-     (["generate", "hi", "--top-p", "7"], "top_p")],
+     (["generate", "hi", "--top-p", "7"], "top_p"),
+     (["validate", "/nonexistent/model"], "/nonexistent/model does not exist"),
+     (["validate", "--checks", "precisoin"], "checks: unknown ['precisoin']")],
     ids=["missing-path", "no-config", "serve-no-config", "dtype", "option-value", "serve-option",
-         "tokenizer-dir", "sampling"],
+         "tokenizer-dir", "sampling", "validate-missing-path", "validate-check-name"],
 )  # fmt: skip
 def test_typos_error_before_torch_is_imported(args, needle):
     proc, elapsed = probe(*args)
@@ -82,6 +84,21 @@ def test_typos_error_before_torch_is_imported(args, needle):
     assert needle in proc.stderr and "Traceback" not in proc.stderr
     assert "torch imported: False" in proc.stderr
     assert elapsed < 10
+
+
+def test_validate_without_matplotlib_fails_before_running_checks(monkeypatch, tmp_path):
+    """`pip install -e .` has no matplotlib (the `validate` extra): the plotted checks used to
+    run for a minute and then each crash; now validate stops at once and says what to install,
+    and checks that draw no plot still run."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec: not installed
+    result = CliRunner().invoke(app, ["validate", "--quick", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "matplotlib" in result.output and "hyla[validate]" in result.output
+    assert "precision, long_context, throughput" in result.output
+    assert not any(tmp_path.iterdir())  # no check ran, no report written
+    result = CliRunner().invoke(app, ["validate", "--checks", "vision", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.output
 
 
 def test_checkpoint_without_tokenizer_fails_generate_before_torch(no_tokenizer):
