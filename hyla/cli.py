@@ -382,8 +382,8 @@ def _check_validate_args(model: str | None, names: tuple[str, ...]) -> None:
     _check_args(model, {}, needs_tokenizer=False)
     plotted = [c for c in names if c in ("precision", "long_context", "throughput")]
     if plotted and importlib.util.find_spec("matplotlib") is None:
-        _fail(f"checks {', '.join(plotted)} plot with matplotlib, which is not installed: pip "
-              "install 'hyla[validate]' (from a checkout: pip install -e '.[validate]')")  # fmt: skip
+        hint = "pip install 'hyla[validate]' (from a checkout: pip install -e '.[validate]')"
+        _fail(f"checks {', '.join(plotted)} plot with matplotlib, which is not installed: {hint}")
 
 
 @bench_app.command("serve")
