@@ -143,6 +143,19 @@ def test_startup_line_reports_the_cache_plan(checkpoint):
     assert f"{plan.num_usable_slots} state slots" in line and "max_model_len 256" in line
 
 
+def test_startup_line_names_fp8_weights_and_cache(checkpoint):
+    """`--quantization fp8 --kv-cache-dtype fp8` used to print the same line as a bf16 run."""
+    from hyla.engine.llm import LLM
+
+    llm = LLM(str(checkpoint), quantization="fp8", kv_cache_dtype="fp8",
+              kv_cache_memory=8 << 20, max_model_len=256)  # fmt: skip
+    assert llm.engine.model_config.kv_cache_dtype == "fp8"
+    line = startup_line(llm.engine)
+    assert "fp8 weights" in line and "kv cache fp8" in line, line
+    plain = startup_line(LLM(str(checkpoint), kv_cache_memory=8 << 20, max_model_len=256).engine)
+    assert "fp8" not in plain and "kv cache" not in plain, plain
+
+
 def test_tokenizer_notices():
     class Engine:
         def __init__(self, tokenizer):
