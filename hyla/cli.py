@@ -86,6 +86,14 @@ def _check_args(model: str | None, engine_options: dict[str, Any], *, needs_toke
               "--tokenizer DIR")  # fmt: skip
 
 
+def _check_config_file(path: str) -> None:
+    """Fail cleanly (exit 2) before importing torch when `path` (a checkpoint directory or a
+    config.json) names no config.json (`hyla.models.loader.config_path`'s rule)."""
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        _fail(f"no config.json at {file}")
+
+
 def _check_options(engine_options: dict[str, Any]) -> None:
     """Fail cleanly (exit 2) on a device torch cannot use, before loading any weights (torch
     would raise a traceback)."""
@@ -252,6 +260,7 @@ def inspect(
                               "which are missing (works for unsupported architectures too)."),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
+    _check_config_file(path)
     if gaps:
         from hyla.models.module_gaps import format_gaps, gap_report
 
@@ -294,6 +303,7 @@ def plan(
     json_out: str | None = typer.Option(None, "--json", help="Also write the plan here."),
 ) -> None:
     """Plan memory, concurrency, TTFT/TPOT and parallel layouts from config.json alone."""
+    _check_config_file(path)
     import json
 
     from hyla.plan.estimate import Workload

@@ -74,9 +74,13 @@ def probe(*args: str) -> tuple[subprocess.CompletedProcess, float]:
      (["generate", "hi", "--tokenizer", "/nonexistent/tok"], "tokenizer:"),
      (["generate", "hi", "--top-p", "7"], "top_p"),
      (["validate", "/nonexistent/model"], "/nonexistent/model does not exist"),
-     (["validate", "--checks", "precisoin"], "checks: unknown ['precisoin']")],
+     (["validate", "--checks", "precisoin"], "checks: unknown ['precisoin']"),
+     (["inspect", "/nonexistent/model"], "no config.json at /nonexistent/model"),
+     (["inspect", "/nonexistent/config.json", "--gaps"], "no config.json at /nonexistent"),
+     (["plan", "/"], "no config.json at /config.json")],
     ids=["missing-path", "no-config", "serve-no-config", "dtype", "option-value", "serve-option",
-         "tokenizer-dir", "sampling", "validate-missing-path", "validate-check-name"],
+         "tokenizer-dir", "sampling", "validate-missing-path", "validate-check-name",
+         "inspect-missing-path", "gaps-missing-path", "plan-no-config"],
 )  # fmt: skip
 def test_typos_error_before_torch_is_imported(args, needle):
     proc, elapsed = probe(*args)
