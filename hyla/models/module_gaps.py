@@ -47,15 +47,6 @@ _MODULE_RULES: tuple[tuple[str, str, str], ...] = (
     (r"^conv1d$", OK, "ops/short_conv"),
     (r"^layernorm$", CHECK, "LayerNorm: hyla has it only as the DSA indexer's k_norm"),
 )
-# What hyla implements for one supported family only (glm5_next): OK for a family hyla loads,
-# CHECK elsewhere (the op exists; whether another architecture's maths match is not known).
-_FAMILY_OPS: tuple[tuple[str, str], ...] = (
-    (r"hyperconnection|hyperhead|^hc_mult$", "layers/hyper_connection (ops/hyper_connection)"),
-    (r"unweightedrmsnorm", "ops/hyper_connection (the streams' weight-free RMSNorm)"),
-    (r"^swiglu_limit$", "ops/activation.silu_and_mul_clamped, ops/moe_clamped"),
-    (r"^index_kpool$", "ops/kpool_indexer (pooled indexer keys)"),
-    (r"^linear_lower_bound$", "ops/gates.kda_gates_bounded"),
-)
 _CONTAINERS = re.compile(r"(model|decoderlayer|modulelist|forcausallm|moduledict|sequential)$")
 _VISION = re.compile(r"vision|visual|patch|merger", re.IGNORECASE)
 _INDEXED = ("indexed_attention", "deepseek_sparse_attention")
@@ -224,35 +215,7 @@ def gap_report(path: str | Path) -> GapReport:
     except (ValueError, KeyError, TypeError, AssertionError, ImportError) as e:  # cannot build
         modules, built = (), f"config fields only ({type(e).__name__}: {str(e)[:120]})"
     fields = tuple(Gap(n, 1, repr(v), st, note) for n, v, st, note in _field_checks(config))
-    supported = _is_supported(config)
-    modules = tuple(_family_op(g, supported) for g in modules)
-    fields = tuple(_family_op(g, supported) for g in fields)
     return GapReport(model_type=model_type, built_with=built, modules=modules, fields=fields)
-
-
-def _is_supported(config: dict[str, Any]) -> bool:
-    from hyla.config import ConfigError
-    from hyla.models.registry import family_of
-
-    try:
-        family_of(config)
-    except ConfigError:
-        return False
-    return True
-
-
-def _family_op(gap: Gap, supported: bool) -> Gap:
-    """A missing row that one supported family's ops implement: OK when this family is
-    supported (hyla loads it), else CHECK naming the op to compare against."""
-    if gap.status != MISSING:
-        return gap
-    for pattern, target in _FAMILY_OPS:
-        if re.search(pattern, gap.name.lower()):
-            if supported:
-                return Gap(gap.name, gap.count, gap.example, OK, target)
-            return Gap(gap.name, gap.count, gap.example, CHECK,
-                       f"{target} exists for glm5_next; check the maths match")  # fmt: skip
-    return gap
 
 
 def format_gaps(report: GapReport) -> str:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hyla.cli import app
-from hyla.models.module_gaps import CHECK, MISSING, OK, gap_report
+from hyla.models.module_gaps import MISSING, OK, gap_report
 from tests.hf_tiny import FAMILIES, tiny_hf_config
 
 SMALL = dict(num_hidden_layers=4, vocab_size=512, pad_token_id=0)
@@ -44,10 +44,7 @@ def _fields(report) -> dict[str, str]:
     return {g.name: g.status for g in report.fields}
 
 
-def test_glm5_next_maps_onto_its_ops_but_the_vision_tower(tmp_path):
-    """glm5_next is a supported family: its hyper-connections, clamped SwiGLU, pooled indexer
-    and bounded gate map onto hyla's ops (models/glm5_next.py loads them); images are not
-    served."""
+def test_glm5_next_kda_and_dsa_map_hyper_connections_missing(tmp_path):
     layers = ["linear_attention"] * 3 + ["indexed_attention"]
     text = dict(SMALL, layer_types=layers, mlp_layer_types=["dense"] + ["sparse"] * 3,
                 indexer_types=["full"] * 4, n_routed_experts=8)  # fmt: skip
@@ -55,21 +52,10 @@ def test_glm5_next_maps_onto_its_ops_but_the_vision_tower(tmp_path):
     targets = _targets(report)
     assert "KimiDeltaAttention" in targets["Glm5NextTextLinearAttention"]
     assert "DSAttention" in targets["Glm5NextTextAttention"]
-    assert _status(report, "Hyper") == {"Glm5NextTextHyperConnection": OK,
-                                         "Glm5NextTextHyperHead": OK}  # fmt: skip
-    assert "layers/hyper_connection" in targets["Glm5NextTextHyperConnection"]
+    assert _status(report, "HyperConnection") == {"Glm5NextTextHyperConnection": MISSING}
     assert _status(report, "vision") == {"vision tower": MISSING}
     fields = _fields(report)
-    assert fields["swiglu_limit"] == fields["hc_mult"] == OK
-    missing = {g.name for g in report.modules + report.fields if g.status == MISSING}
-    assert missing == {"vision tower", "vision_config"}
-
-
-def test_hyper_connections_of_an_unsupported_family_are_checked_not_ok(tmp_path):
-    path = _write(tmp_path, {"model_type": "not_a_model", "hc_mult": 4, "swiglu_limit": 7.0})
-    fields = {g.name: (g.status, g.target) for g in gap_report(path).fields}
-    assert fields["hc_mult"][0] == fields["swiglu_limit"][0] == CHECK
-    assert "exists for glm5_next" in fields["hc_mult"][1]
+    assert fields["swiglu_limit"] == fields["hc_mult"] == fields["vision_config"] == MISSING
 
 
 def test_qwen3_5_is_qwen3_next_without_moe_plus_vision(tmp_path):
