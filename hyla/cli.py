@@ -86,6 +86,14 @@ def _check_args(model: str | None, engine_options: dict[str, Any], *, needs_toke
               "--tokenizer DIR")  # fmt: skip
 
 
+def _check_config_file(path: str) -> None:
+    """Fail cleanly (exit 2) before importing torch when `path` (a checkpoint directory or a
+    config.json) names no config.json (`hyla.models.loader.config_path`'s rule)."""
+    file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        _fail(f"no config.json at {file}")
+
+
 def _check_options(engine_options: dict[str, Any]) -> None:
     """Fail cleanly (exit 2) on a device torch cannot use, before loading any weights (torch
     would raise a traceback)."""
@@ -252,6 +260,7 @@ def inspect(
                               "which are missing (works for unsupported architectures too)."),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
+    _check_config_file(path)
     if gaps:
         from hyla.models.module_gaps import format_gaps, gap_report
 
@@ -294,6 +303,7 @@ def plan(
     json_out: str | None = typer.Option(None, "--json", help="Also write the plan here."),
 ) -> None:
     """Plan memory, concurrency, TTFT/TPOT and parallel layouts from config.json alone."""
+    _check_config_file(path)
     import json
 
     from hyla.plan.estimate import Workload
@@ -342,6 +352,8 @@ def validate(
                                                "throughput grid."),
 ) -> None:
     """Run the acceptance checklist on MODEL; exit 0 only when every check passes its bound."""
+    names = tuple(c.strip() for c in checks.split(",") if c.strip())
+    _check_validate_args(model, names)
     import torch
 
     from hyla.engine.llm_engine import DEFAULT_MODEL_DIR
@@ -357,7 +369,7 @@ def validate(
         ctx = Context(model=path, reference=Path(reference) if reference else path,
                       out_dir=Path(out), device=device, dtype=dtype, quick=quick, url=url,
                       engine_options=options)
-        _, results = run_validate(ctx, tuple(c.strip() for c in checks.split(",") if c.strip()))
+        _, results = run_validate(ctx, names)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     for r in results:
@@ -365,6 +377,23 @@ def validate(
     typer.echo(f"report: {out}/report.md, {out}/report.html, {out}/summary.json", err=True)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
+
+
+def _check_validate_args(model: str | None, names: tuple[str, ...]) -> None:
+    """Fail cleanly (exit 2) before importing torch: an unknown check, a missing model, or
+    checks whose report plots need matplotlib (the `validate` extra) when it is absent."""
+    import importlib.util
+
+    from hyla.validate.runner import CHECK_NAMES
+
+    unknown = [c for c in names if c not in CHECK_NAMES]
+    if unknown:
+        _fail(f"checks: unknown {unknown}; choose from {', '.join(CHECK_NAMES)}")
+    _check_args(model, {}, needs_tokenizer=False)
+    plotted = [c for c in names if c in ("precision", "long_context", "throughput")]
+    if plotted and importlib.util.find_spec("matplotlib") is None:
+        hint = "pip install 'hyla[validate]' (from a checkout: pip install -e '.[validate]')"
+        _fail(f"checks {', '.join(plotted)} plot with matplotlib, which is not installed: {hint}")
 
 
 @bench_app.command("serve")

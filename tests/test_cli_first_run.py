@@ -72,9 +72,15 @@ def probe(*args: str) -> tuple[subprocess.CompletedProcess, float]:
      (["generate", "hi", "--max-num-seqs", "0"], "max_num_seqs:"),
      (["serve", "--port", "0", "--block-size", "0"], "block_size:"),
      (["generate", "hi", "--tokenizer", "/nonexistent/tok"], "tokenizer:"),
-     (["generate", "hi", "--top-p", "7"], "top_p")],
+     (["generate", "hi", "--top-p", "7"], "top_p"),
+     (["validate", "/nonexistent/model"], "/nonexistent/model does not exist"),
+     (["validate", "--checks", "precisoin"], "checks: unknown ['precisoin']"),
+     (["inspect", "/nonexistent/model"], "no config.json at /nonexistent/model"),
+     (["inspect", "/nonexistent/config.json", "--gaps"], "no config.json at /nonexistent"),
+     (["plan", "/"], "no config.json at /config.json")],
     ids=["missing-path", "no-config", "serve-no-config", "dtype", "option-value", "serve-option",
-         "tokenizer-dir", "sampling"],
+         "tokenizer-dir", "sampling", "validate-missing-path", "validate-check-name",
+         "inspect-missing-path", "gaps-missing-path", "plan-no-config"],
 )  # fmt: skip
 def test_typos_error_before_torch_is_imported(args, needle):
     proc, elapsed = probe(*args)
@@ -82,6 +88,21 @@ def test_typos_error_before_torch_is_imported(args, needle):
     assert needle in proc.stderr and "Traceback" not in proc.stderr
     assert "torch imported: False" in proc.stderr
     assert elapsed < 10
+
+
+def test_validate_without_matplotlib_fails_before_running_checks(monkeypatch, tmp_path):
+    """`pip install -e .` has no matplotlib (the `validate` extra): the plotted checks used to
+    run for a minute and then each crash; now validate stops at once and says what to install,
+    and checks that draw no plot still run."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec: not installed
+    result = CliRunner().invoke(app, ["validate", "--quick", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "matplotlib" in result.output and "hyla[validate]" in result.output
+    assert "precision, long_context, throughput" in result.output
+    assert not any(tmp_path.iterdir())  # no check ran, no report written
+    result = CliRunner().invoke(app, ["validate", "--checks", "vision", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.output
 
 
 def test_checkpoint_without_tokenizer_fails_generate_before_torch(no_tokenizer):
@@ -124,6 +145,19 @@ def test_startup_line_reports_the_cache_plan(checkpoint):
     tokens = plan.num_usable_blocks * plan.block_size
     assert f"cache {plan.num_usable_blocks} blocks x {plan.block_size} = {tokens} tokens" in line
     assert f"{plan.num_usable_slots} state slots" in line and "max_model_len 256" in line
+
+
+def test_startup_line_names_fp8_weights_and_cache(checkpoint):
+    """`--quantization fp8 --kv-cache-dtype fp8` used to print the same line as a bf16 run."""
+    from hyla.engine.llm import LLM
+
+    llm = LLM(str(checkpoint), quantization="fp8", kv_cache_dtype="fp8",
+              kv_cache_memory=8 << 20, max_model_len=256)  # fmt: skip
+    assert llm.engine.model_config.kv_cache_dtype == "fp8"
+    line = startup_line(llm.engine)
+    assert "fp8 weights" in line and "kv cache fp8" in line, line
+    plain = startup_line(LLM(str(checkpoint), kv_cache_memory=8 << 20, max_model_len=256).engine)
+    assert "fp8" not in plain and "kv cache" not in plain, plain
 
 
 def test_tokenizer_notices():

@@ -45,7 +45,8 @@ def apply_cpu_threads(engine: Any) -> int:
 
 
 def startup_line(engine: Any) -> str:
-    """One line: model, device, dtype, KV cache blocks and tokens, state slots, CPU threads."""
+    """One line: model, device, dtype (and fp8 weights, a cache dtype other than the model's),
+    KV cache blocks and tokens, state slots, CPU threads."""
     import torch
 
     plan = engine.cache_plan
@@ -55,6 +56,7 @@ def startup_line(engine: Any) -> str:
         f"model {engine.model_name!r}",
         f"device {device}",
         f"dtype {dtype}",
+        *_precision_parts(engine.model_config),
         f"cache {plan.num_usable_blocks} blocks x {plan.block_size} = "
         f"{plan.num_usable_blocks * plan.block_size} tokens",
         f"{plan.num_usable_slots} state slots",
@@ -63,6 +65,18 @@ def startup_line(engine: Any) -> str:
     if device.type == "cpu":
         parts.append(f"{torch.get_num_threads()} CPU thread(s)")
     return "hyla: " + ", ".join(parts)
+
+
+def _precision_parts(config: Any) -> list[str]:
+    """What `--quantization` / `--kv-cache-dtype` / `--mamba-ssm-cache-dtype` changed."""
+    parts = []
+    if config.quantization is not None:
+        parts.append(f"{config.quantization.method} weights")
+    if config.kv_cache_dtype != "auto":
+        parts.append(f"kv cache {config.kv_cache_dtype}")
+    if config.mamba_ssm_cache_dtype != "float32":
+        parts.append(f"recurrent state {config.mamba_ssm_cache_dtype}")
+    return parts
 
 
 def tokenizer_notices(engine: Any) -> list[str]:

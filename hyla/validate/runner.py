@@ -108,7 +108,10 @@ def run_validate(ctx: Context, checks: tuple[str, ...]) -> tuple[dict[str, Any],
         raise ValueError(f"checks: unknown {unknown}; choose from {', '.join(CHECK_NAMES)}")
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     registry, results, start = _checks(), [], time.perf_counter()
-    with tqdm(total=len(checks) + checks.count("precision"), desc="validate") as bar:
+    # checks advance the bar by fractions: show a percentage, not "2.1666666666666665/6"
+    fmt = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
+    total = len(checks) + checks.count("precision")
+    with tqdm(total=total, desc="validate", bar_format=fmt) as bar:
         for name in checks:
             bar.set_postfix_str(name)
             try:

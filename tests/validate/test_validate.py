@@ -123,3 +123,17 @@ def test_bf16_is_bounded_by_the_references_own_bf16_error(tmp_path):
     precision = summary["checks"]["precision"]
     assert precision["bound"].startswith("bfloat16: <= 1.5x the reference's own")
     assert 0 < precision["metrics"]["max_logprob_diff"] < 0.2  # bf16 error, not fp32's
+
+
+def test_throughput_cell_times_decode_on_prompts_the_prefix_cache_has_not_seen(monkeypatch):
+    """The N-token run used the 1-token run's prompts, so the prefix cache skipped their
+    prefill and TPOT = (time_N - time_1) / (N - 1) came out as 0 ms (embedded model, L=128)."""
+    from hyla.validate import throughput
+
+    seen = []
+    monkeypatch.setattr(throughput, "_timed", lambda llm, prompts, n: seen.append(prompts) or 1.0)
+    throughput._cell(None, batch=4, length=128, out=8, vocab=8192)
+    first, second = seen
+    assert len(first) == len(second) == 4 and {len(p) for p in first + second} == {128}
+    first_blocks = {tuple(p[:16]) for p in first}  # the smallest block size's first block
+    assert not any(tuple(p[:16]) in first_blocks for p in second)
