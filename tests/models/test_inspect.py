@@ -210,7 +210,8 @@ def test_cli_inspect_full_size_in_a_process_without_weights(
     tmp_path, config, pattern, kv_per_token, state_per_seq
 ) -> None:
     """`python -m hyla.cli inspect` on a full-size config.json: whole-process peak RSS stays
-    under 1 GiB (the bf16 weights are 91 GiB / 1.25 TiB). Expected cache sizes by hand:
+    under 2 GiB (the bf16 weights are 91 GiB / 1.25 TiB; the interpreter with torch and
+    transformers imported measured 1.05-1.24 GiB on a 2-core CI machine). Expected cache sizes by hand:
     Kimi 7 MLA layers * 576 * 2 B; DeepSeek 61 * (576 + 128) * 2 B per token."""
     path = _write(tmp_path, config)
     proc = subprocess.run(
@@ -223,7 +224,7 @@ def test_cli_inspect_full_size_in_a_process_without_weights(
     )
     assert proc.returncode == 0, proc.stderr
     peak_mib = int(proc.stdout.rsplit("MAXRSS_KIB", 1)[1]) / 1024
-    assert peak_mib < 1024, f"peak RSS {peak_mib:.0f} MiB"
+    assert peak_mib < 2048, f"peak RSS {peak_mib:.0f} MiB"
     assert f"layers        {pattern}" in proc.stdout
     assert f"kv cache      {kv_per_token} per token" in proc.stdout
     assert f"linear state  {state_per_seq} per sequence" in proc.stdout

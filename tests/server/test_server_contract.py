@@ -288,7 +288,9 @@ def test_queue_timeout_before_the_first_token_is_an_error(make_server, monkeypat
     server = make_server(engine_options={"request_timeout": 0.5})
     scheduler = server.engine.scheduler
     real_schedule = scheduler.schedule
-    monkeypatch.setattr(scheduler, "schedule", lambda: (time.sleep(0.02), SchedulerOutput())[1])
+    monkeypatch.setattr(
+        scheduler, "schedule", lambda *_, **__: (time.sleep(0.02), SchedulerOutput())[1]
+    )
     client = server.client()
     with pytest.raises(openai.InternalServerError) as e:
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=4)
