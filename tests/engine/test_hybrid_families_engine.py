@@ -1,4 +1,5 @@
-"""GLM-5.3-Flash (`glm5_next`) through hyla's engine: greedy output == transformers `generate`,
+"""GLM-5.3-Flash (`glm5_next`) and Qwen3.5 (`qwen3_5`) through hyla's engine: greedy output ==
+transformers `generate`,
 and a batch == solo runs (I3).
 
 Oracles: transformers' model (fp32, eager, `generate(do_sample=False)`, EOS off, one prompt at a
@@ -25,6 +26,7 @@ from tests.engine.engine_util import (
 )
 from tests.engine.tiny_tokenizer import build_tokenizer
 from tests.glm_tiny import save_tiny_glm
+from tests.qwen35_tiny import save_tiny_qwen35
 
 PROMPT_LENS = (1, 6, 23, 41)
 NUM_NEW = 32
@@ -36,10 +38,13 @@ def _one_thread():
         yield
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("glm5_next_engine")
-    hf = save_tiny_glm(path, seed=0)
+SAVERS = {"glm5_next": save_tiny_glm, "qwen3_5": save_tiny_qwen35}
+
+
+@pytest.fixture(scope="module", params=sorted(SAVERS))
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(f"{request.param}_engine")
+    hf = SAVERS[request.param](path, seed=0)
     build_tokenizer().save_pretrained(path)
     return hf, path
 
@@ -76,8 +81,8 @@ def test_batch_equals_solo_runs(checkpoint):
 
 
 def test_prefix_hit_equals_cold_run(checkpoint):
-    """I2: a prompt sharing a cached prefix (pools of 4 straddling blocks of 6, KDA state
-    checkpoints every 18 tokens) gives the cold run's tokens and logprobs."""
+    """I2: a prompt sharing a cached prefix (blocks of 6, linear-state checkpoints every 18
+    tokens; glm5_next's pools of 4 straddle blocks) gives the cold run's tokens and logprobs."""
     _, path = checkpoint
     model = load(path)
     engine = make_engine(model, path, block_size=6, state_checkpoint_stride=18,
