@@ -3,8 +3,7 @@ sparse MLA with the safe selection, Triton norms; the pooled indexer, hyper-conn
 clamped experts run as PyTorch on the device) against the same model on the CPU reference
 paths, fp32. Bounds: prefill logits within 2e-3 (fla's chunk kernels run TF32); greedy token ids
 identical over 24 decode steps up to a near tie of the CPU's logits; the engine's CUDA defaults
-(async output and scheduling, CUDA graphs where the layers allow them) give its eager
-synchronous tokens; the vision tower's rows within 1e-3 of the CPU's, relative (TF32)."""
+(CUDA graphs where the layers allow them) give its eager tokens; the vision tower's rows within 1e-3 of the CPU's, relative (TF32)."""
 
 from __future__ import annotations
 
@@ -78,14 +77,14 @@ def test_cuda_matches_cpu_prefill_and_greedy(models):
         assert got_ids[i][: near_tie + 1] == ref_ids[i][: near_tie + 1], PROMPT_LENS[i]
 
 
-def test_engine_defaults_match_eager_synchronous_engine(models):
-    """CUDA defaults (captured decode steps where the layers allow, async output and
-    scheduling) give the tokens of the same engine run eagerly and synchronously."""
+def test_engine_defaults_match_eager_engine(models):
+    """CUDA defaults (captured decode steps where the layers allow) give the tokens of the same
+    engine run eagerly."""
     _, gpu = models
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = {str(n): prompt_ids(n, seed=50 + n) for n in PROMPT_LENS}
     outs = []
-    for opts in ({}, {"enforce_eager": True, "async_output": False}):
+    for opts in ({}, {"enforce_eager": True}):
         engine = make_engine(gpu, device="cuda", max_num_batched_tokens=32, **opts)
         for rid, ids in prompts.items():
             engine.add_request(rid, ids, params)
