@@ -11,6 +11,8 @@ paged text model).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -116,3 +118,16 @@ def test_a_text_only_family_has_no_tower(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "kimi_linear"}')
     with pytest.raises(ConfigError, match="vision_config"):
         load_vision_tower(tmp_path)
+
+
+@torch.no_grad()
+def test_tower_makes_no_tensor_off_its_device(models):
+    """Every tensor the tower builds follows the input's device: run on PyTorch's meta device,
+    where a tensor made on the CPU by default (e.g. a rope frequency table) fails the op it
+    meets, as it fails on CUDA (an H200 run found one)."""
+    _, _, tower = models
+    meta = copy.deepcopy(tower).to("meta")
+    grids = [(1, 8, 12), (1, 4, 4)]
+    pixels = torch.empty(sum(t * h * w for t, h, w in grids), tower.config.patch_dim)
+    out = meta(pixels.to("meta"), grids)
+    assert out.device.type == "meta" and out.shape[0] == (8 * 12 + 4 * 4) // 4

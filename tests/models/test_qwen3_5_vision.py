@@ -8,6 +8,8 @@ tokens."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -128,3 +130,15 @@ def test_mrope_positions_follow_the_image_grid():
         [0, 1, 2, 3, 4, 2, 3, 4, 5],
     ]
     assert delta == 6 - 9
+
+
+@torch.no_grad()
+def test_tower_makes_no_tensor_off_its_device(trio):
+    """Every tensor the tower builds follows the input's device: run on PyTorch's meta device,
+    where a tensor made on the CPU by default fails the op it meets, as it fails on CUDA."""
+    tower = copy.deepcopy(trio[2]).to("meta")
+    grids = [(1, 8, 12), (1, 4, 4)]
+    dim = tower.patch_embed.proj.weight[0].numel()  # C * t * p * p
+    pixels = torch.empty(sum(t * h * w for t, h, w in grids), dim)
+    out = tower(pixels.to("meta"), grids)
+    assert out.device.type == "meta" and out.shape[0] == (8 * 12 + 4 * 4) // 4
