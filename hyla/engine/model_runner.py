@@ -140,14 +140,15 @@ class ModelRunner:
             input_ids = index_tensor(tokens, self.device)
             if device_tokens is not None:
                 device_tokens.apply(input_ids)
-            embeds, positions = None, batch.positions
-            if self.multimodal is not None:
+            extra, positions = (), batch.positions
+            if self.multimodal is not None:  # image rows' embeddings, M-RoPE positions
                 mm = self.multimodal
                 embeds = mm.embeddings(
                     ids, context_lens, query_lens, input_ids, self.model.embed_tokens
                 )
+                extra = () if embeds is None else (embeds,)
                 positions = mm.positions(ids, context_lens, query_lens, positions)
-            hidden = self.model(input_ids, positions, batch, embeds)
+            hidden = self.model(input_ids, positions, batch, *extra)
         copy_state_rows(self.state_tensors, out.state_saves)  # slot at its chunk end -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
 
