@@ -44,7 +44,7 @@ from hyla.forward_batch import index_tensor
 from hyla.models.hybrid import HybridModel
 from hyla.multimodal.budget import EncoderBudget
 from hyla.multimodal.inputs import IMAGE_FIELD, ImageLimits, images_of
-from hyla.multimodal.runtime import MultimodalPrompt, MultimodalRuntime
+from hyla.multimodal.runtime import MultimodalPrompt, MultimodalRuntime, PreparedPrompt
 from hyla.request import (
     InvalidRequestError,
     QueueFullError,
@@ -154,6 +154,7 @@ class LLMEngine:
         budget = None
         if multimodal is not None:
             budget = EncoderBudget(self.max_encoder_tokens, multimodal.cache.__contains__)
+            multimodal.max_encoder_tokens = self.max_encoder_tokens
         self.scheduler = Scheduler(sched, self.cache, budget)
         sizes: tuple[int, ...] = ()
         if device.type == "cuda" and not engine_config.enforce_eager:
@@ -225,7 +226,7 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | PreparedPrompt,
         params: SamplingParams | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
@@ -233,7 +234,7 @@ class LLMEngine:
     ) -> None:
         """Queue a request; its outputs come out of later `step()` calls. `multi_modal_data`
         {"image": PIL image or list}: the prompt holds one image token per image
-        (`hyla.multimodal.inputs`).
+        (`hyla.multimodal.inputs`); a `PreparedPrompt` carries its images processed.
 
         Raises:
             InvalidRequestError: duplicate id, empty/over-long prompt, token id out of range,
@@ -248,8 +249,7 @@ class LLMEngine:
         with self._lock:
             if request_id in self._groups:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
-            ids = prompt_token_ids(prompt, self.tokenizer, self.model_config.vocab_size)
-            ids, mm = self._image_inputs(ids, multi_modal_data)
+            ids, mm = self._prompt_inputs(prompt, multi_modal_data)
             validate_lengths(len(ids), params, self.max_model_len)
             if params.stop and self.tokenizer is None:
                 raise SamplingParamsError("stop", "stop strings need a tokenizer")
@@ -259,22 +259,28 @@ class LLMEngine:
             arrival = time.monotonic() if arrival_time is None else arrival_time
             self._add_group(request_id, prompt, ids, params, priority, arrival, mm)
 
-    def _image_inputs(
-        self, ids: list[int], data: dict[str, Any] | None
+    def _prompt_inputs(
+        self, prompt: str | list[int] | PreparedPrompt, data: dict[str, Any] | None
     ) -> tuple[list[int], MultimodalPrompt | None]:
+        """Token ids (image placeholders expanded) and the images of a request."""
+        vocab = self.model_config.vocab_size
         images = images_of(data)
-        if not images:
-            return ids, None
-        if self.multimodal is None:
+        if (images or isinstance(prompt, PreparedPrompt)) and self.multimodal is None:
             raise InvalidRequestError(IMAGE_FIELD, "this model takes no images (no vision tower)")
-        ids, mm = self.multimodal.prepare(ids, images)
-        self.multimodal.check_budget(mm, self.max_encoder_tokens)
-        return ids, mm
+        if isinstance(prompt, PreparedPrompt):
+            if images:
+                raise InvalidRequestError("multi_modal_data", "the prepared prompt has its images")
+            return prompt_token_ids(prompt.prompt_token_ids, None, vocab), prompt.mm
+        ids = prompt_token_ids(prompt, self.tokenizer, vocab)
+        if not images or self.multimodal is None:
+            return ids, None
+        prepared = self.multimodal.prepare(ids, images)
+        return prepared.prompt_token_ids, prepared.mm
 
     def _add_group(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | PreparedPrompt,
         ids: list[int],
         params: SamplingParams,
         priority: int,

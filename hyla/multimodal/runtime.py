@@ -45,6 +45,15 @@ class MultimodalPrompt:
     delta: int = 0
 
 
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """Token ids with the images' placeholders expanded, and the images processed: what
+    `LLMEngine.add_request` takes from a worker thread (`MultimodalRuntime.prepare` is pure)."""
+
+    prompt_token_ids: list[int]
+    mm: MultimodalPrompt
+
+
 class MultimodalRuntime:
     """Args:
     tower: the vision tower (`forward(pixel_values, grids) -> rows`), on the engine's device.
@@ -69,6 +78,7 @@ class MultimodalRuntime:
         self.limits = limits
         self.cache = EncoderCache()
         self.prompts: dict[str, MultimodalPrompt] = {}
+        self.max_encoder_tokens: int | None = None  # the engine's encoder budget per step
 
     @classmethod
     def from_path(
@@ -90,33 +100,45 @@ class MultimodalRuntime:
 
     # -- requests --------------------------------------------------------------------------------
 
-    def prepare(
-        self, ids: Sequence[int], images: Sequence[Any]
-    ) -> tuple[list[int], MultimodalPrompt]:
-        """Process `images` and expand their placeholders in `ids`.
+    def prepare(self, ids: Sequence[int], images: Sequence[Any]) -> PreparedPrompt:
+        """Process `images` and expand their placeholders in `ids` (no side effects: safe in
+        a worker thread).
 
         Raises: InvalidRequestError naming the image or the prompt."""
         check_images(images, self.limits)
         processed = process_images(self.processor, images, self.spec.merge_size)
+        self._check_budget(processed)
         expanded, spans = expand_placeholders(ids, self.spec.image_token_id, processed)
         if not self.uses_mrope:
-            return expanded, MultimodalPrompt(tuple(processed), spans)
+            return PreparedPrompt(expanded, MultimodalPrompt(tuple(processed), spans))
         types = [0] * len(expanded)
         for s in spans:
             types[s.offset : s.end] = [1] * s.length
         grids = [p.grid_thw for p in processed]
         positions, delta = mrope_positions(types, grids, self.spec.merge_size)
-        return expanded, MultimodalPrompt(tuple(processed), spans, positions, delta)
+        return PreparedPrompt(expanded, MultimodalPrompt(tuple(processed), spans, positions, delta))
 
-    def check_budget(self, prompt: MultimodalPrompt, max_encoder_tokens: int) -> None:
+    def _check_budget(self, images: Sequence[ProcessedImage]) -> None:
         """An image larger than the step's encoder budget could never be scheduled."""
-        for i, image in enumerate(prompt.images):
-            if image.num_tokens > max_encoder_tokens:
+        limit = self.max_encoder_tokens
+        for i, image in enumerate(images):
+            if limit is not None and image.num_tokens > limit:
                 raise InvalidRequestError(
                     f"{IMAGE_FIELD}[{i}]",
                     f"{image.num_tokens} image tokens, over the encoder budget of "
-                    f"{max_encoder_tokens} per step (max_num_encoder_input_tokens)",
+                    f"{limit} per step (max_num_encoder_input_tokens)",
                 )
+
+    def placeholder_text(self, tokenizer: Any) -> str:
+        """The text of one image in a prompt: the family's start, image and end tokens
+        (`<|vision_start|><|image_pad|><|vision_end|>` for Qwen3.5)."""
+        spec = self.spec
+        ids = [
+            t
+            for t in (spec.start_token_id, spec.image_token_id, spec.end_token_id)
+            if t is not None
+        ]
+        return "".join(tokenizer.convert_ids_to_tokens(ids))
 
     def add(self, request_id: str, prompt: MultimodalPrompt) -> None:
         self.prompts[request_id] = prompt
