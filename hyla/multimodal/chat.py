@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 from typing import Any
 
@@ -82,3 +84,47 @@ def chat_images(engine: Any, tokenizer: Any) -> ChatImages | None:
         config.max_image_bytes, config.max_image_pixels, config.allowed_local_media_path
     )
     return ChatImages(runtime, tokenizer, options)
+
+
+def _inline_pil(message: dict[str, Any]) -> dict[str, Any]:
+    """`image_pil` parts as PNG data URLs (lossless): one decoding path for every image."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return message
+    parts = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") == "image_pil":
+            buf = io.BytesIO()
+            part["image_pil"].save(buf, format="PNG")
+            url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+            part = {"type": "image_url", "image_url": {"url": url}}
+        parts.append(part)
+    return {**message, "content": parts}
+
+
+def chat_prompt(
+    engine: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+) -> list[int] | PreparedPrompt:
+    """`LLM.chat`'s prompt: `messages` rendered exactly as the server renders a chat request
+    (its template code, imported here), images processed.
+
+    Raises: InvalidRequestError naming the field."""
+    from pydantic import ValidationError
+
+    from hyla.server.convert import chat_prompt_ids
+    from hyla.server.errors import APIError
+    from hyla.server.protocol import ChatCompletionRequest
+
+    try:
+        req = ChatCompletionRequest(
+            messages=[_inline_pil(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+        )
+    except ValidationError as e:
+        raise InvalidRequestError("messages", str(e)) from e
+    images = chat_images(engine, engine.tokenizer)
+    try:
+        ids = chat_prompt_ids(engine.tokenizer, req, images)
+    except APIError as e:
+        raise InvalidRequestError(e.param or "messages", e.message) from e
+    return ids if images is None or not images.images else images.prepare(ids)
