@@ -138,6 +138,30 @@ def test_prefix_cache_same_image_hits_different_image_misses(checkpoint):
     assert_i4(engine)
 
 
+def test_prefix_hit_ending_inside_an_image_encodes_the_rest(checkpoint):
+    """Two prompts share the text and the image, then differ: the hit ends at a checkpoint
+    inside the image's placeholders, so the second request encodes the image again for its
+    remaining rows; its output equals a cold run's."""
+    family, _, path = checkpoint
+    image = random_images([(32, 32)], seed=12)
+    probe = run_one(engine_of(path), "p", prompt(family, 1, text=(5,)), image)
+    rows = len(probe.prompt_token_ids) - len(prompt(family, 1, text=(5,))) + 1
+    num_text = 10 + (5 - (13 + rows)) % 8  # the shared prefix ends 5 tokens past a boundary
+    text = tuple(range(20, 20 + num_text))
+    first = prompt(family, 1, text=text, tail=(40, 41, 42))
+    second = prompt(family, 1, text=text, tail=(60, 61, 62))
+    engine = engine_of(path, state_checkpoint_stride=8)
+    run_one(engine, "a", first, image)
+    b = run_one(engine, "b", second, image)
+    hit, span_end = (num_text + 3 + rows) // 8 * 8, num_text + 1 + rows
+    assert num_text + 1 < hit < span_end  # inside the placeholders
+    assert b.num_cached_tokens == hit
+    assert engine.get_stats().num_encoded_images == 2
+    assert_same_completion(b, run_one(engine_of(path, enable_prefix_caching=False), "c",
+                                      second, image))  # fmt: skip
+    assert_i4(engine)
+
+
 def test_encoder_budget_cuts_chunks_before_an_image(checkpoint):
     """A budget of one image per step: the second image request's first chunk stops before its
     image while the text request runs beside them; the outputs equal solo runs."""
