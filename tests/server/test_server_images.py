@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 
+import httpx
 import openai
 import pytest
 import torch
@@ -78,6 +79,8 @@ def test_base64_image_chat_matches_transformers(live, served_tokenizer):
     assert [c.token for c in out.choices[0].logprobs.content] == want
     stats = server.wait_idle()
     assert stats.encoder_cache_entries == 0 and stats.num_free_blocks == stats.num_total_blocks
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "hyla_encoder_cache_entries 0.0" in metrics and "hyla_encoder_images_total" in metrics
 
 
 def _error(server, content) -> openai.APIStatusError:
