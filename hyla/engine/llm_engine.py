@@ -266,13 +266,18 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         images = images_of(data)
         if (images or isinstance(prompt, PreparedPrompt)) and self.multimodal is None:
-            raise InvalidRequestError(IMAGE_FIELD, "this model takes no images (no vision tower)")
+            raise InvalidRequestError(
+                IMAGE_FIELD, "this model takes no images (no vision tower loaded)"
+            )
         if isinstance(prompt, PreparedPrompt):
             if images:
                 raise InvalidRequestError("multi_modal_data", "the prepared prompt has its images")
             return prompt_token_ids(prompt.prompt_token_ids, None, vocab), prompt.mm
         ids = prompt_token_ids(prompt, self.tokenizer, vocab)
-        if not images or self.multimodal is None:
+        if self.multimodal is None:
+            return ids, None
+        if not images:  # placeholders without an image would read the raw token embedding
+            self.multimodal.check_no_placeholders(ids)
             return ids, None
         prepared = self.multimodal.prepare(ids, images)
         return prepared.prompt_token_ids, prepared.mm

@@ -10,6 +10,7 @@ positions of image requests).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from hyla.multimodal.inputs import (
 from hyla.multimodal.spans import ImageSpan, spans_in
 from hyla.ops.rotary.mrope import mrope_positions
 from hyla.request import InvalidRequestError, Request
+
+logger = logging.getLogger("hyla.multimodal")
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,26 @@ class MultimodalRuntime:
         cls, path: str | Path, model: torch.nn.Module, limits: ImageLimits
     ) -> MultimodalRuntime | None:
         """The runtime of checkpoint `path` (tower in `model`'s dtype and device), or None when
-        its config.json has no `vision_config` (a text-only model)."""
+        its config.json has no `vision_config` (a text-only model), or (logged) when the
+        directory has no preprocessor_config.json or no vision tower tensors."""
+        from hyla.models.checkpoint import CheckpointError
         from hyla.models.vision_loader import load_vision_tower
 
         config = read_config(path)
         if "vision_config" not in config:
             return None
+        if not (Path(path) / "preprocessor_config.json").exists():
+            logger.warning(
+                "images off: %s has a vision_config but no preprocessor_config.json", path
+            )
+            return None
+        try:
+            tower = load_vision_tower(path)
+        except CheckpointError as e:  # a text-only export of a multimodal family
+            logger.warning("images off: the checkpoint's vision tower does not load: %s", e)
+            return None
         param = next(model.parameters())
-        tower = load_vision_tower(path).to(param.device, param.dtype)
+        tower = tower.to(param.device, param.dtype)
         rope = model.config.rope  # None: no rotary at all (GLM's MLA without rope dims)
         section = None if rope is None else rope.scaling_dict().get("mrope_section")
         return cls(tower, load_image_processor(path), VisionSpec.from_hf(config),
@@ -128,6 +143,17 @@ class MultimodalRuntime:
                     f"{image.num_tokens} image tokens, over the encoder budget of "
                     f"{limit} per step (max_num_encoder_input_tokens)",
                 )
+
+    def check_no_placeholders(self, ids: Sequence[int]) -> None:
+        """A prompt without images must not hold the image token.
+
+        Raises: InvalidRequestError("prompt")."""
+        if self.spec.image_token_id in ids:
+            raise InvalidRequestError(
+                "prompt",
+                f"holds the image placeholder token (id "
+                f"{self.spec.image_token_id}) but no image was given",
+            )
 
     def placeholder_text(self, tokenizer: Any) -> str:
         """The text of one image in a prompt: the family's start, image and end tokens

@@ -213,6 +213,7 @@ def test_bad_image_requests_are_refused_naming_the_field(checkpoint):
         (ids, [Image.new("RGB", (200, 51))], r"multi_modal_data.image\[0\]", "10000"),
         (ids, ["not an image"], r"multi_modal_data.image\[0\]", "PIL image"),
         (ids + ids, one, "prompt", "2 image placeholders"),
+        (ids, [], "prompt", "no image was given"),
         (ids, random_images([(64, 64)]), r"multi_modal_data.image\[0\]", "encoder budget"),
     ]
     if family == "qwen3_5":  # Qwen2-VL's processor refuses aspect ratios over 200
@@ -224,4 +225,18 @@ def test_bad_image_requests_are_refused_naming_the_field(checkpoint):
     with pytest.raises(InvalidRequestError, match="multi_modal_data.video"):
         engine.add_request("x", ids, PARAMS, multi_modal_data={"video": one})
     assert not engine.has_unfinished_requests()
+    assert_i4(engine)
+
+
+def test_without_an_image_processor_the_checkpoint_serves_text_only(checkpoint, tmp_path):
+    import shutil
+
+    family, _, path = checkpoint
+    shutil.copytree(path, tmp_path / "m")
+    (tmp_path / "m" / "preprocessor_config.json").unlink()
+    engine = engine_of(tmp_path / "m")
+    assert engine.multimodal is None
+    with pytest.raises(InvalidRequestError, match="no vision tower loaded"):
+        engine.add_request("x", prompt(family, 1), PARAMS,
+                           multi_modal_data={"image": random_images([(8, 8)])})  # fmt: skip
     assert_i4(engine)
