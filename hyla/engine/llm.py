@@ -217,9 +217,9 @@ class LLM:
         params: SamplingParams | None = None,
         add_generation_prompt: bool = True,
     ) -> RequestOutput:
-        """Generate the reply to one conversation of OpenAI-style messages, rendered as the
-        server renders them (the tokenizer's chat template, or its plain fallback); content
-        parts may be text, `image_url` (data: URLs) or {"type": "image_pil", "image_pil": img}.
+        """Generate the reply to one conversation of OpenAI-style messages, rendered with the
+        tokenizer's chat template (or the server's plain fallback); content parts may be text,
+        `image_url` (data: URLs) or {"type": "image_pil", "image_pil": img}.
 
         Raises: InvalidRequestError naming the field (`messages[0].content[1]`) and limit.
         """

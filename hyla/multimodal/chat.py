@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import re
 from typing import Any
 
@@ -50,14 +48,24 @@ class ChatImages:
             raise InvalidRequestError(f"{field}.{extra[0]}", "not supported")
         if spec.get("detail", "auto") != "auto":
             raise InvalidRequestError(f"{field}.image_url.detail", "only 'auto' is supported")
+        self._check_count(field)
+        self.images.append(load_image_url(spec["url"], f"{field}.image_url", self.options))
+        self.fields.append(field)
+        return self.marker
+
+    def add_pil(self, part: dict[str, Any], field: str) -> str:
+        """`LLM.chat`'s {"type": "image_pil", "image_pil": image} part."""
+        self._check_count(field)
+        self.images.append(part.get("image_pil"))  # type and size checked by `prepare`
+        self.fields.append(field)
+        return self.marker
+
+    def _check_count(self, field: str) -> None:
         limit = self.runtime.limits.max_images
         if len(self.images) >= limit:
             raise InvalidRequestError(
                 field, f"more than {limit} images in one request (limit_mm_per_prompt)"
             )
-        self.images.append(load_image_url(spec["url"], f"{field}.image_url", self.options))
-        self.fields.append(field)
-        return self.marker
 
     def prepare(self, ids: list[int]) -> PreparedPrompt:
         """Process the images and expand their placeholders in the rendered `ids`; an image's
@@ -86,45 +94,48 @@ def chat_images(engine: Any, tokenizer: Any) -> ChatImages | None:
     return ChatImages(runtime, tokenizer, options)
 
 
-def _inline_pil(message: dict[str, Any]) -> dict[str, Any]:
-    """`image_pil` parts as PNG data URLs (lossless): one decoding path for every image."""
-    content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, list):
-        return message
-    parts = []
-    for part in content:
-        if isinstance(part, dict) and part.get("type") == "image_pil":
-            buf = io.BytesIO()
-            part["image_pil"].save(buf, format="PNG")
-            url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-            part = {"type": "image_url", "image_url": {"url": url}}
-        parts.append(part)
-    return {**message, "content": parts}
+def _part_text(part: Any, field: str, images: ChatImages | None) -> str:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "text" and isinstance(part.get("text"), str):
+        return part["text"]
+    if kind not in ("image_url", "image_pil"):
+        raise InvalidRequestError(field, "expected a text, image_url or image_pil part")
+    if images is None:
+        raise InvalidRequestError(field, "this model takes no images (no vision tower loaded)")
+    return images.add(part, field) if kind == "image_url" else images.add_pil(part, field)
+
+
+def _message(i: int, message: Any, images: ChatImages | None) -> dict[str, str]:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise InvalidRequestError(f"messages[{i}]", 'expected {"role": str, "content": ...}')
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        parts = content if isinstance(content, list) else [content]
+        field = f"messages[{i}].content"
+        content = "".join(_part_text(p, f"{field}[{j}]", images) for j, p in enumerate(parts))
+    return {"role": message["role"], "content": content}
 
 
 def chat_prompt(
     engine: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
 ) -> list[int] | PreparedPrompt:
-    """`LLM.chat`'s prompt: `messages` rendered exactly as the server renders a chat request
-    (its template code, imported here), images processed.
+    """`LLM.chat`'s prompt: `messages` rendered with the tokenizer's chat template, or without
+    one the server's plain fallback (`Role: content` lines, then `Assistant:`); images decoded
+    and processed.
 
     Raises: InvalidRequestError naming the field."""
-    from pydantic import ValidationError
-
-    from hyla.server.convert import chat_prompt_ids
-    from hyla.server.errors import APIError
-    from hyla.server.protocol import ChatCompletionRequest
-
-    try:
-        req = ChatCompletionRequest(
-            messages=[_inline_pil(m) for m in messages],
-            add_generation_prompt=add_generation_prompt,
+    tokenizer = engine.tokenizer
+    if tokenizer is None:
+        raise InvalidRequestError("messages", "this model has no tokenizer; use token ids")
+    images = chat_images(engine, tokenizer)
+    conversation = [_message(i, m, images) for i, m in enumerate(messages)]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=add_generation_prompt
         )
-    except ValidationError as e:
-        raise InvalidRequestError("messages", str(e)) from e
-    images = chat_images(engine, engine.tokenizer)
-    try:
-        ids = chat_prompt_ids(engine.tokenizer, req, images)
-    except APIError as e:
-        raise InvalidRequestError(e.param or "messages", e.message) from e
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    else:
+        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in conversation]
+        lines += ["Assistant:"] if add_generation_prompt else []
+        ids = list(tokenizer("\n".join(lines))["input_ids"])
     return ids if images is None or not images.images else images.prepare(ids)

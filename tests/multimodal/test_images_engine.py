@@ -240,3 +240,21 @@ def test_without_an_image_processor_the_checkpoint_serves_text_only(checkpoint, 
         engine.add_request("x", prompt(family, 1), PARAMS,
                            multi_modal_data={"image": random_images([(8, 8)])})  # fmt: skip
     assert_i4(engine)
+
+
+def test_preempted_image_requests_equal_solo_runs(checkpoint):
+    """A cache too small for the batch: requests are preempted (inside or after their image)
+    and recomputed, re-encoding what they released; outputs equal solo runs, nothing leaks."""
+    family, _, path = checkpoint
+    engine = engine_of(path, max_model_len=64, num_blocks=9, max_num_batched_tokens=16,
+                       enable_prefix_caching=False)  # fmt: skip
+    jobs = {f"r{i}": (prompt(family, 1, text=(5 + i, 6)), random_images([(24, 24)], seed=20 + i))
+            for i in range(3)}  # fmt: skip
+    for rid, (ids, images) in jobs.items():
+        engine.add_request(rid, ids, PARAMS, multi_modal_data={"image": images})
+    batched = run_all(engine)
+    assert engine.get_stats().num_preemptions > 0
+    for rid, (ids, images) in jobs.items():
+        assert_same_completion(batched[rid], run_one(engine, "solo", ids, images))
+    assert engine.get_stats().encoder_cache_entries == 0
+    assert_i4(engine)
