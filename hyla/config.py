@@ -665,6 +665,11 @@ class SchedulerConfig:
         default="fcfs",
         metadata={"help": "Scheduling policy: fcfs or priority (lower value first)."},
     )
+    max_num_encoder_input_tokens: int = field(
+        default=0,
+        metadata={"help": "Image tokens the vision encoder may produce per step (0: "
+                  "max_num_batched_tokens)."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _positive(self, "", "max_num_batched_tokens", "max_num_seqs")
@@ -677,6 +682,12 @@ class SchedulerConfig:
             "must be an integer >= 0 (0: off)",
         )
         _require(self.policy in ("fcfs", "priority"), "policy", "must be fcfs|priority")
+        _require(
+            isinstance(self.max_num_encoder_input_tokens, int)
+            and self.max_num_encoder_input_tokens >= 0,
+            "max_num_encoder_input_tokens",
+            "must be an integer >= 0 (0: max_num_batched_tokens)",
+        )
 
 
 # --dtype spellings vLLM accepts besides the torch names; "auto" is the default (None).
@@ -736,11 +747,31 @@ class EngineConfig:
         default=False,
         metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
     )
+    limit_mm_per_prompt: int = field(
+        default=4, metadata={"help": "Most images per prompt (multimodal models)."}
+    )
+    max_image_pixels: int = field(
+        default=4096 * 4096, metadata={"help": "Most pixels (width x height) of one image."}
+    )
+    max_image_bytes: int = field(
+        default=20 * 2**20, metadata={"help": "Most bytes of one encoded image (data URL)."}
+    )
+    allowed_local_media_path: str | None = field(
+        default=None,
+        metadata={"help": "Directory whose files a file:// image URL may read (default: none; "
+                  "http(s) image URLs are never fetched)."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_queue_len"):
             if getattr(self, name) is not None:
                 _positive(self, "", name)
+        _positive(self, "", "max_image_pixels", "max_image_bytes")
+        _require(
+            isinstance(self.limit_mm_per_prompt, int) and self.limit_mm_per_prompt >= 0,
+            "limit_mm_per_prompt",
+            f"must be an integer >= 0, got {self.limit_mm_per_prompt!r}",
+        )
         if self.dtype in DTYPE_ALIASES:  # vLLM's spellings
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.dtype is not None:

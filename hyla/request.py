@@ -270,7 +270,8 @@ class Request:
     `num_placeholders`: trailing tokens sampled by a step whose values are still on the device
     (vLLM's `num_output_placeholders`): counted in `num_tokens`, not in the token lists, until
     `resolve_placeholder` appends the value. `stop_reason`: the stop string or token id, or the
-    message of an error finish.
+    message of an error finish. `mm_spans`: the prompt's image placeholder spans
+    (`hyla.multimodal.spans.ImageSpan`), in prompt order.
     """
 
     request_id: str
@@ -287,6 +288,7 @@ class Request:
     stop_reason: str | int | None = None
     num_cached_tokens: int = 0
     num_placeholders: int = 0
+    mm_spans: tuple = ()
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

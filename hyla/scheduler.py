@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from hyla.cache.manager import CacheManager
 from hyla.cache.prefix import PrefixHit
 from hyla.config import SchedulerConfig
+from hyla.multimodal.budget import EncoderBudget
 from hyla.request import Request, RequestStatus, check_token_stop
 
 
@@ -68,11 +69,18 @@ class Scheduler:
     Args:
         config: token and sequence budgets, policy ("fcfs" or "priority": lower value first).
         cache: the block/slot bookkeeping shared with the model runner.
+        encoder_budget: images encoded per step (`hyla.multimodal.budget`); None: no images.
     """
 
-    def __init__(self, config: SchedulerConfig, cache: CacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        cache: CacheManager,
+        encoder_budget: EncoderBudget | None = None,
+    ) -> None:
         self.config = config
         self.cache = cache
+        self.encoder_budget = encoder_budget
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -114,7 +122,8 @@ class Scheduler:
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         n = min(req.num_uncomputed_tokens, budget)
         limit = self.config.long_prefill_token_threshold
-        return min(n, limit) if limit > 0 else n
+        n = min(n, limit) if limit > 0 else n
+        return n if self.encoder_budget is None else self.encoder_budget.fit(req, n)
 
     def _ask_save(self, owner_id: str, end: int, out: SchedulerOutput) -> None:
         """A waiting request wants `owner_id`'s state after `end` tokens kept."""
@@ -139,6 +148,9 @@ class Scheduler:
                 i += 1
                 continue
             n = self._num_new_tokens(req, budget)
+            if n == 0:  # its next image waits for the encoder budget
+                i += 1
+                continue
             total = req.num_computed_tokens + n
             while not self.cache.allocate(req.request_id, total):
                 victim = max(self.running[i:], key=self._rank)
@@ -167,6 +179,9 @@ class Scheduler:
                 continue
             req.num_computed_tokens = hit.num_tokens
             n = self._num_new_tokens(req, budget)
+            if n == 0:  # its next image waits for the encoder budget
+                req.num_computed_tokens = 0
+                continue
             if not self.cache.allocate(req.request_id, hit.num_tokens + n, hit):
                 req.num_computed_tokens = 0
                 break
@@ -184,6 +199,8 @@ class Scheduler:
         """Decide the next step under `max_num_batched_tokens` and `max_num_seqs`; with `only`,
         schedule that request alone (the others wait)."""
         self.cache.end_step()
+        if self.encoder_budget is not None:
+            self.encoder_budget.reset()
         out = SchedulerOutput()
         budget = self._schedule_running(out, self.config.max_num_batched_tokens, only)
         if not out.preempted_ids:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hyla.cache.block_pool import BlockPool, SlotPool
-from hyla.cache.prefix import CheckpointPolicy, PrefixCache, PrefixHit, extend_block_hashes
+from hyla.cache.prefix import CheckpointPolicy, PrefixCache, PrefixHit, request_block_hashes
 from hyla.request import Request
 
 
@@ -143,9 +143,7 @@ class CacheManager:
         before the step's values were read), its blocks still cached."""
         if self.prefix is None:
             return
-        hashes = extend_block_hashes(
-            [], req.all_token_ids, self.block_size, num_tokens=req.num_known_tokens
-        )
+        hashes = request_block_hashes([], req, self.block_size)
         blocks = (self.block_pool.lookup(h) for h in hashes[first_block:])
         self.block_pool.uncache([b for b in blocks if b is not None])
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hyla.cache.block_pool import BlockPool, CheckpointPool
+from hyla.multimodal.spans import block_extra_keys
 from hyla.request import Request
 
 ROOT_HASH = 0
@@ -86,6 +87,15 @@ def extend_block_hashes(
         parent = hash_block(parent, token_ids[j * block_size : (j + 1) * block_size], extra)
         hashes.append(parent)
     return hashes
+
+
+def request_block_hashes(hashes: list[int], req: Request, block_size: int) -> list[int]:
+    """`extend_block_hashes` over `req`'s known tokens, each block keyed also by the images
+    whose placeholders it covers (`req.mm_spans`)."""
+    return extend_block_hashes(
+        hashes, req.all_token_ids, block_size, block_extra_keys(req.mm_spans, block_size),
+        req.num_known_tokens,
+    )  # fmt: skip
 
 
 @dataclass
@@ -180,9 +190,8 @@ class PrefixCache:
     def hashes(self, req: Request) -> list[int]:
         """Chained hashes of the full blocks of `req`'s known tokens (cached per request; a
         block holding a placeholder token is hashed once its value is written)."""
-        hashes = self._hashes.setdefault(req.request_id, [])
-        return extend_block_hashes(
-            hashes, req.all_token_ids, self.block_size, num_tokens=req.num_known_tokens
+        return request_block_hashes(
+            self._hashes.setdefault(req.request_id, []), req, self.block_size
         )
 
     def _num_matching_blocks(self, hashes: list[int], limit: int, in_flight: bool) -> int:

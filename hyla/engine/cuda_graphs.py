@@ -237,8 +237,9 @@ class DecodeGraphs:
         """Run one decode step: hidden states [N, D] (a view of the graph's output, valid until
         the next step); `device_tokens` replace input ids still on the device. Raises
         ValueError when the step does not fit (`can_run`)."""
-        key = self._key(step.num_seqs, step.positions)  # positions = context lengths
-        if key is None or min(step.positions) <= 0:
+        context_lens = [n - 1 for n in step.seq_lens]  # not positions: M-RoPE shifts them
+        key = self._key(step.num_seqs, context_lens)
+        if key is None or min(context_lens) <= 0:
             raise ValueError(f"decode graphs: batch of {step.num_seqs} rows does not fit")
         static = self.steps.get(key)
         if static is None:

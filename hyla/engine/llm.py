@@ -2,6 +2,11 @@
 
     llm = LLM("path/to/checkpoint", max_num_seqs=16)
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=0, max_tokens=32))
+    outs = llm.generate({"prompt": "<|vision_start|><|image_pad|><|vision_end|>Describe.",
+                         "multi_modal_data": {"image": pil_image}})     # a multimodal model
+    outs = llm.chat([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}},
+        {"type": "text", "text": "Describe it."}]}])
     for out in llm.stream("Once upon", SamplingParams(max_tokens=64)):
         print(out.outputs[0].text)
 
@@ -20,6 +25,8 @@ from typing import Any
 from hyla.config import ConfigError, ModelConfig
 from hyla.engine.llm_engine import LLMEngine, resolve_device
 from hyla.engine.startup import TOKENIZER_FILES, apply_cpu_threads, log_startup
+from hyla.multimodal.chat import chat_prompt
+from hyla.multimodal.runtime import PreparedPrompt
 from hyla.request import InvalidRequestError, RequestOutput, SamplingParams
 
 
@@ -87,21 +94,41 @@ def _is_token_id(t: Any) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
 
 
-def _as_prompt_list(prompts: Any) -> list[str | list[int]]:
-    """str | list[str] | list[int] | list[list[int]] (texts and id lists may mix) -> prompts.
+_PROMPT_KEYS = {"prompt", "prompt_token_ids", "multi_modal_data"}
+
+
+def _check_dict_prompt(i: int, p: dict) -> dict:
+    """vLLM's {"prompt" or "prompt_token_ids", "multi_modal_data"} prompt shape."""
+    unknown = sorted(set(p) - _PROMPT_KEYS)
+    if unknown or ("prompt" in p) == ("prompt_token_ids" in p):
+        raise InvalidRequestError(
+            "prompt", f"prompt[{i}]: a dict takes one of prompt / prompt_token_ids, and "
+            f"multi_modal_data (unknown: {unknown})",
+        )  # fmt: skip
+    return p
+
+
+def _as_prompt_list(prompts: Any) -> list[str | list[int] | dict]:
+    """str | list[int] | dict | a list of them (texts, id lists and dicts may mix) -> prompts.
 
     Raises: InvalidRequestError("prompt") for any other shape (bools, bare ints among prompts,
         None, nested strings).
     """
     if isinstance(prompts, str):
         return [prompts]
+    if isinstance(prompts, dict):
+        return [_check_dict_prompt(0, prompts)]
     if not isinstance(prompts, Sequence):
         raise InvalidRequestError("prompt", f"expected str or list, got {type(prompts)}")
     if prompts and all(_is_token_id(t) for t in prompts):
         return [list(prompts)]
-    out: list[str | list[int]] = []
+    out: list[str | list[int] | dict] = []
     for i, p in enumerate(prompts):
         if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, dict):
+            out.append(_check_dict_prompt(i, p))
+        elif isinstance(p, PreparedPrompt):  # LLM.chat's images, processed
             out.append(p)
         elif isinstance(p, Sequence) and all(_is_token_id(t) for t in p):
             out.append(list(p))
@@ -132,9 +159,15 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    def _add(self, prompt: str | list[int], params: SamplingParams | None) -> str:
+    def _add(
+        self, prompt: str | list[int] | dict | PreparedPrompt, params: SamplingParams | None
+    ) -> str:
         rid = f"llm-{next(self._ids)}"
-        self.engine.add_request(rid, prompt, params or SamplingParams())
+        data = None
+        if isinstance(prompt, dict):
+            data = prompt.get("multi_modal_data")
+            prompt = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
+        self.engine.add_request(rid, prompt, params or SamplingParams(), multi_modal_data=data)
         self._inbox[rid] = []
         return rid
 
@@ -153,11 +186,13 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | list[str] | list[int] | list[list[int]],
+        prompts: str | list[str] | list[int] | list[list[int]] | dict | list[dict],
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; returns the final outputs in prompt order.
+        """Generate for every prompt; returns the final outputs in prompt order. A dict prompt
+        is vLLM's: {"prompt": text} or {"prompt_token_ids": ids}, with {"multi_modal_data":
+        {"image": PIL image or list}} (one image placeholder per image in the prompt).
 
         Raises: InvalidRequestError for a bad prompt or parameters (nothing stays queued).
         """
@@ -175,6 +210,21 @@ class LLM:
             return self._run(rids, use_tqdm)
         finally:
             self._drop([r for r in rids if r in self._inbox])
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        params: SamplingParams | None = None,
+        add_generation_prompt: bool = True,
+    ) -> RequestOutput:
+        """Generate the reply to one conversation of OpenAI-style messages, rendered with the
+        tokenizer's chat template (or the server's plain fallback); content parts may be text,
+        `image_url` (data: URLs) or {"type": "image_pil", "image_pil": img}.
+
+        Raises: InvalidRequestError naming the field (`messages[0].content[1]`) and limit.
+        """
+        prompt = chat_prompt(self.engine, messages, add_generation_prompt)
+        return self.generate([prompt], params)[0]
 
     def _run(self, rids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}

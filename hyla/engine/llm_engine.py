@@ -42,6 +42,9 @@ from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.engine.warmup import warm_up
 from hyla.forward_batch import index_tensor
 from hyla.models.hybrid import HybridModel
+from hyla.multimodal.budget import EncoderBudget
+from hyla.multimodal.inputs import IMAGE_FIELD, ImageLimits, images_of
+from hyla.multimodal.runtime import MultimodalPrompt, MultimodalRuntime, PreparedPrompt
 from hyla.request import (
     InvalidRequestError,
     QueueFullError,
@@ -94,6 +97,10 @@ class EngineStats:
     prefix_cache_below_block_queries: int = 0
     prefix_cache_below_stride_queries: int = 0
     prefix_cache_checkpoint_saves: int = 0
+    encoder_cache_entries: int = 0
+    encoder_cache_bytes: int = 0
+    num_encoded_images: int = 0
+    encoder_cache_hits: int = 0
 
 
 class LLMEngine:
@@ -103,11 +110,18 @@ class LLMEngine:
         model: a loaded `HybridModel` (eval mode; its device is the engine's device).
         tokenizer: a transformers tokenizer or None (token-id prompts only).
         engine_config: cache, scheduler and engine options.
+        multimodal: the vision side of a multimodal checkpoint (None: text only).
     Raises:
         ConfigError: the cache budget cannot hold one full-length sequence.
     """
 
-    def __init__(self, model: HybridModel, tokenizer: Any, engine_config: EngineConfig) -> None:
+    def __init__(
+        self,
+        model: HybridModel,
+        tokenizer: Any,
+        engine_config: EngineConfig,
+        multimodal: MultimodalRuntime | None = None,
+    ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.config = engine_config
@@ -135,7 +149,13 @@ class LLMEngine:
             num_checkpoints=plan.num_checkpoints,
             checkpoint_policy=engine_config.cache.prefix_checkpoint_policy,
         )
-        self.scheduler = Scheduler(sched, self.cache)
+        self.multimodal = multimodal
+        self.max_encoder_tokens = sched.max_num_encoder_input_tokens or sched.max_num_batched_tokens
+        budget = None
+        if multimodal is not None:
+            budget = EncoderBudget(self.max_encoder_tokens, multimodal.cache.__contains__)
+            multimodal.max_encoder_tokens = self.max_encoder_tokens
+        self.scheduler = Scheduler(sched, self.cache, budget)
         sizes: tuple[int, ...] = ()
         if device.type == "cuda" and not engine_config.enforce_eager:
             if kernels_capturable(self.model_config):
@@ -145,6 +165,7 @@ class LLMEngine:
         if device.type == "cuda":  # one matmul per projection group (one kernel, not n + 1)
             self.model.stack_projections()
         self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len)
+        self.runner.multimodal = multimodal
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
         self.eos_token_ids = self._eos_token_ids()
@@ -185,7 +206,10 @@ class LLMEngine:
             quantization=config.quantization, kv_cache_dtype=config.cache.kv_cache_dtype,
             mamba_ssm_cache_dtype=config.cache.mamba_ssm_cache_dtype,
         )  # fmt: skip
-        engine = cls(model, tokenizer, config)
+        limits = ImageLimits(config.limit_mm_per_prompt, config.max_image_pixels)
+        engine = cls(
+            model, tokenizer, config, MultimodalRuntime.from_path(directory, model, limits)
+        )
         engine.model_name = "default" if path is None else directory.name
         warm_up(engine)  # before it serves: the first requests compile nothing
         return engine
@@ -202,16 +226,20 @@ class LLMEngine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | PreparedPrompt,
         params: SamplingParams | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> None:
-        """Queue a request; its outputs come out of later `step()` calls.
+        """Queue a request; its outputs come out of later `step()` calls. `multi_modal_data`
+        {"image": PIL image or list}: the prompt holds one image token per image
+        (`hyla.multimodal.inputs`); a `PreparedPrompt` carries its images processed.
 
         Raises:
             InvalidRequestError: duplicate id, empty/over-long prompt, token id out of range,
-                prompt + max_tokens over max_model_len (a raise leaves nothing allocated).
+                prompt + max_tokens over max_model_len (a raise leaves nothing allocated), a
+                bad image or an image for a text-only model (`multi_modal_data.image`).
             SamplingParamsError: stop strings without a tokenizer.
             QueueFullError: `max_queue_len` requests are already waiting.
         """
@@ -221,7 +249,7 @@ class LLMEngine:
         with self._lock:
             if request_id in self._groups:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
-            ids = prompt_token_ids(prompt, self.tokenizer, self.model_config.vocab_size)
+            ids, mm = self._prompt_inputs(prompt, multi_modal_data)
             validate_lengths(len(ids), params, self.max_model_len)
             if params.stop and self.tokenizer is None:
                 raise SamplingParamsError("stop", "stop strings need a tokenizer")
@@ -229,16 +257,40 @@ class LLMEngine:
             if limit is not None and self.scheduler.num_waiting >= limit:
                 raise QueueFullError(limit)
             arrival = time.monotonic() if arrival_time is None else arrival_time
-            self._add_group(request_id, prompt, ids, params, priority, arrival)
+            self._add_group(request_id, prompt, ids, params, priority, arrival, mm)
+
+    def _prompt_inputs(
+        self, prompt: str | list[int] | PreparedPrompt, data: dict[str, Any] | None
+    ) -> tuple[list[int], MultimodalPrompt | None]:
+        """Token ids (image placeholders expanded) and the images of a request."""
+        vocab = self.model_config.vocab_size
+        images = images_of(data)
+        if (images or isinstance(prompt, PreparedPrompt)) and self.multimodal is None:
+            raise InvalidRequestError(
+                IMAGE_FIELD, "this model takes no images (no vision tower loaded)"
+            )
+        if isinstance(prompt, PreparedPrompt):
+            if images:
+                raise InvalidRequestError("multi_modal_data", "the prepared prompt has its images")
+            return prompt_token_ids(prompt.prompt_token_ids, None, vocab), prompt.mm
+        ids = prompt_token_ids(prompt, self.tokenizer, vocab)
+        if self.multimodal is None:
+            return ids, None
+        if not images:  # placeholders without an image would read the raw token embedding
+            self.multimodal.check_no_placeholders(ids)
+            return ids, None
+        prepared = self.multimodal.prepare(ids, images)
+        return prepared.prompt_token_ids, prepared.mm
 
     def _add_group(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | PreparedPrompt,
         ids: list[int],
         params: SamplingParams,
         priority: int,
         arrival: float,
+        mm: MultimodalPrompt | None = None,
     ) -> None:
         requests, generators = [], []
         for k in range(params.num_sequences):
@@ -251,8 +303,11 @@ class LLMEngine:
                     max_model_len=self.max_model_len,
                     priority=priority,
                     arrival_time=arrival,
+                    mm_spans=() if mm is None else mm.spans,
                 )
             )
+            if mm is not None and self.multimodal is not None:
+                self.multimodal.add(requests[-1].request_id, mm)
             seed = params.seed
             generators.append(None if seed is None else make_generator(seed + k, self.device))
         text = prompt if isinstance(prompt, str) else None
@@ -307,7 +362,19 @@ class LLMEngine:
                 num_waiting_seqs=self.scheduler.num_waiting,
                 num_preemptions=self.scheduler.num_preemptions,
                 **self._prefix_stats(),
+                **self._encoder_stats(),
             )
+
+    def _encoder_stats(self) -> dict[str, Any]:
+        if self.multimodal is None:
+            return {}
+        cache = self.multimodal.cache
+        return dict(
+            encoder_cache_entries=cache.num_entries,
+            encoder_cache_bytes=cache.num_bytes,
+            num_encoded_images=cache.stats.num_encoded_images,
+            encoder_cache_hits=cache.stats.num_hits,
+        )
 
     def _prefix_stats(self) -> dict[str, Any]:
         prefix = self.cache.prefix
@@ -418,6 +485,8 @@ class LLMEngine:
         computed token but the new placeholders is known): counters, blocks and checkpoints
         filed, a placeholder per sampled request still running."""
         self.scheduler.update(step.out, {})
+        if self.multimodal is not None:  # images computed whole leave the encoder cache
+            self.multimodal.after_step(step.requests.values())
         for rid in step.sample_ids:
             if step.requests[rid].status is RequestStatus.RUNNING:
                 step.requests[rid].add_placeholder()
@@ -546,6 +615,8 @@ class LLMEngine:
         if seq is None or seq.request.is_finished:
             return
         self.scheduler.finish(rid, status)  # None for a held suspect: not in the scheduler
+        if self.multimodal is not None:
+            self.multimodal.release(rid)
         self._suspects.pop(rid, None)
         if self._probe == rid:
             self._probe = None

@@ -33,6 +33,7 @@ from hyla.forward_batch import (
     index_tensor,
 )
 from hyla.models.hybrid import HybridModel
+from hyla.multimodal.runtime import MultimodalRuntime
 from hyla.request import Request
 from hyla.scheduler import SchedulerOutput
 
@@ -74,6 +75,7 @@ class ModelRunner:
         )
         self.state_tensors = state_tensors(self.config, self.caches)
         self.graphs: DecodeGraphs | None = None
+        self.multimodal: MultimodalRuntime | None = None  # image inputs (set by the engine)
         if graph_batch_sizes and self.device.type == "cuda":
             self.graphs = DecodeGraphs(
                 model, self.caches, self.block_size, graph_batch_sizes,
@@ -118,6 +120,8 @@ class ModelRunner:
         hidden = None
         if self.graphs is not None and self.graphs.can_run(query_lens, context_lens):
             step = decode_inputs(tokens, context_lens, tables, slots, self.block_size)
+            if self.multimodal is not None:  # M-RoPE: positions after an image are shifted
+                step.positions = self.multimodal.decode_positions(ids, context_lens)
             try:
                 hidden = self.graphs.run(step, device_tokens)
             except CaptureFailed:  # the graphs are off now: this step and the next run eagerly
@@ -136,7 +140,15 @@ class ModelRunner:
             input_ids = index_tensor(tokens, self.device)
             if device_tokens is not None:
                 device_tokens.apply(input_ids)
-            hidden = self.model(input_ids, batch.positions, batch)
+            extra, positions = (), batch.positions
+            if self.multimodal is not None:  # image rows' embeddings, M-RoPE positions
+                mm = self.multimodal
+                embeds = mm.embeddings(
+                    ids, context_lens, query_lens, input_ids, self.model.embed_tokens
+                )
+                extra = () if embeds is None else (embeds,)
+                positions = mm.positions(ids, context_lens, query_lens, positions)
+            hidden = self.model(input_ids, positions, batch, *extra)
         copy_state_rows(self.state_tensors, out.state_saves)  # slot at its chunk end -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
 

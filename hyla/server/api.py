@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from hyla.engine.async_engine import AsyncEngine
+from hyla.multimodal.chat import chat_images
 from hyla.server import convert
 from hyla.server.errors import (
     GET_RESPONSES,
@@ -267,8 +268,8 @@ async def create_chat_completion(
     convert.check_num_messages(req, ctx.engine.max_model_len)  # before the costly rendering
     params = convert.chat_params(req, ctx.engine.max_model_len)
     # Template rendering and tokenization of a large conversation take seconds: not on the loop.
-    prompt_ids = await asyncio.to_thread(convert.chat_prompt_ids, ctx.engine.tokenizer, req)
-    batch = await start_streams(ctx, [prompt_ids], params, random_id("chatcmpl"))
+    prompt = await asyncio.to_thread(_chat_prompt, ctx, req)
+    batch = await start_streams(ctx, [prompt], params, random_id("chatcmpl"))
     if req.stream:
         return StreamingResponse(_chat_events(ctx, req, batch), headers=SSE_HEADERS,
                                  media_type="text/event-stream")
@@ -284,6 +285,14 @@ async def create_chat_completion(
     ]
     return _json(ChatCompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
                                         choices=choices, usage=usage_of(finals)))
+
+
+def _chat_prompt(ctx: Context, req: ChatCompletionRequest) -> Any:
+    """Token ids of the rendered conversation, or a `PreparedPrompt` when it holds images
+    (decoded and processed here, in a worker thread, not on the engine's)."""
+    images = chat_images(getattr(ctx.engine, "engine", None), ctx.engine.tokenizer)
+    prompt_ids = convert.chat_prompt_ids(ctx.engine.tokenizer, req, images)
+    return prompt_ids if images is None or not images.images else images.prepare(prompt_ids)
 
 
 def _chat_logprobs(ctx: Context, req: ChatCompletionRequest, completion: Any, first: int) -> Any:

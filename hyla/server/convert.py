@@ -220,15 +220,18 @@ def default_chat_prompt(messages: list[dict[str, str]], add_generation_prompt: b
     return "\n".join(lines)
 
 
-def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
-    """Render the conversation with the tokenizer's chat template and tokenize it.
+def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest, images: Any = None) -> list[int]:
+    """Render the conversation with the tokenizer's chat template and tokenize it. `images`
+    (`hyla.multimodal.chat.ChatImages`, None for a text-only model) collects the images of
+    `image_url` parts, each rendered as its placeholder text.
 
-    Raises: APIError 400 for empty `messages`, an unknown role, non-text content parts, a
-    template that rejects the conversation, or a model without a tokenizer.
+    Raises: APIError 400 for empty `messages`, an unknown role, a content part of another type
+    (or an image for a text-only model), a template that rejects the conversation, or a model
+    without a tokenizer; InvalidRequestError naming a bad image's part.
     """
     if not req.messages:
         raise APIError(400, "messages: must contain at least one message", param="messages")
-    conversation = [_message_dict(i, m) for i, m in enumerate(req.messages)]
+    conversation = [_message_dict(i, m, images) for i, m in enumerate(req.messages)]
     if tokenizer is None:
         raise APIError(400, "messages: this model has no tokenizer; use /v1/completions with "
                        "token ids", param="messages")
@@ -272,26 +275,30 @@ def _render(tokenizer: Any, conversation: list[dict], req: ChatCompletionRequest
                        param="messages") from e
 
 
-def _message_dict(i: int, message: ChatMessage) -> dict[str, str]:
+def _message_dict(i: int, message: ChatMessage, images: Any = None) -> dict[str, str]:
     if message.role not in ROLES:
         raise APIError(400, f"messages[{i}].role: unknown role {message.role!r}; expected one "
                        f"of {', '.join(ROLES)}", param=f"messages[{i}].role")
     role = "system" if message.role == "developer" else message.role
-    out = {"role": role, "content": _message_text(i, message.content)}
+    out = {"role": role, "content": _message_text(i, message.content, images)}
     if message.name is not None:  # for the chat template, as Hugging Face templates take it
         out["name"] = check_text(message.name, f"messages[{i}].name")
     return out
 
 
-def _message_text(i: int, content: Any) -> str:
+def _message_text(i: int, content: Any, images: Any = None) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return check_text(content, f"messages[{i}].content")
     texts = []
     for j, part in enumerate(content):
+        if part.get("type") == "image_url":
+            texts.append(_image_text(images, part, f"messages[{i}].content[{j}]"))
+            continue
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported",
+            raise APIError(400, f"messages[{i}].content[{j}]: only text and image_url parts "
+                           "are supported",
                            param=f"messages[{i}].content")
         extra = sorted(set(part) - {"type", "text"})
         if extra:
@@ -300,6 +307,13 @@ def _message_text(i: int, content: Any) -> str:
                            code="unsupported_parameter")
         texts.append(check_text(part["text"], f"messages[{i}].content"))
     return "".join(texts)
+
+
+def _image_text(images: Any, part: dict[str, Any], field: str) -> str:
+    if images is None:
+        raise APIError(400, f"{field}: this model takes no images (it has no vision tower)",
+                       param=field, code="unsupported_parameter")
+    return images.add(part, field)
 
 
 def _template_variables(template: Any) -> set[str] | None:

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hyla.engine.async_engine import EngineDeadError, EngineDrainingError
+from hyla.multimodal.media import MediaTooLargeError
 from hyla.request import InvalidRequestError, QueueFullError
 from hyla.server.protocol import UNSUPPORTED_FIELDS, ErrorInfo, ErrorResponse
 
@@ -104,6 +105,8 @@ def to_api_error(e: BaseException) -> APIError:
     """Map an engine/validation exception to its APIError (500 for anything unexpected)."""
     if isinstance(e, APIError):
         return e
+    if isinstance(e, MediaTooLargeError):
+        return APIError(413, str(e), param=e.field, code="image_too_large")
     if isinstance(e, InvalidRequestError):
         return APIError(400, str(e), param=e.field, code="invalid_value")
     if isinstance(e, QueueFullError):

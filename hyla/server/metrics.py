@@ -35,8 +35,10 @@ _KNOWN_STATS = {
     "num_free_slots": "hyla_state_slots_free",
     "num_cached_checkpoints": "hyla_prefix_cache_checkpoints",
     "cached_checkpoint_bytes": "hyla_prefix_cache_checkpoint_bytes",
+    "encoder_cache_entries": "hyla_encoder_cache_entries",
+    "encoder_cache_bytes": "hyla_encoder_cache_bytes",
 }
-# Prefix-cache counters of EngineStats (monotonic since engine start), exported as counters.
+# Prefix-cache and encoder counters of EngineStats (monotonic since start), exported as counters.
 _COUNTER_STATS = {
     "prefix_cache_queries": (
         "hyla_prefix_cache_queries", "sequences looked up in the prefix cache"),
@@ -56,6 +58,9 @@ _COUNTER_STATS = {
         "sequences with no checkpoint stride before their last token (only a tail can hit)"),
     "prefix_cache_checkpoint_saves": (
         "hyla_prefix_cache_checkpoint_saves", "linear-state checkpoints written"),
+    "num_encoded_images": ("hyla_encoder_images", "images run through the vision encoder"),
+    "encoder_cache_hits": (
+        "hyla_encoder_cache_hits", "image uses served by the encoder cache (no encoding)"),
 }
 
 

@@ -66,8 +66,8 @@ def run_vision(ctx: Context, progress: Any) -> CheckResult:
         return skipped(
             "vision",
             "Image path",
-            "skipped: hyla has no image path yet "
-            "(the config has a vision tower; see `hyla inspect --gaps`)",
+            "skipped: `hyla validate` has no image check yet (the image path is tested "
+            "against transformers in CI: tests/multimodal)",
         )
     return skipped("vision", "Image path", "skipped: no vision (text-only model)")
 
