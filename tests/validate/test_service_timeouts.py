@@ -4,9 +4,11 @@ with finish_reason "timeout" and a prefix of the text. In CI that failed `concur
 four requests "differing" from solo although every token agreed (measured: 8 busy processes on
 2 cores cut 1-5 of the 5 runs in 6 of 8 rounds; not one token differed).
 
-The fakes: `cut` cuts each run after 1-3 of its 6 words (a prefix); `diverge_cut` and
-`diverge_length` answer every second request with other words (finish "timeout" or "length"),
-i.e. output that depends on what else ran: those must still fail.
+The fakes: `cut` cuts each run after 1-3 of its 6 words (a prefix); `queue_timeout` ends its
+first stream with hyla's error event for a request timed out before its first token (retried,
+as `complete` retries the 503); `diverge_cut` and `diverge_length` answer every second request
+with other words (finish "timeout" or "length"), i.e. output that depends on what else ran:
+those must still fail.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from hyla.validate.service_client import Client, free_port
 
 WORDS = [" alpha", " beta", " gamma", " delta", " epsilon", " zeta"]
 WRONG = [" alpha", " beta", " omega"]
+QUEUE_TIMEOUT_EVENT = (
+    'data: {"error": {"message": "timed out", "type": "server_error", "code": "queue_timeout"}}'
+    "\n\ndata: [DONE]\n\n"
+)
 
 
 def _answer(mode: str, count: int) -> tuple[list[str], str]:
@@ -53,6 +59,9 @@ def fake_app(mode: str) -> FastAPI:
             state["count"] += 1
         if not body.get("stream"):
             return {"choices": [{"text": "".join(pieces), "finish_reason": reason}]}
+        if mode == "queue_timeout" and not state.setdefault("streamed", False):
+            state["streamed"] = True
+            return StreamingResponse(iter([QUEUE_TIMEOUT_EVENT]), media_type="text/event-stream")
 
         async def events():
             for i, piece in enumerate(pieces):
@@ -92,6 +101,11 @@ def test_runs_cut_by_the_request_timeout_compare_as_prefixes(serve):
         status, detail = check(client)
         assert status == PASS, detail
         assert "cut by the request timeout" in detail, detail
+
+
+def test_a_stream_timed_out_before_its_first_token_is_retried(serve):
+    status, detail = _stream(serve("queue_timeout"))
+    assert (status, detail) == (PASS, "equal")
 
 
 @pytest.mark.parametrize("mode", ["diverge_cut", "diverge_length"])
