@@ -31,8 +31,7 @@ def axial_cos_sin(
     """cos, sin [N, head_dim] float32 of the axial rope: frequencies over head_dim / 2 channels
     shared by the h and w coordinates, laid out [h | w | h | w] for rotate-half."""
     spatial = head_dim // 2
-    steps = torch.arange(0, spatial, 2, dtype=torch.float, device=positions.device)
-    inv_freq = 1.0 / (theta ** (steps / spatial))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial))
     freqs = positions.float()[..., None] * inv_freq  # [N, 2, head_dim / 4]
     angles = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
     angles = torch.cat([angles, angles], dim=-1)
