@@ -38,9 +38,12 @@ class GPUSpec:
 
     def flops(self, dtype: str) -> float:
         """Dense matmul FLOP/s for weights stored in `dtype`."""
-        if dtype == "fp8" and self.fp8_flops is not None:
-            return self.fp8_flops
-        return self.bf16_flops
+        return self.fp8_flops if self.peak_name(dtype) == "fp8" else self.bf16_flops
+
+    def peak_name(self, dtype: str) -> str:
+        """Which peak `flops(dtype)` is: "fp8", else "bf16" (float16 and float32 weights are
+        timed at the bf16 tensor-core rate too, which is optimistic for float32)."""
+        return "fp8" if dtype == "fp8" and self.fp8_flops is not None else "bf16"
 
     def replace(self, **changes: object) -> GPUSpec:
         """A copy with the given fields changed (None values are ignored)."""

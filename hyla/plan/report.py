@@ -14,6 +14,12 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+def _peak(gpu: Any, weight_dtype: str) -> str:
+    name = gpu.peak_name(weight_dtype)
+    same = {"bf16": "bfloat16", "fp8": "fp8"}[name] == weight_dtype
+    return f"{name} peak" if same else f"{name} peak, used for {weight_dtype} weights"
+
+
 def format_plan(report: PlanReport) -> str:
     """Human-readable plan: the model's costs, then one row per layout, best first."""
     c, w, g, s = report.config, report.work, report.gpu, report.split
@@ -22,7 +28,7 @@ def format_plan(report: PlanReport) -> str:
         f"({_count(s.experts)} in routed experts), weights in {w.weight_dtype}, "
         f"cache in {kv_dtype(c)}",
         f"hardware  {w.num_gpus} x {g.name}: {_bytes(g.memory)}, {g.memory_bw / 1e12:.2f} TB/s, "
-        f"{g.flops(w.weight_dtype) / 1e12:.0f} TFLOP/s ({w.weight_dtype}), "
+        f"{g.flops(w.weight_dtype) / 1e12:.0f} TFLOP/s ({_peak(g, w.weight_dtype)}), "
         f"link {g.link_bw / 1e9:.0f} GB/s",
         f"workload  {w.concurrency} sequences x {w.context:,} tokens; TTFT for one "
         f"{w.context:,}-token prompt, TPOT at that context",

@@ -35,8 +35,19 @@ class Client:
         r.raise_for_status()
         return r.json()
 
-    def stream_text(self, body: dict[str, Any]) -> tuple[str, str | None]:
-        """(text, finish_reason) of a streamed completion."""
+    def stream_text(self, body: dict[str, Any], retries: int = 3) -> tuple[str, str | None]:
+        """(text, finish_reason) of a streamed completion. A stream that ends in a
+        "queue_timeout" error event (timed out before its first token: the streamed form of
+        the 503 `complete` retries) is retried; any other error event raises RuntimeError."""
+        for _ in range(retries):
+            text, reason, error = self._stream_once(body)
+            if error is None:
+                return text, reason
+            if error.get("code") != "queue_timeout":
+                break
+        raise RuntimeError(f"the stream ended with an error event: {error}")
+
+    def _stream_once(self, body: dict[str, Any]) -> tuple[str, str | None, dict | None]:
         text, reason = [], None
         payload = {"model": self.model, **body, "stream": True}
         with self.http.stream("POST", f"{self.root}/v1/completions", json=payload) as r:
@@ -44,10 +55,13 @@ class Client:
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                choice = json.loads(line[6:])["choices"][0]
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return "".join(text), reason, event["error"]
+                choice = event["choices"][0]
                 text.append(choice.get("text") or "")
                 reason = choice.get("finish_reason") or reason
-        return "".join(text), reason
+        return "".join(text), reason, None
 
     def metrics(self) -> dict[str, float] | None:
         """hyla's /metrics gauges by name, or None when the server exports none of them."""

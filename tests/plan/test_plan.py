@@ -157,3 +157,18 @@ def test_cli_plan_unknown_gpu_is_an_error(tmp_path):
     path.write_text(json.dumps(KIMI_LINEAR_48B))
     result = CliRunner().invoke(app, ["plan", str(path), "--gpu", "Z9000"])
     assert result.exit_code == 2 and "gpu: unknown 'Z9000'" in result.output
+
+
+@pytest.mark.parametrize(
+    "dtype,label",
+    [("float32", "989 TFLOP/s (bf16 peak, used for float32 weights)"),
+     ("bfloat16", "989 TFLOP/s (bf16 peak)"), ("fp8", "1979 TFLOP/s (fp8 peak)")],
+)  # fmt: skip
+def test_cli_plan_names_the_peak_it_times_matmuls_at(tmp_path, dtype, label):
+    """H200 dense peaks from NVIDIA's data sheet: 989 TFLOP/s bf16, 1979 fp8; there is no
+    float32 rate in the table, so float32 weights must not be labelled as if there were."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(KIMI_LINEAR_48B))
+    result = CliRunner().invoke(app, ["plan", str(path), "--gpu", "H200", "--dtype", dtype])
+    assert result.exit_code == 0, result.output
+    assert label in result.output, result.output
