@@ -113,11 +113,8 @@ class LLMEngine:
         self.config = engine_config
         self.model_config: ModelConfig = model.config
         self.model_name = "hyla"
-        self.max_model_len = (
-            engine_config.max_model_len
-            or engine_config.scheduler.max_model_len
-            or self.model_config.max_context_len
-        )
+        # The one resolved value; everything else (server, runner, requests) reads this one.
+        self.max_model_len = engine_config.max_model_len or self.model_config.max_context_len
         device = next(model.parameters()).device
         sched = engine_config.scheduler
         budget = memory_budget(engine_config.cache, device)

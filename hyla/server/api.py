@@ -14,11 +14,11 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from hyla.engine.async_engine import AsyncEngine
-from hyla.server import convert
+from hyla.server import convert, limits
 from hyla.server.errors import (
     GET_RESPONSES,
     POST_RESPONSES,
@@ -126,12 +126,20 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
         card = ModelCard(id=ctx.model_name, max_model_len=ctx.engine.max_model_len)
         return _json(ModelList(data=[card]))
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES)
+    # Sizes are checked on the raw JSON before the body is validated (`limits.py`).
+    async def completion_sizes(request: Request) -> None:
+        limits.check_completion_sizes(await limits.raw_json(request), ctx.engine.max_model_len)
+
+    async def chat_sizes(request: Request) -> None:
+        limits.check_chat_sizes(await limits.raw_json(request), ctx.engine.max_model_len)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES,
+              dependencies=[Depends(completion_sizes)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _guard(create_completion(ctx, body, request))
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-              responses=POST_RESPONSES)
+              responses=POST_RESPONSES, dependencies=[Depends(chat_sizes)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         # the engine checks the rendered prompt; the client sent `messages`
         sent = {"prompt": "messages"}
@@ -167,7 +175,7 @@ def _json(model: Any) -> Response:
 
 async def create_completion(ctx: Context, req: CompletionRequest, request: Request) -> Response:
     convert.check_model(req.model, ctx.model_name)
-    prompts = convert.normalize_prompts(req.prompt, ctx.engine.max_model_len)
+    prompts = convert.normalize_prompts(req.prompt)
     params = convert.completion_params(req, ctx.engine.max_model_len)
     batch = await start_streams(ctx, prompts, params, random_id("cmpl"))
     if req.stream:
@@ -264,7 +272,6 @@ async def create_chat_completion(
     ctx: Context, req: ChatCompletionRequest, request: Request
 ) -> Response:
     convert.check_model(req.model, ctx.model_name)
-    convert.check_num_messages(req, ctx.engine.max_model_len)  # before the costly rendering
     params = convert.chat_params(req, ctx.engine.max_model_len)
     # Template rendering and tokenization of a large conversation take seconds: not on the loop.
     prompt_ids = await asyncio.to_thread(convert.chat_prompt_ids, ctx.engine.tokenizer, req)
