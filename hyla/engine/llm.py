@@ -12,6 +12,7 @@ prompts always work, with or without one.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 from hyla.config import ConfigError, ModelConfig
 from hyla.engine.llm_engine import LLMEngine, resolve_device
 from hyla.engine.startup import TOKENIZER_FILES, apply_cpu_threads, log_startup
-from hyla.request import InvalidRequestError, RequestOutput, SamplingParams
+from hyla.request import InvalidRequestError, RequestOutput, RequestOutputKind, SamplingParams
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -81,6 +82,15 @@ def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> 
         net = random_model(model, config.seed, config.device)
         return LLMEngine(net, None, config)
     return LLMEngine.from_path(model, **overrides)
+
+
+def _final_only(params: Any) -> Any:
+    """`params` asking for the final output only (generate reads nothing else: no per-step
+    copies); anything but SamplingParams goes on unchanged for the engine to refuse."""
+    params = SamplingParams() if params is None else params
+    if not isinstance(params, SamplingParams):
+        return params
+    return dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def _is_token_id(t: Any) -> bool:
@@ -171,7 +181,7 @@ class LLM:
         rids: list[str] = []
         try:
             for prompt, p in zip(items, per, strict=True):
-                rids.append(self._add(prompt, p))
+                rids.append(self._add(prompt, _final_only(p)))
             return self._run(rids, use_tqdm)
         finally:
             self._drop([r for r in rids if r in self._inbox])

@@ -333,7 +333,8 @@ class LLMEngine:
         N's tokens on the host while it runs (stops, detokenization, outputs).
 
         Returns: the outputs of requests that got new tokens or finished since the last call
-        (aborts, timeouts and errors included), cumulative. A token's output comes out of the
+        (aborts, timeouts and errors included), cumulative or deltas as each request's
+        `SamplingParams.output_kind` asks. A token's output comes out of the
         step after the one that sampled it; a request ended by a token (EOS, stop string) has
         one more token computed meanwhile, which is dropped.
         """
@@ -580,7 +581,9 @@ class LLMEngine:
                 for seq in group.sequences:
                     self._seq_owner.pop(seq.request.request_id, None)
                     self._seq_of.pop(seq.request.request_id, None)
-            outputs.append(group.output())
+            output = group.output()
+            if output is not None:
+                outputs.append(output)
         self._dirty.clear()
         return outputs
 

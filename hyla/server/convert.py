@@ -12,7 +12,7 @@ import jinja2
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from hyla.request import SamplingParams, SamplingParamsError
+from hyla.request import RequestOutputKind, SamplingParams, SamplingParamsError
 from hyla.server.errors import APIError
 from hyla.server.protocol import (
     ChatCompletionRequest,
@@ -157,7 +157,7 @@ def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any
                        code="invalid_value")
     try:
         return SamplingParams(
-            n=req.n, seed=req.seed, stop=tuple(stop),
+            n=req.n, seed=req.seed, stop=tuple(stop), output_kind=RequestOutputKind.DELTA,
             stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output, **kw,
