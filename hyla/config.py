@@ -733,6 +733,11 @@ class EngineConfig:
         default=False,
         metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
     )
+    piecewise_cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "Replay mixed prefill+decode steps from CUDA graphs too: norms and "
+                  "MLP/MoE captured per token bucket, mixers eager (experimental; default off)."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_queue_len"):

@@ -37,6 +37,7 @@ from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
+from hyla.engine.piecewise_graphs import token_buckets
 from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.engine.warmup import warm_up
@@ -134,14 +135,17 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(sched, self.cache)
         sizes: tuple[int, ...] = ()
+        buckets: tuple[int, ...] = ()
         if device.type == "cuda" and not engine_config.enforce_eager:
             if kernels_capturable(self.model_config):
                 sizes = graph_batch_sizes(self.model_config, sched.max_num_seqs)
+                if engine_config.piecewise_cuda_graphs:
+                    buckets = token_buckets(sched.max_num_batched_tokens)
             else:
                 logger.warning("no CUDA graphs: triton or fla-core is missing")
         if device.type == "cuda":  # one matmul per projection group (one kernel, not n + 1)
             self.model.stack_projections()
-        self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len)
+        self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len, buckets)
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
         self.eos_token_ids = self._eos_token_ids()
