@@ -419,7 +419,7 @@ class LLMEngine:
         """The bookkeeping of a launched step, once the step before it was processed (so every
         computed token but the new placeholders is known): counters, blocks and checkpoints
         filed, a placeholder per sampled request still running."""
-        self.scheduler.update(step.out, {})
+        self.scheduler.update(step.out)
         for rid in step.sample_ids:
             if step.requests[rid].status is RequestStatus.RUNNING:
                 step.requests[rid].add_placeholder()
