@@ -118,7 +118,7 @@ class RequestGroup:
         """The output of this step; None for a DELTA output with nothing new."""
         seqs = self.sequences
         if self.params.num_sequences > self.params.n:  # only once finished: the best n
-            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: self.params.n]
+            seqs = sorted(seqs, key=_rank)[: self.params.n]
         plp = self.prompt_logprobs
         if self.params.output_kind is RequestOutputKind.DELTA:
             outputs = [c for i, s in enumerate(seqs) if (c := s.delta(i)) is not None]
@@ -145,6 +145,13 @@ class RequestGroup:
         final_only = self.params.output_kind is RequestOutputKind.FINAL_ONLY
         buffered = final_only or self.params.num_sequences > self.params.n
         return not buffered or self.is_finished
+
+
+def _rank(seq: Sequence) -> tuple[bool, float]:
+    """best_of's order: the highest cumulative logprob first, among sequences with a token (one
+    without, ended by a timeout or abort while it waited, has logprob 0: it must not win and
+    make the request look unstarted)."""
+    return (not seq.request.output_token_ids, -seq.cumulative_logprob)
 
 
 def new_group(

@@ -123,3 +123,24 @@ def test_llm_generate_returns_the_cumulative_final_output(kimi):
         assert [c.token_ids for c in got.outputs] == [c.token_ids for c in want.outputs]
         assert [c.text for c in got.outputs] == [c.text for c in want.outputs]
         assert [c.logprobs for c in got.outputs] == [c.logprobs for c in want.outputs]
+
+
+def test_best_of_timeout_keeps_the_sequences_with_tokens(kimi):
+    """best_of 3 with room for one running sequence: a timeout ends the request while two of
+    its sequences still wait. The reported winner is the one with tokens (an empty one has
+    cumulative logprob 0 and used to win: the server then answered a 503 queue_timeout)."""
+    import time
+
+    model, path = kimi
+    engine = make_engine(model, path, max_num_seqs=1, request_timeout=1.0, max_model_len=4096)
+    params = SamplingParams(
+        n=1, best_of=3, temperature=1.0, seed=1, max_tokens=3000, ignore_eos=True, output_kind=DELTA
+    )
+    engine.add_request("b", prompt_ids(6, 1, model.config.vocab_size), params)
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+        time.sleep(0.01)  # >= 10 ms a step: the first sequence cannot end before the timeout
+    (final,) = outputs
+    assert final.finished and final.outputs[0].finish_reason == "timeout"
+    assert final.outputs[0].token_ids
