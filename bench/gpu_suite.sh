@@ -37,7 +37,8 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
         $g/test_greedy_gpu.py > /dev/null &
     run 420 gpu_tests_kernels $pytest $g/test_norm_paged_gpu.py $g/test_kernel_strides.py \
         $g/test_short_conv_gpu.py $g/test_gates_gpu.py $g/test_activation_gpu.py > /dev/null &
-    run 420 gpu_tests_graphs $pytest tests/gpu/test_cuda_graphs_gpu.py > /dev/null &
+    run 420 gpu_tests_graphs $pytest $g/test_cuda_graphs_gpu.py $g/test_piecewise_graphs_gpu.py \
+        > /dev/null &
     run 420 gpu_tests_la_kda $pytest $la -k "chunk and kda and not 100k" > /dev/null &
     run 420 gpu_tests_la_gdn $pytest $la -k "chunk and gdn and not 100k" > /dev/null &
     run 420 gpu_tests_la_100k $pytest $la -k "100k" > /dev/null &
