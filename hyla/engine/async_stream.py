@@ -79,7 +79,7 @@ class OutputQueue:
 
 
 class RequestStream:
-    """Async iterator over one request's cumulative outputs; `abort()` cancels it.
+    """Async iterator over one request's outputs (as its `output_kind` says); `abort()` cancels it.
 
     Cancelling a task blocked in `__anext__`, or dropping an unfinished stream, aborts too.
     """

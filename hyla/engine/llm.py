@@ -211,7 +211,8 @@ class LLM:
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:
-        """Yield the request's cumulative output after every step that changed it.
+        """Yield the request's output after every step that changed it (cumulative unless
+        `params.output_kind` asks for deltas).
 
         Closing the iterator early aborts the request.
         """
