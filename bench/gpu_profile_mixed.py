@@ -48,7 +48,8 @@ def _sync() -> None:
 
 def _engine(path: str) -> LLMEngine:
     return LLMEngine.from_path(
-        path, device=DEVICE, dtype="float32" if SMOKE else "bfloat16", max_num_seqs=128, max_num_batched_tokens=8192,
+        path, device=DEVICE, dtype="float32" if SMOKE else "bfloat16", max_num_seqs=128,
+        max_num_batched_tokens=8192,
         max_model_len=4096, enable_prefix_caching=False, kv_cache_memory=8 << 30,
     )  # fmt: skip
 
@@ -158,7 +159,8 @@ def main() -> None:
         engine = _engine(tmp)
     rows = {"prefill": prefill(engine, out_dir, args.vocab)}
     rows.update(mixed_and_decode(engine, out_dir, args.vocab))
-    result = {"command": " ".join(["python3"] + sys.argv), "commit": git_commit(), **environment(DEVICE), "rows": rows}
+    command = " ".join(["python3"] + sys.argv)
+    result = {"command": command, "commit": git_commit(), **environment(DEVICE), "rows": rows}
     (out_dir / "gpu_profile_mixed.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(rows, indent=2))
 

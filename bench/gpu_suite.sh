@@ -38,10 +38,11 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
     run $t gpu_tests_kernels $pytest $g/test_norm_paged_gpu.py $g/test_kernel_strides.py \
         $g/test_short_conv_gpu.py $g/test_gates_gpu.py $g/test_activation_gpu.py \
         $g/test_short_conv_varlen_gpu.py $g/test_gqa_gpu.py > /dev/null &
-    run $t gpu_tests_graphs $pytest $g/test_cuda_graphs_gpu.py > /dev/null &
+    run $t gpu_tests_graphs $pytest $g/test_cuda_graphs_gpu.py $g/test_piecewise_graphs_gpu.py \
+        > /dev/null &
     run $t gpu_tests_fp8 $pytest $g/test_fp8_gpu.py > /dev/null &
     run $t gpu_tests_prefix $pytest $g/test_prefix_reuse_gpu.py $g/test_state_boundaries_gpu.py > /dev/null &
-    run $t gpu_tests_models $pytest $g/test_glm5_next_gpu.py > /dev/null &
+    run $t gpu_tests_models $pytest $g/test_glm5_next_gpu.py $g/test_images_gpu.py > /dev/null &
     run $t gpu_tests_la_kda $pytest $la -k "chunk and kda and not 100k" > /dev/null &
     run $t gpu_tests_la_gdn $pytest $la -k "chunk and gdn and not 100k" > /dev/null &
     run $t gpu_tests_la_100k $pytest $la -k "100k" > /dev/null &

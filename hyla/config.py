@@ -657,7 +657,6 @@ class SchedulerConfig:
         default=2048, metadata={"help": "Token budget of one step (prefill chunks plus decodes)."}
     )
     max_num_seqs: int = field(default=64, metadata={"help": "Most sequences running at once."})
-    max_model_len: int | None = None
     long_prefill_token_threshold: int = field(
         default=0, metadata={"help": "Cap on one request's prefill chunk per step (0: no cap)."}
     )
@@ -673,8 +672,6 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "", "max_num_batched_tokens", "max_num_seqs")
-        if self.max_model_len is not None:
-            _positive(self, "", "max_model_len")
         _require(
             isinstance(self.long_prefill_token_threshold, int)
             and self.long_prefill_token_threshold >= 0,
@@ -760,6 +757,11 @@ class EngineConfig:
         default=None,
         metadata={"help": "Directory whose files a file:// image URL may read (default: none; "
                   "http(s) image URLs are never fetched)."},
+    )
+    piecewise_cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "Replay mixed prefill+decode steps from CUDA graphs too: norms and "
+                  "MLP/MoE captured per token bucket, mixers eager (experimental; default off)."},
     )  # fmt: skip
 
     def __post_init__(self) -> None:

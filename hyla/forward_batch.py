@@ -17,11 +17,10 @@ sequence's whole context through `block_tables[i]`:
 Linear layers read and write one state slot per sequence, `state_indices[i]`; when
 `context_lens[i] == 0` the slot's previous contents are ignored (zero initial state).
 
-Static shapes (CUDA-graph decode steps, `hyla.engine.cuda_graphs`): a captured step is replayed
-with new contents in the same tensors, so nothing a layer decides from host values may depend on
-the step. Such a batch has `static_shapes=True`; its host lists (`query_lens`, `context_lens`,
-`state_indices_host`) describe the capture, not the step, and layers must take lengths from
-`seq_lens_tensor` (device) and sizes from `max_seq_len` (a host bound) only.
+Lengths the layers read (device lengths, a host bound, host lengths when the host has them)
+travel in one `AttentionMetadata` (`batch.attn`), built once per step: from the host lists for
+an eager step, over the capture buffers of a CUDA-graph decode step (`hyla.engine.cuda_graphs`),
+whose host lists describe the capture, not the step.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from hyla.attention_metadata import AttentionMetadata
 from hyla.cache.spec import layer_cache_specs
 from hyla.config import ModelConfig
 
@@ -59,14 +59,11 @@ class ForwardBatch:
         slot_mapping: [T] int64 flat cache slot of each new token.
         state_indices: [N] int64 state slot of each sequence (linear layers).
         state_indices_host: the same slots as a host list (reading the tensor would cost a
-            device sync on a GPU).
+            device sync on a GPU); None in a static step (only the device has the step's).
         block_size: tokens per block B.
         caches: per layer index, that layer's cache tensors by name (see `hyla.cache.spec`).
-        seq_lens_tensor: [N] int32 (int64 in captured steps) context plus new tokens per
-            sequence, on the device.
-        max_seq_len: host int >= every sequence's length (the true maximum in an eager step,
-            the context bucket of a captured one); sizes buffers and split counts.
-        static_shapes: the host lists are capture-time placeholders (see the module docstring).
+        attn: the step's lengths for the layers (`AttentionMetadata`); built from the host
+            lists when not given.
         state_boundaries: prefix-cache checkpoints inside this step's chunks: per sequence, the
             new-token counts b (0 < b < query_len, ascending) after which the linear layers
             write their recurrent and conv state into the state rows `boundary_rows` [M]
@@ -83,12 +80,10 @@ class ForwardBatch:
     block_tables: torch.Tensor
     slot_mapping: torch.Tensor
     state_indices: torch.Tensor
-    state_indices_host: list[int]
+    state_indices_host: list[int] | None
     block_size: int
     caches: list[LayerCache] = field(default_factory=list)
-    seq_lens_tensor: torch.Tensor | None = None
-    max_seq_len: int = 0
-    static_shapes: bool = False
+    attn: AttentionMetadata | None = None
     state_boundaries: list[list[int]] | None = None
     boundary_rows: torch.Tensor | None = None
     per_pass: dict = field(default_factory=dict, repr=False, compare=False)
@@ -101,10 +96,20 @@ class ForwardBatch:
         return self.per_pass[key]
 
     def __post_init__(self) -> None:
-        if self.seq_lens_tensor is None:  # from the host lists (no device read)
+        if self.attn is None:  # from the host lists (no device read)
             lens = self.seq_lens
-            self.seq_lens_tensor = index_tensor(lens, self.positions.device, torch.int32)
-            self.max_seq_len = max(self.max_seq_len, max(lens, default=0))
+            device_lens = index_tensor(lens, self.positions.device, torch.int32)
+            self.attn = AttentionMetadata.eager(lens, device_lens)
+
+    @property
+    def seq_lens_tensor(self) -> torch.Tensor:
+        """[N] lengths on the device (`attn.seq_lens`)."""
+        return self.attn.seq_lens
+
+    @property
+    def max_seq_len(self) -> int:
+        """A host bound on the lengths (`attn.max_seq_len`)."""
+        return self.attn.max_seq_len
 
     @property
     def num_seqs(self) -> int:
@@ -234,4 +239,4 @@ def build_forward_batch(
         state_indices_host=list(state_indices),
         block_size=block_size,
         caches=caches,
-    )  # seq_lens_tensor and max_seq_len from the host lists (__post_init__)
+    )  # its AttentionMetadata from the host lists (__post_init__)

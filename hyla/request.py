@@ -8,6 +8,7 @@ A user request with `n > 1` becomes n `Request`s inside the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,16 @@ class QueueFullError(RuntimeError):
         self.retry_after = retry_after
 
 
+class RequestOutputKind(enum.Enum):
+    """What each `RequestOutput` of a request carries (vLLM's names): CUMULATIVE everything so
+    far (a copy per step), DELTA only what is new since the request's last output (each token,
+    text piece, logprob and finish once), FINAL_ONLY one cumulative output when it ends."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -73,6 +84,7 @@ class SamplingParams:
     negative ones) of tokens seen in prompt or output; presence subtracts once per seen output
     token, frequency once per occurrence. `max_tokens=None` means up to the context limit.
     `logprobs`/`prompt_logprobs` ask for the top-N log-probabilities (plus the chosen token).
+    `output_kind`: cumulative outputs, deltas, or the final output only (`RequestOutputKind`).
 
     Raises:
         SamplingParamsError: a field is out of range; the message names the field and limit.
@@ -97,6 +109,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -109,6 +122,10 @@ class SamplingParams:
         self._check_counts()
         self._check_probabilities()
         self._check_stops()
+        kind = self.output_kind
+        _check(
+            isinstance(kind, RequestOutputKind), "output_kind", f"not a RequestOutputKind: {kind!r}"
+        )
 
     def _check_counts(self) -> None:
         n = self.n
@@ -228,7 +245,9 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
-    """One of the n completions of a request; `text` and `token_ids` are cumulative."""
+    """One of the n completions of a request: `text`, `token_ids` and `logprobs` are cumulative,
+    or with `RequestOutputKind.DELTA` what is new since its last output (`finish_reason` then
+    comes once, in the output where it finished); `cumulative_logprob` is always the total."""
 
     index: int
     text: str
@@ -245,7 +264,9 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """What a request has produced so far (cumulative), returned by `LLMEngine.step()`.
+    """What a request has produced so far (cumulative), or since its last output (DELTA: only
+    the completions with something new; `prompt_logprobs` in the first output only), returned by
+    `LLMEngine.step()`.
 
     `prompt_token_ids` is the same list object in every output of a request (copying a 1M-token
     prompt each decode step would cost ~4 ms): read it, do not modify it."""
@@ -258,6 +279,32 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+
+    def add(self, later: RequestOutput) -> None:
+        """Append a later DELTA output of the same request to this one, in place (a consumer
+        that fell behind gets one output with every piece, in order)."""
+        mine = {c.index: c for c in self.outputs}
+        for c in later.outputs:
+            old = mine.get(c.index)
+            if old is None:
+                lps = None if c.logprobs is None else list(c.logprobs)
+                self.outputs.append(
+                    dataclasses.replace(c, token_ids=list(c.token_ids), logprobs=lps)
+                )
+                continue
+            old.text += c.text
+            old.token_ids.extend(c.token_ids)
+            if c.logprobs is not None:
+                old.logprobs = (old.logprobs or []) + c.logprobs
+            old.cumulative_logprob = c.cumulative_logprob
+            old.finish_reason, old.stop_reason = c.finish_reason, c.stop_reason
+        self.outputs.sort(key=lambda c: c.index)
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
+        self.prompt = self.prompt if self.prompt is not None else later.prompt
+        self.finished = later.finished
+        self.metrics = later.metrics
+        self.num_cached_tokens = later.num_cached_tokens
 
 
 @dataclass(eq=False)

@@ -38,7 +38,7 @@ from hyla.cache.manager import CacheManager
 from hyla.cache.prefix import PrefixHit
 from hyla.config import SchedulerConfig
 from hyla.multimodal.budget import EncoderBudget
-from hyla.request import Request, RequestStatus, check_token_stop
+from hyla.request import Request, RequestStatus
 
 
 @dataclass
@@ -216,34 +216,17 @@ class Scheduler:
 
     # -- progress --------------------------------------------------------------------------------
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Advance the scheduled requests by their scheduled tokens and append sampled tokens.
-
-        Args:
-            out: the decision `schedule()` returned for this step.
-            sampled: new token per request that completed its uncomputed tokens this step.
-        Returns: the requests finished by a token stop (EOS, stop token, length); their blocks
-        and slots are already released.
-        Raises: ValueError when a request is sampled before all its tokens were computed.
-        """
-        finished: list[Request] = []
+    def update(self, out: SchedulerOutput) -> None:
+        """Advance the scheduled requests by their scheduled tokens and file their computed
+        blocks. Sampled tokens and the stops they decide are the engine's (`LLMEngine._process`:
+        one place for every stop); a request ended since `schedule()` is skipped."""
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests.get(rid)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # aborted after scheduling
             req.num_computed_tokens += n
             self.cache.commit(req)
-            if rid not in sampled:
-                continue
-            if req.num_computed_tokens != req.num_tokens:
-                raise ValueError(f"sampled: {rid!r} has uncomputed tokens")
-            req.append_token(sampled[rid])
-            status = check_token_stop(req)
-            if status is not None:
-                self.finish(rid, status)
-                finished.append(req)
         self.cache.end_step()
-        return finished
 
     def finish(self, request_id: str, status: RequestStatus) -> Request | None:
         """End a request (abort, stop string, timeout ...) and release its cache at once.

@@ -12,7 +12,7 @@ from hyla.cache.manager import CacheManager, num_blocks_for
 from hyla.config import SchedulerConfig
 from hyla.request import Request, RequestStatus, SamplingParams
 from hyla.scheduler import Scheduler
-from tests.test_scheduler import EOS, FakeTensors, next_token, simulate
+from tests.test_scheduler import EOS, FakeTensors, advance, next_token, simulate
 
 VOCAB = 50
 
@@ -42,7 +42,7 @@ def step(s: Scheduler, sim: FakeTensors | None = None):
         for rid, n in out.num_scheduled_tokens.items()
         if s.requests[rid].num_computed_tokens + n == s.requests[rid].num_tokens
     }
-    s.update(out, sampled)
+    advance(s, out, sampled)
     return out
 
 

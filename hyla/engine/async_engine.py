@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hyla.engine.async_stream import (
@@ -41,7 +41,7 @@ from hyla.engine.async_stream import (
     with_finish_reason,
 )
 from hyla.engine.validate import prompt_token_ids, validate_lengths
-from hyla.request import InvalidRequestError, QueueFullError, SamplingParams
+from hyla.request import InvalidRequestError, QueueFullError, RequestOutputKind, SamplingParams
 
 __all__ = [
     "AsyncEngine",
@@ -63,6 +63,19 @@ class _Stream:
     num_outputs: int = 1
     last_output: Any = None
     prompt_text: str | None = None
+    finished: set[int] = field(default_factory=set)  # completions whose finish was sent
+
+    @property
+    def is_delta(self) -> bool:
+        return self.queue.is_delta
+
+    def abort_output(self) -> Any:
+        """The final output of a request ended by the shutdown: "abort" for each completion
+        not finished yet (as a delta: nothing else), or the last cumulative output so ended."""
+        last = self.last_output
+        if last is None or self.is_delta:
+            return empty_output(self.request_id, self.num_outputs, "abort", self.finished)
+        return with_finish_reason(last, "abort")
 
 
 class AsyncEngine:
@@ -173,7 +186,8 @@ class AsyncEngine:
     ) -> RequestStream:
         """Submit a request; returns once the engine admitted it.
 
-        Returns: a `RequestStream` of cumulative `RequestOutput`s (the last has finished=True).
+        Returns: a `RequestStream` of `RequestOutput`s, cumulative or deltas as
+        `params.output_kind` says (the last has finished=True).
         Raises: `hyla.request.InvalidRequestError` (bad prompt or params, from
         `LLMEngine.add_request`; nothing stays allocated), QueueFullError, EngineDrainingError.
         """
@@ -208,7 +222,7 @@ class AsyncEngine:
     async def generate(
         self, prompt: str | list[int], params: Any, request_id: str | None = None
     ) -> AsyncIterator[Any]:
-        """Submit a request and yield its cumulative `RequestOutput`s until it finishes.
+        """Submit a request and yield its `RequestOutput`s until it finishes.
 
         Raises the errors of `add_request` (on the first iteration) and EngineDeadError if a
         step fails mid-stream. Closing or cancelling the iterator aborts the request: its
@@ -242,7 +256,7 @@ class AsyncEngine:
                 raise QueueFullError(limit)
             loop = asyncio.get_running_loop()
             admitted: asyncio.Future = loop.create_future()
-            queue = OutputQueue()
+            queue = OutputQueue(getattr(params, "output_kind", None) is RequestOutputKind.DELTA)
             self._num_pending_adds += 1
             self._commands.append(("add", request_id, prompt, params, queue, admitted, text))
             self._cond.notify()
@@ -346,9 +360,7 @@ class AsyncEngine:
         with self._cond:
             del self._streams[request_id]
         if shutdown:
-            last = stream.last_output
-            self._put(stream, with_finish_reason(last, "abort") if last is not None
-                      else empty_output(request_id, stream.num_outputs, "abort"))
+            self._put(stream, stream.abort_output())
         self._put(stream, DONE)
 
     def _step(self) -> None:
@@ -365,6 +377,7 @@ class AsyncEngine:
             if stream.prompt_text is not None and output.prompt is None:
                 output.prompt = stream.prompt_text  # a fresh object per step: safe to set
             stream.last_output = output
+            stream.finished.update(c.index for c in output.outputs if c.finish_reason)
             errors = [o.stop_reason for o in output.outputs if o.finish_reason == "error"]
             self._put(stream, RequestFailedError(str(errors[0])) if errors else output)
             if errors and not output.finished:  # one of its n sequences failed: end them all

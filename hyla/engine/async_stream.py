@@ -1,8 +1,9 @@
 """Per-request output streams of the AsyncEngine, and the errors it raises.
 
-`RequestStream` is what `AsyncEngine.add_request` returns: an async iterator over cumulative
-`RequestOutput`s fed by the engine thread through an `OutputQueue`. The engine thread ends a
-stream with `DONE` (after an abort) or with an exception (after a failed step).
+`RequestStream` is what `AsyncEngine.add_request` returns: an async iterator over the
+`RequestOutput`s (cumulative or deltas, as the request's `output_kind` says) fed by the engine
+thread through an `OutputQueue`. The engine thread ends a stream with `DONE` (after an abort)
+or with an exception (after a failed step).
 """
 
 from __future__ import annotations
@@ -32,18 +33,20 @@ class RequestFailedError(EngineDeadError):
 
 
 class OutputQueue:
-    """The event-loop side of one request's outputs: a FIFO that keeps only the newest unread
+    """The event-loop side of one request's outputs: a FIFO holding at most one unread
     unfinished `RequestOutput`.
 
-    Outputs are cumulative, so a newer one replaces an unread older one: a consumer that falls
-    behind (a slow client, a busy event loop) gets the latest text in one piece, and memory
-    stays O(length) instead of one full copy per step. Markers (`DONE`), errors and finished
-    outputs are never replaced. Not thread-safe: call from the event loop.
+    A newer output joins an unread older one: a cumulative one replaces it, a DELTA one is
+    appended to it (`RequestOutput.add`). So a consumer that falls behind (a slow client, a busy
+    event loop) gets everything new in one piece, and memory stays O(length) instead of one
+    output per step. Markers (`DONE`), errors and finished outputs are never joined. Not
+    thread-safe: call from the event loop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, is_delta: bool = False) -> None:
         self._items: collections.deque[Any] = collections.deque()
         self._waiter: asyncio.Future | None = None
+        self.is_delta = is_delta
 
     def put_nowait(self, item: Any) -> None:
         items = self._items
@@ -53,7 +56,10 @@ class OutputQueue:
             and isinstance(last, RequestOutput)
             and (not last.finished)
         ):
-            items[-1] = item
+            if self.is_delta:
+                last.add(item)
+            else:
+                items[-1] = item
         else:
             items.append(item)
         if self._waiter is not None and not self._waiter.done():
@@ -73,7 +79,7 @@ class OutputQueue:
 
 
 class RequestStream:
-    """Async iterator over one request's cumulative outputs; `abort()` cancels it.
+    """Async iterator over one request's outputs (as its `output_kind` says); `abort()` cancels it.
 
     Cancelling a task blocked in `__anext__`, or dropping an unfinished stream, aborts too.
     """
@@ -131,12 +137,16 @@ def with_finish_reason(output: RequestOutput, reason: str) -> RequestOutput:
     return dataclasses.replace(output, outputs=outputs, finished=True)
 
 
-def empty_output(request_id: str, num_outputs: int, reason: str) -> RequestOutput:
-    """The final output of a request that ended with `reason` before producing any token."""
+def empty_output(
+    request_id: str, num_outputs: int, reason: str, finished: set[int] | frozenset = frozenset()
+) -> RequestOutput:
+    """The final output of a request that ended with `reason` before producing any token (or,
+    as a DELTA, after it: nothing new, `reason` for each completion not in `finished`)."""
     outputs = [
         CompletionOutput(index=k, text="", token_ids=[], logprobs=None, cumulative_logprob=None,
                          finish_reason=reason, stop_reason=None)
         for k in range(num_outputs)
+        if k not in finished
     ]
     return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[],
                          prompt_logprobs=None, outputs=outputs, finished=True,

@@ -10,11 +10,11 @@ hundreds of kernel launches from Python.
     null block 0) with state slot 0 (the reserved padding slot) and length 1, so they read and
     write only reserved storage, never a real sequence's cache or state.
 
-A captured step is a `ForwardBatch` with `static_shapes=True`: its host lists describe the
-capture, and the layers take lengths from `seq_lens_tensor` and sizes from `max_seq_len` (= Lb)
-only (`hyla.forward_batch`). Its inputs live in one int64 device buffer (token ids, positions,
-slot mapping, state slots, lengths) and one int32 block table [Bp, Lb / B], filled per step by
-two host-to-device copies from pinned memory.
+A captured step is a `ForwardBatch` whose `AttentionMetadata.static` holds its capture buffers:
+its host lists describe the capture, and the layers take lengths from `attn.seq_lens` and sizes
+from `attn.max_seq_len` (= Lb) only (`hyla.attention_metadata`). Its inputs live in one int64
+device buffer (token ids, positions, slot mapping, state slots, lengths) and one int32 block
+table [Bp, Lb / B], filled per step by two host-to-device copies from pinned memory.
 
 Which steps can run captured: pure decode steps (no sequence at context 0: `can_run`) on CUDA
 with triton (and fla-core for KDA / GDN layers: `kernels_capturable`), of models whose mixers
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hyla.attention_metadata import AttentionMetadata
 from hyla.config import ModelConfig
 from hyla.forward_batch import DeviceTokens, ForwardBatch, LayerCache
 from hyla.models.hybrid import HybridModel
@@ -128,12 +129,10 @@ class _StaticStep:
             block_tables=self.tables,
             slot_mapping=view["slot_mapping"],
             state_indices=view["state_indices"],
-            state_indices_host=[0] * size,
+            state_indices_host=None,
             block_size=block_size,
             caches=caches,
-            seq_lens_tensor=view["seq_lens"],
-            max_seq_len=bucket,
-            static_shapes=True,
+            attn=AttentionMetadata.static(view["seq_lens"], bucket),  # over the capture buffer
         )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None

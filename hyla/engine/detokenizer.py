@@ -86,6 +86,11 @@ class IncrementalDetokenizer:
 
     def visible_text(self, finished: bool) -> str:
         """The text to report: all of it once finished, else minus the stop-string hold-back."""
+        return self.text[: self.visible_len(finished)]
+
+    def visible_len(self, finished: bool) -> int:
+        """Characters of `text` that may be reported: never fewer than at an earlier call (a
+        stop string is cut where the hold-back kept it unreported)."""
         if finished or self._hold == 0:
-            return self.text
-        return self.text[: max(0, len(self.text) - self._hold)]
+            return len(self.text)
+        return max(0, len(self.text) - self._hold)

@@ -2,7 +2,9 @@
 
 Each sequence is a scheduler `Request` (id `"{request_id}#{k}"`) plus what only the engine
 needs: its detokenizer, logprobs, and its own sampling generator when the request is seeded.
-`RequestGroup.output()` assembles the cumulative `RequestOutput` the caller sees.
+`RequestGroup.output()` assembles the `RequestOutput` the caller sees: cumulative, or with
+`RequestOutputKind.DELTA` only what each sequence has not sent yet (its new token ids, text and
+logprobs: O(new) a step, not O(length)).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hyla.request import (
     Request,
     RequestMetrics,
     RequestOutput,
+    RequestOutputKind,
     RequestStatus,
     SamplingParams,
 )
@@ -41,6 +44,9 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
     sampling_row: Any = None  # the engine's cached `SamplingRow` for it
+    num_sent_tokens: int = 0  # DELTA outputs: tokens (and logprobs) already sent
+    num_sent_chars: int = 0  # DELTA outputs: characters of text already sent
+    sent_finish: bool = False
 
     @property
     def is_finished(self) -> bool:
@@ -59,6 +65,30 @@ class Sequence:
             stop_reason=req.stop_reason if req.status in _WITH_REASON else None,
         )
 
+    def delta(self, index: int) -> CompletionOutput | None:
+        """What this completion has not sent yet (None when nothing: no token, text or finish)."""
+        req = self.request
+        finished = req.is_finished
+        end = self.detokenizer.visible_len(finished)
+        text = self.detokenizer.text[self.num_sent_chars : end]
+        ids = req.output_token_ids[self.num_sent_tokens :]
+        finish = finished and not self.sent_finish
+        if not (text or ids or finish):
+            return None
+        logprobs = None if self.logprobs is None else self.logprobs[self.num_sent_tokens :]
+        self.num_sent_chars = max(end, self.num_sent_chars)
+        self.num_sent_tokens = len(req.output_token_ids)
+        self.sent_finish = finished
+        return CompletionOutput(
+            index=index,
+            text=text,
+            token_ids=ids,
+            logprobs=logprobs,
+            cumulative_logprob=self.cumulative_logprob,
+            finish_reason=req.status.finish_reason,
+            stop_reason=req.stop_reason if req.status in _WITH_REASON else None,
+        )
+
 
 @dataclass
 class RequestGroup:
@@ -71,6 +101,7 @@ class RequestGroup:
     metrics: RequestMetrics
     sequences: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    has_output: bool = False  # DELTA outputs: prompt logprobs go in the first one only
 
     @property
     def is_finished(self) -> bool:
@@ -83,25 +114,44 @@ class RequestGroup:
         pos = len(self.prompt_logprobs) - 1
         return pos if pos < len(self.prompt_token_ids) - 1 else None
 
-    def output(self) -> RequestOutput:
-        finished = self.is_finished
+    def output(self) -> RequestOutput | None:
+        """The output of this step; None for a DELTA output with nothing new."""
         seqs = self.sequences
-        if self.params.num_sequences > self.params.n:
-            seqs = sorted(seqs, key=lambda s: -s.cumulative_logprob)[: self.params.n]
+        if self.params.num_sequences > self.params.n:  # only once finished: the best n
+            seqs = sorted(seqs, key=_rank)[: self.params.n]
+        plp = self.prompt_logprobs
+        if self.params.output_kind is RequestOutputKind.DELTA:
+            outputs = [c for i, s in enumerate(seqs) if (c := s.delta(i)) is not None]
+            if not outputs:
+                return None
+            plp = None if self.has_output else plp
+        else:
+            outputs = [s.completion(i) for i, s in enumerate(seqs)]
+        self.has_output = True
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,  # shared, never copied: O(prompt) a step
-            prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
-            outputs=[s.completion(i) for i, s in enumerate(seqs)],
-            finished=finished,
+            prompt_logprobs=None if plp is None else list(plp),
+            outputs=outputs,
+            finished=self.is_finished,
             metrics=self.metrics,
             num_cached_tokens=self.sequences[0].request.num_cached_tokens,
         )
 
     def wants_stream_output(self) -> bool:
-        """best_of > n picks the winners at the end: no partial outputs before that."""
-        return self.params.num_sequences == self.params.n or self.is_finished
+        """best_of > n picks the winners at the end, FINAL_ONLY asks for the end: no partial
+        outputs before that (the one case that buffers)."""
+        final_only = self.params.output_kind is RequestOutputKind.FINAL_ONLY
+        buffered = final_only or self.params.num_sequences > self.params.n
+        return not buffered or self.is_finished
+
+
+def _rank(seq: Sequence) -> tuple[bool, float]:
+    """best_of's order: the highest cumulative logprob first, among sequences with a token (one
+    without, ended by a timeout or abort while it waited, has logprob 0: it must not win and
+    make the request look unstarted)."""
+    return (not seq.request.output_token_ids, -seq.cumulative_logprob)
 
 
 def new_group(

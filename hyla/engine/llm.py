@@ -17,6 +17,7 @@ prompts always work, with or without one.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from hyla.engine.llm_engine import LLMEngine, resolve_device
 from hyla.engine.startup import TOKENIZER_FILES, apply_cpu_threads, log_startup
 from hyla.multimodal.chat import chat_prompt
 from hyla.multimodal.runtime import PreparedPrompt
-from hyla.request import InvalidRequestError, RequestOutput, SamplingParams
+from hyla.request import InvalidRequestError, RequestOutput, RequestOutputKind, SamplingParams
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -88,6 +89,15 @@ def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> 
         net = random_model(model, config.seed, config.device)
         return LLMEngine(net, None, config)
     return LLMEngine.from_path(model, **overrides)
+
+
+def _final_only(params: Any) -> Any:
+    """`params` asking for the final output only (generate reads nothing else: no per-step
+    copies); anything but SamplingParams goes on unchanged for the engine to refuse."""
+    params = SamplingParams() if params is None else params
+    if not isinstance(params, SamplingParams):
+        return params
+    return dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def _is_token_id(t: Any) -> bool:
@@ -206,7 +216,7 @@ class LLM:
         rids: list[str] = []
         try:
             for prompt, p in zip(items, per, strict=True):
-                rids.append(self._add(prompt, p))
+                rids.append(self._add(prompt, _final_only(p)))
             return self._run(rids, use_tqdm)
         finally:
             self._drop([r for r in rids if r in self._inbox])
@@ -251,7 +261,8 @@ class LLM:
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:
-        """Yield the request's cumulative output after every step that changed it.
+        """Yield the request's output after every step that changed it (cumulative unless
+        `params.output_kind` asks for deltas).
 
         Closing the iterator early aborts the request.
         """

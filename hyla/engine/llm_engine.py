@@ -37,6 +37,7 @@ from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
+from hyla.engine.piecewise_graphs import token_buckets
 from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.engine.warmup import warm_up
@@ -127,11 +128,8 @@ class LLMEngine:
         self.config = engine_config
         self.model_config: ModelConfig = model.config
         self.model_name = "hyla"
-        self.max_model_len = (
-            engine_config.max_model_len
-            or engine_config.scheduler.max_model_len
-            or self.model_config.max_context_len
-        )
+        # The one resolved value; everything else (server, runner, requests) reads this one.
+        self.max_model_len = engine_config.max_model_len or self.model_config.max_context_len
         device = next(model.parameters()).device
         sched = engine_config.scheduler
         budget = memory_budget(engine_config.cache, device)
@@ -157,14 +155,17 @@ class LLMEngine:
             multimodal.max_encoder_tokens = self.max_encoder_tokens
         self.scheduler = Scheduler(sched, self.cache, budget)
         sizes: tuple[int, ...] = ()
+        buckets: tuple[int, ...] = ()
         if device.type == "cuda" and not engine_config.enforce_eager:
             if kernels_capturable(self.model_config):
                 sizes = graph_batch_sizes(self.model_config, sched.max_num_seqs)
+                if engine_config.piecewise_cuda_graphs:
+                    buckets = token_buckets(sched.max_num_batched_tokens)
             else:
                 logger.warning("no CUDA graphs: triton or fla-core is missing")
         if device.type == "cuda":  # one matmul per projection group (one kernel, not n + 1)
             self.model.stack_projections()
-        self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len)
+        self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len, buckets)
         self.runner.multimodal = multimodal
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
@@ -403,7 +404,8 @@ class LLMEngine:
         N's tokens on the host while it runs (stops, detokenization, outputs).
 
         Returns: the outputs of requests that got new tokens or finished since the last call
-        (aborts, timeouts and errors included), cumulative. A token's output comes out of the
+        (aborts, timeouts and errors included), cumulative or deltas as each request's
+        `SamplingParams.output_kind` asks. A token's output comes out of the
         step after the one that sampled it; a request ended by a token (EOS, stop string) has
         one more token computed meanwhile, which is dropped.
         """
@@ -484,7 +486,7 @@ class LLMEngine:
         """The bookkeeping of a launched step, once the step before it was processed (so every
         computed token but the new placeholders is known): counters, blocks and checkpoints
         filed, a placeholder per sampled request still running."""
-        self.scheduler.update(step.out, {})
+        self.scheduler.update(step.out)
         if self.multimodal is not None:  # images computed whole leave the encoder cache
             self.multimodal.after_step(step.requests.values())
         for rid in step.sample_ids:
@@ -654,7 +656,9 @@ class LLMEngine:
                 for seq in group.sequences:
                     self._seq_owner.pop(seq.request.request_id, None)
                     self._seq_of.pop(seq.request.request_id, None)
-            outputs.append(group.output())
+            output = group.output()
+            if output is not None:
+                outputs.append(output)
         self._dirty.clear()
         return outputs
 

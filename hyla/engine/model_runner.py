@@ -9,7 +9,9 @@ manager), run the model once, and compute logits only for the rows that need the
            ^^^^^^^^^^^^^ prompt-logprob rows, when r0 asked for them
 
 A pure decode step (one new token per request, none at context 0) on CUDA replays a captured
-CUDA graph instead (`hyla.engine.cuda_graphs`) when the model and batch size allow it.
+CUDA graph instead (`hyla.engine.cuda_graphs`) when the model and batch size allow it; other
+steps replay their token-wise pieces when `piecewise_cuda_graphs` is on
+(`hyla.engine.piecewise_graphs`).
 
 A request is sampled when this step computes its last uncomputed token. Prompt logprobs come
 from the rows at positions p < prompt_len - 1 (row p predicts prompt token p + 1).
@@ -24,10 +26,12 @@ import torch
 from hyla.cache.manager import CacheManager
 from hyla.engine.cuda_graphs import CaptureFailed, DecodeGraphs, DecodeInputs
 from hyla.engine.memory import CachePlan
+from hyla.engine.piecewise_graphs import PiecewiseGraphs
 from hyla.engine.sampler import top_logprobs
 from hyla.engine.state_copies import copy_state_rows, set_state_boundaries, state_tensors
 from hyla.forward_batch import (
     DeviceTokens,
+    ForwardBatch,
     allocate_caches,
     build_forward_batch,
     index_tensor,
@@ -56,6 +60,8 @@ class ModelRunner:
         plan: pool sizes; the caches are allocated here, zero-filled.
         graph_batch_sizes: batch sizes of captured decode steps (CUDA only; empty: none).
         max_model_len: the longest sequence, the last context bucket of the graphs.
+        token_buckets: token buckets of the piecewise graphs of other steps (CUDA only;
+            empty: none; `hyla.engine.piecewise_graphs`).
     """
 
     def __init__(
@@ -64,6 +70,7 @@ class ModelRunner:
         plan: CachePlan,
         graph_batch_sizes: tuple[int, ...] = (),
         max_model_len: int | None = None,
+        token_buckets: tuple[int, ...] = (),
     ) -> None:
         self.model = model
         self.config = model.config
@@ -81,6 +88,9 @@ class ModelRunner:
                 model, self.caches, self.block_size, graph_batch_sizes,
                 max_model_len=max_model_len,
             )  # fmt: skip
+        self.piecewise: PiecewiseGraphs | None = None
+        if token_buckets and self.device.type == "cuda":
+            self.piecewise = PiecewiseGraphs(model, token_buckets)
 
     @torch.inference_mode()
     def execute(
@@ -140,17 +150,27 @@ class ModelRunner:
             input_ids = index_tensor(tokens, self.device)
             if device_tokens is not None:
                 device_tokens.apply(input_ids)
-            extra, positions = (), batch.positions
             if self.multimodal is not None:  # image rows' embeddings, M-RoPE positions
                 mm = self.multimodal
                 embeds = mm.embeddings(
                     ids, context_lens, query_lens, input_ids, self.model.embed_tokens
                 )
                 extra = () if embeds is None else (embeds,)
-                positions = mm.positions(ids, context_lens, query_lens, positions)
-            hidden = self.model(input_ids, positions, batch, *extra)
+                positions = mm.positions(ids, context_lens, query_lens, batch.positions)
+                hidden = self.model(input_ids, positions, batch, *extra)
+            else:  # (piecewise graphs take token ids and plain positions only)
+                hidden = self._forward(input_ids, batch)
         copy_state_rows(self.state_tensors, out.state_saves)  # slot at its chunk end -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
+
+    def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """An eager step: its token-wise pieces from CUDA graphs when they are on."""
+        pieces = self.piecewise
+        if pieces is not None and pieces.can_run(input_ids.shape[0]):
+            hidden = pieces.run(input_ids, batch)
+            if hidden is not None:
+                return hidden
+        return self.model(input_ids, batch.positions, batch)
 
     def _logits(
         self,

@@ -4,7 +4,8 @@
 the largest token bucket (a chunk of `max_num_batched_tokens` tokens on a GPU; a short one on
 the CPU, where nothing is compiled), then, for each captured decode batch size b, b one-token
 requests decoding once (the decode graph of the smallest context bucket is captured, the
-Triton/fla kernels of those shapes compiled and autotuned). The engine is left idle: every
+Triton/fla kernels of those shapes compiled and autotuned), and with piecewise graphs one
+prefill of each smaller token bucket (its pieces captured). The engine is left idle: every
 block and slot free, prefix-cache counters reset.
 """
 
@@ -37,6 +38,10 @@ def warm_up(engine: Any) -> float:
     graphs = engine.runner.graphs
     for size in graphs.batch_sizes if graphs is not None else ():
         _run(engine, [[1]] * min(size, sched.max_num_seqs))
+    pieces = engine.runner.piecewise  # one prefill step of each other token bucket
+    for size in pieces.buckets if pieces is not None else ():
+        if size < num:
+            _run(engine, [[1] * size])
     if engine.cache.prefix is not None:
         engine.cache.prefix.stats = PrefixStats()
     seconds = time.monotonic() - start

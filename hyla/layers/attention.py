@@ -21,7 +21,6 @@ from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rotary import RotaryEmbedding
 from hyla.ops.dsa_indexer.rows import row_positions
-from hyla.ops.gpu import use_triton
 from hyla.ops.gqa import paged_gqa, paged_gqa_bounded
 from hyla.ops.mla import mla_absorbed_batched, mla_expanded, mla_paged
 from hyla.ops.paged import write_paged_entries
@@ -85,9 +84,9 @@ class MLAttention(nn.Module):
     `mla.use_rope` the rope channels rotate (style from `config.rope`, "interleave" for DeepSeek)
     and the softmax scale includes YaRN's mscale^2; without (Kimi-Linear) they stay unrotated and
     the scale is `(Dn+Dr)^-0.5`. On the CPU, prefill sequences use the expanded form, decode
-    sequences (one new token) the absorbed one, all of them in one batched call; on CUDA, and in
-    a static-shape (captured) step, every row takes `mla_paged` (absorbed, lengths read on the
-    device, Triton on CUDA).
+    sequences (one new token) the absorbed one, all of them in one batched call; when the step's
+    lengths are read on the device (`batch.attn.lengths_on_device`: on CUDA, and in a captured
+    step) every row takes `mla_paged` (absorbed, Triton on CUDA).
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -194,7 +193,7 @@ class MLAttention(nn.Module):
         cache = batch.caches[self.layer_idx]
         latent_cache = cache["latent"]
         write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
-        if use_triton(hidden_states) or batch.static_shapes:  # lengths from the device
+        if batch.attn.lengths_on_device:  # one call over all rows
             num_rows = hidden_states.shape[0]
             rows = batch.shared(("row_positions", num_rows), lambda: row_positions(
                 batch.cu_seqlens, batch.seq_lens_tensor, num_rows))  # fmt: skip
@@ -217,8 +216,9 @@ class GQAttention(nn.Module):
     channels then K gate channels), `k_proj` / `v_proj` [HKV*K, D], `o_proj` [D, H*K]; `q_norm`,
     `k_norm` [K] (zero-centred when `config.norm_offset` is 1). Rope rotates the first
     `config.rope.rotary_dim` channels of each head (partial rotary). Caches "k" / "v"
-    [P, B, HKV, K] hold the normed, roped keys and the values. A static-shape (captured) step
-    attends through `paged_gqa_bounded` (lengths on the device), any other step through
+    [P, B, HKV, K] hold the normed, roped keys and the values. A step whose lengths only the
+    device holds (`attn.seq_lens_host` None: a captured one) attends through
+    `paged_gqa_bounded`, any other step through
     `paged_gqa` (on CUDA one FlashAttention-style Triton launch over the paged K/V; elsewhere
     the dense reference, one sequence at a time).
     """
@@ -264,13 +264,14 @@ class GQAttention(nn.Module):
         write_paged_entries(cache, "k", batch.slot_mapping, k)
         write_paged_entries(cache, "v", batch.slot_mapping, v)
         kv_scales = {"k_scale": cache.get("k_scale"), "v_scale": cache.get("v_scale")}
-        if batch.static_shapes:  # a captured step: lengths from the device, size from the bound
+        attn = batch.attn
+        if attn.seq_lens_host is None:  # lengths only on the device, size from the bound
             out = paged_gqa_bounded(
                 q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
-                batch.seq_lens_tensor, batch.max_seq_len, self.scale, **kv_scales,
+                attn.seq_lens, attn.max_seq_len, self.scale, **kv_scales,
             ).flatten(1)  # fmt: skip
         else:  # on CUDA one Triton launch, lengths from the device (`hyla.ops.gqa.kernels`)
-            lens = batch.seq_lens_tensor if use_triton(q) else batch.seq_lens
+            lens = attn.seq_lens if attn.lengths_on_device else attn.seq_lens_host
             out = paged_gqa(
                 q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
                 lens, self.scale, **kv_scales,

@@ -16,7 +16,6 @@ from hyla.layers.attention import MLAProjection, MLAttention, select_sequences
 from hyla.layers.linear import Linear
 from hyla.ops.dsa_indexer import lightning_indexer_topk
 from hyla.ops.dsa_indexer.rows import dense_topk_indices
-from hyla.ops.gpu import use_triton
 from hyla.ops.paged import write_paged_entries
 from hyla.ops.rotary import apply_rope
 from hyla.ops.sparse_attention import sparse_mla
@@ -68,9 +67,9 @@ class DSAttention(MLAttention):
     Caches: "latent" [P, B, R+Dr] (as MLA) and "index_keys" [P, B, Di] (roped, normed indexer
     keys). A sequence whose whole length is <= `index_topk` takes MLA's dense causal path (the
     indexer would select every visible token, so the result is the same); longer sequences run
-    the indexer's causal top-k and `sparse_mla` over only the selected tokens. On CUDA (and in
-    static-shape captured steps) every row goes through one `sparse_mla` call
-    (`attend_selected`).
+    the indexer's causal top-k and `sparse_mla` over only the selected tokens. When the step's
+    lengths are read on the device (`batch.attn.lengths_on_device`: on CUDA, and in captured
+    steps) every row goes through one `sparse_mla` call (`attend_selected`).
 
     Raises: ValueError at construction when `mla.q_lora_rank` is None (the indexer reads the
     q low-rank activation).
@@ -92,7 +91,7 @@ class DSAttention(MLAttention):
         write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
         index_q, index_w, index_k = self.indexer(hidden_states, proj.q_resid, proj.cos_sin)
         write_paged_entries(cache, "index_keys", batch.slot_mapping, index_k)
-        if use_triton(hidden_states) or batch.static_shapes:  # one sparse_mla call, all rows
+        if batch.attn.lengths_on_device:  # one sparse_mla call, all rows
             out = self.attend_selected(proj, index_q, index_w, batch)
             return self.o_proj(out.flatten(1))
         seq_lens = batch.seq_lens
@@ -112,7 +111,7 @@ class DSAttention(MLAttention):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         """Every row's attention [T, H, Dv] in one `sparse_mla` call, with lengths read on the
-        device (the CUDA path, and static-shape captured steps). While no sequence can be longer
+        device (`batch.attn.lengths_on_device`). While no sequence can be longer
         than k (`batch.max_seq_len <= k`) every row selects all its visible tokens
         (`dense_topk_indices`: exact dense causal MLA, no indexer run); otherwise the indexer
         ranks every row (a row seeing <= k tokens then selects them all: the same set)."""
@@ -127,7 +126,7 @@ class DSAttention(MLAttention):
                 index_q, index_w, cache["index_keys"], batch.block_tables, batch.cu_seqlens,
                 batch.seq_lens_tensor, k, self.indexer.softmax_scale,
                 cache.get("index_keys_scale"), max_seq_len=batch.max_seq_len,
-                static_shapes=batch.static_shapes,
+                static_shapes=batch.attn.graph_kernels,
             )  # fmt: skip
         return sparse_mla(
             proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,

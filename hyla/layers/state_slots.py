@@ -73,7 +73,7 @@ def short_conv_step(
 def varlen_conv_runs(pool: torch.Tensor, batch: ForwardBatch) -> bool:
     """Whether a multi-token step's short conv takes the Triton kernel (bench/gpu_mixed_step.py
     patches this to time the path it replaced)."""
-    return triton_runs_on(pool) and not batch.static_shapes
+    return triton_runs_on(pool) and batch.attn.seq_lens_host is not None  # host flags known
 
 
 def _is_pure_decode(batch: ForwardBatch) -> bool:
@@ -134,10 +134,10 @@ def _slot_range(
 ) -> tuple[slice, torch.Tensor | None] | None:
     """When this step's state slots are exactly the rows lo .. lo + N - 1 (fp32 states), that
     range and the batch positions in slot order (None if already in order); else None. Always
-    None for a static-shape step, whose host slots are capture-time placeholders."""
-    if batch.static_shapes:
-        return None
+    None when the host does not hold the step's slots (a static step)."""
     slots = batch.state_indices_host
+    if slots is None:
+        return None
     lo = min(slots)
     if states.dtype != torch.float32 or sorted(slots) != list(range(lo, lo + len(slots))):
         return None

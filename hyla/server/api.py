@@ -14,12 +14,12 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from hyla.engine.async_engine import AsyncEngine
 from hyla.multimodal.chat import chat_images
-from hyla.server import convert
+from hyla.server import convert, limits
 from hyla.server.errors import (
     GET_RESPONSES,
     POST_RESPONSES,
@@ -53,7 +53,7 @@ from hyla.server.protocol import (
 from hyla.server.serving import (
     Batch,
     Context,
-    DeltaTracker,
+    UsageCounter,
     collect,
     sse,
     sse_events,
@@ -127,12 +127,20 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
         card = ModelCard(id=ctx.model_name, max_model_len=ctx.engine.max_model_len)
         return _json(ModelList(data=[card]))
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES)
+    # Sizes are checked on the raw JSON before the body is validated (`limits.py`).
+    async def completion_sizes(request: Request) -> None:
+        limits.check_completion_sizes(await limits.raw_json(request), ctx.engine.max_model_len)
+
+    async def chat_sizes(request: Request) -> None:
+        limits.check_chat_sizes(await limits.raw_json(request), ctx.engine.max_model_len)
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES,
+              dependencies=[Depends(completion_sizes)])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await _guard(create_completion(ctx, body, request))
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-              responses=POST_RESPONSES)
+              responses=POST_RESPONSES, dependencies=[Depends(chat_sizes)])
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         # the engine checks the rendered prompt; the client sent `messages`
         sent = {"prompt": "messages"}
@@ -168,7 +176,7 @@ def _json(model: Any) -> Response:
 
 async def create_completion(ctx: Context, req: CompletionRequest, request: Request) -> Response:
     convert.check_model(req.model, ctx.model_name)
-    prompts = convert.normalize_prompts(req.prompt, ctx.engine.max_model_len)
+    prompts = convert.normalize_prompts(req.prompt)
     params = convert.completion_params(req, ctx.engine.max_model_len)
     batch = await start_streams(ctx, prompts, params, random_id("cmpl"))
     if req.stream:
@@ -217,33 +225,27 @@ def _completion_logprobs(ctx: Context, req: CompletionRequest, out: Any, complet
 
 
 async def _completion_events(ctx: Context, req: CompletionRequest, batch: Batch) -> Any:
-    deltas = DeltaTracker()
     echoed: set[int] = set()
-    finals: list[Any] = [None] * len(batch.streams)
+    usage = UsageCounter(len(batch.streams))
     offsets: dict[int, int] = {}
 
     def events(i: int, out: Any) -> list[str]:
-        finals[i] = out
+        usage.observe(i, out)
         chunks = []
-        for c in out.outputs:
+        for c in out.outputs:  # deltas: each token, piece of text and finish once
             index = i * batch.n + c.index
             prefix = ""
             if req.echo and index not in echoed:
                 echoed.add(index)
                 prefix = _prompt_text(ctx, out)
-            delta = deltas.delta(index, c)
-            if delta is None and not prefix:
-                continue
-            text, _, first, is_finish = delta or ("", [], len(c.token_ids), False)
             logprobs = None
             if req.logprobs is not None:
-                logprobs = _completion_logprobs(ctx, req, out, c, first, prefix,
+                logprobs = _completion_logprobs(ctx, req, out, c, 0, prefix,
                                                 offsets.get(index, 0))
                 if logprobs.tokens:  # offsets count token strings, as in the non-stream answer
                     offsets[index] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
-            choice = CompletionChoice(index=index, text=prefix + text, logprobs=logprobs,
-                                      finish_reason=c.finish_reason if is_finish else None,
-                                      stop_reason=c.stop_reason if is_finish else None)
+            choice = CompletionChoice(index=index, text=prefix + c.text, logprobs=logprobs,
+                                      finish_reason=c.finish_reason, stop_reason=c.stop_reason)
             chunks.append(sse(CompletionResponse(id=batch.id, created=batch.created,
                                                  model=ctx.model_name, choices=[choice])))
         return chunks
@@ -252,7 +254,7 @@ async def _completion_events(ctx: Context, req: CompletionRequest, batch: Batch)
         if not (req.stream_options and req.stream_options.include_usage):
             return []
         return [sse(CompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
-                                       choices=[], usage=usage_of(finals)))]
+                                       choices=[], usage=usage.usage()))]
 
     async for event in sse_events(batch, events, finish):
         yield event
@@ -265,7 +267,6 @@ async def create_chat_completion(
     ctx: Context, req: ChatCompletionRequest, request: Request
 ) -> Response:
     convert.check_model(req.model, ctx.model_name)
-    convert.check_num_messages(req, ctx.engine.max_model_len)  # before the costly rendering
     params = convert.chat_params(req, ctx.engine.max_model_len)
     # Template rendering and tokenization of a large conversation take seconds: not on the loop.
     prompt = await asyncio.to_thread(_chat_prompt, ctx, req)
@@ -304,8 +305,7 @@ def _chat_logprobs(ctx: Context, req: ChatCompletionRequest, completion: Any, fi
 
 
 async def _chat_events(ctx: Context, req: ChatCompletionRequest, batch: Batch) -> Any:
-    deltas = DeltaTracker()
-    finals: list[Any] = [None]
+    usage = UsageCounter(1)
 
     def chunk(choices: list[ChatChunkChoice], usage: Any = None) -> str:
         return sse(ChatCompletionChunk(id=batch.id, created=batch.created, model=ctx.model_name,
@@ -315,25 +315,21 @@ async def _chat_events(ctx: Context, req: ChatCompletionRequest, batch: Batch) -
                     for k in range(batch.n)])]
 
     def events(i: int, out: Any) -> list[str]:
-        finals[i] = out
-        choices = []
-        for c in out.outputs:
-            delta = deltas.delta(c.index, c)
-            if delta is None:
-                continue
-            text, _, first, is_finish = delta
-            choices.append(ChatChunkChoice(
-                index=c.index, delta=DeltaMessage(content=text or None),
-                logprobs=_chat_logprobs(ctx, req, c, first),
-                finish_reason=c.finish_reason if is_finish else None,
-                stop_reason=c.stop_reason if is_finish else None,
-            ))
+        usage.observe(i, out)
+        choices = [  # deltas: each token, piece of text and finish once
+            ChatChunkChoice(
+                index=c.index, delta=DeltaMessage(content=c.text or None),
+                logprobs=_chat_logprobs(ctx, req, c, 0),
+                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            )
+            for c in out.outputs
+        ]
         return [chunk(choices)] if choices else []
 
     def finish() -> list[str]:
         if not (req.stream_options and req.stream_options.include_usage):
             return []
-        return [chunk([], usage_of(finals))]
+        return [chunk([], usage.usage())]
 
     async for event in sse_events(batch, events, finish, start):
         yield event

@@ -12,7 +12,7 @@ import jinja2
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from hyla.request import SamplingParams, SamplingParamsError
+from hyla.request import RequestOutputKind, SamplingParams, SamplingParamsError
 from hyla.server.errors import APIError
 from hyla.server.protocol import (
     ChatCompletionRequest,
@@ -24,7 +24,6 @@ from hyla.server.protocol import (
     TopLogprob,
 )
 
-MAX_PROMPTS = 64
 MAX_SEED = 2**63 - 1
 # Every generated token is checked against every stop string and stop token id, on the engine
 # thread: without a bound, one request (n=16, 64 prompts, 6 MB of stop strings) stalls the
@@ -58,38 +57,17 @@ def check_text(value: str, field: str) -> str:
     return value
 
 
-def normalize_prompts(prompt: Any, max_model_len: int | None = None) -> list[str | list[int]]:
-    """OpenAI's four prompt shapes -> a list of prompts, each text or token ids. A token-id
-    prompt that alone fills the context window is refused here, before anything else."""
+def normalize_prompts(prompt: Any) -> list[str | list[int]]:
+    """OpenAI's four prompt shapes -> a list of prompts, each text or token ids (their count
+    and lengths were checked before the body was validated: `limits.check_completion_sizes`)."""
     if isinstance(prompt, str):
         return [check_text(prompt, "prompt")]
     if not prompt:
         raise APIError(400, "prompt: must not be empty", param="prompt")
     if isinstance(prompt[0], int):  # one token-id prompt (the schema allows no mixed list)
-        _check_num_ids(len(prompt), max_model_len, "prompt")
         return [list(prompt)]
-    if len(prompt) > MAX_PROMPTS:
-        raise APIError(400, f"prompt: at most {MAX_PROMPTS} prompts per request, got "
-                       f"{len(prompt)}", param="prompt")
-    for i, p in enumerate(prompt):
-        if not isinstance(p, str):
-            _check_num_ids(len(p), max_model_len, f"prompt[{i}]")
     return [check_text(p, f"prompt[{i}]") if isinstance(p, str) else list(p)
             for i, p in enumerate(prompt)]
-
-
-def _check_num_ids(num: int, max_model_len: int | None, field: str) -> None:
-    if max_model_len is not None and num >= max_model_len:
-        raise APIError(400, f"{field}: {num} token ids but the context window is {max_model_len} "
-                       "tokens (at least one must remain for the output)", param=field)
-
-
-def check_num_messages(req: ChatCompletionRequest, max_model_len: int) -> None:
-    """Every message renders to at least one token: refuse a conversation of max_model_len
-    messages or more before rendering it (100k messages take seconds to render)."""
-    if len(req.messages) >= max_model_len:
-        raise APIError(400, f"messages: {len(req.messages)} messages cannot fit the context "
-                       f"window of {max_model_len} tokens", param="messages")
 
 
 def completion_params(req: CompletionRequest, max_model_len: int) -> SamplingParams:
@@ -179,7 +157,7 @@ def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any
                        code="invalid_value")
     try:
         return SamplingParams(
-            n=req.n, seed=req.seed, stop=tuple(stop),
+            n=req.n, seed=req.seed, stop=tuple(stop), output_kind=RequestOutputKind.DELTA,
             stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output, **kw,

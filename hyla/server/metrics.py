@@ -152,14 +152,20 @@ class RequestTracker:
         self.metrics = metrics
         self.start = time.monotonic()
         self.last_time: float | None = None
-        self.num_tokens = 0
+        self.num_tokens_of: dict[int, int] = {}  # per completion index
+        self.finish_reasons: list[str] = []
         self.is_done = False
 
     def observe(self, output: Any) -> None:
-        """Record a cumulative `RequestOutput` as it reaches the event loop."""
+        """Record a DELTA `RequestOutput` (each token and finish once) as it reaches the event
+        loop; TTFT and ITL follow the completion with the most tokens."""
         now = time.monotonic()
-        num_tokens = max((len(o.token_ids) for o in output.outputs), default=0)
-        new = num_tokens - self.num_tokens
+        before = max(self.num_tokens_of.values(), default=0)
+        for o in output.outputs:
+            self.num_tokens_of[o.index] = self.num_tokens_of.get(o.index, 0) + len(o.token_ids)
+            if o.finish_reason is not None:
+                self.finish_reasons.append(o.finish_reason)
+        new = max(self.num_tokens_of.values(), default=0) - before
         if new > 0:
             if self.last_time is None:
                 self.metrics.ttft.observe(now - self.start)
@@ -169,7 +175,6 @@ class RequestTracker:
                 for _ in range(new):
                     self.metrics.itl.observe(gap)
             self.last_time = now
-            self.num_tokens = num_tokens
         if output.finished:
             self._finish(output, now)
 
@@ -184,6 +189,6 @@ class RequestTracker:
         m = self.metrics
         m.e2e.observe(now - self.start)
         m.prompt_tokens.inc(len(output.prompt_token_ids))
-        m.generation_tokens.inc(sum(len(o.token_ids) for o in output.outputs))
-        for o in output.outputs:
-            m.finished.labels(o.finish_reason or "unknown").inc()
+        m.generation_tokens.inc(sum(self.num_tokens_of.values()))
+        for reason in self.finish_reasons:
+            m.finished.labels(reason).inc()

@@ -9,6 +9,7 @@ disconnect frees the request's blocks and state slot before the engine's next st
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -62,10 +63,11 @@ async def start_streams(ctx: Context, prompts: list[Any], params: Any, request_i
     return Batch(streams, trackers, params.n, request_id)
 
 
-def check_produced(output: Any) -> None:
-    """Raises APIError 503 for a request that ended by timeout or abort before its first token:
-    an error says what happened; a 200 with empty text and finish_reason "timeout" did not."""
-    if not output.finished or any(c.token_ids for c in output.outputs):
+def check_produced(output: Any, has_tokens: bool) -> None:
+    """Raises APIError 503 for a request that ended by timeout or abort before its first token
+    (`has_tokens`: an earlier output had one): an error says what happened; a 200 with empty
+    text and finish_reason "timeout" did not."""
+    if not output.finished or has_tokens or any(c.token_ids for c in output.outputs):
         return
     reasons = {c.finish_reason for c in output.outputs}
     if reasons == {"timeout"}:
@@ -78,18 +80,26 @@ def check_produced(output: Any) -> None:
 
 
 async def iterate(batch: Batch) -> AsyncIterator[tuple[int, Any]]:
-    """Yield `(prompt_index, RequestOutput)` from all streams as outputs arrive.
+    """Yield `(prompt_index, RequestOutput)` from all streams as outputs arrive (deltas, or
+    final outputs only: each token and each finish once).
 
     Raises: APIError 503 when a request ended without a token (`check_produced`).
     """
+    has_tokens: set[int] = set()
+
+    def checked(i: int, output: Any) -> Any:
+        batch.trackers[i].observe(output)
+        check_produced(output, i in has_tokens)
+        if any(c.token_ids for c in output.outputs):
+            has_tokens.add(i)
+        return output
+
     if len(batch.streams) == 1:
         async for output in batch.streams[0]:
-            batch.trackers[0].observe(output)
-            check_produced(output)
-            yield 0, output
+            yield 0, checked(0, output)
         return
-    # Outputs are cumulative: keep only the newest unread one per prompt, so a slow consumer
-    # holds at most one output per prompt (not one full copy per engine step).
+    # An unread output per prompt takes the later ones in (`RequestOutput.add`), so a slow
+    # consumer holds at most one output per prompt, not one per engine step.
     latest: dict[int, Any] = {}
     errors: list[BaseException] = []
     ended: set[int] = set()
@@ -98,7 +108,10 @@ async def iterate(batch: Batch) -> AsyncIterator[tuple[int, Any]]:
     async def pump(i: int, stream: RequestStream) -> None:
         try:
             async for output in stream:
-                latest[i] = output
+                if i in latest:
+                    latest[i].add(output)
+                else:
+                    latest[i] = output
                 ready.set()
         except Exception as e:
             errors.append(e)
@@ -112,10 +125,7 @@ async def iterate(batch: Batch) -> AsyncIterator[tuple[int, Any]]:
                 raise errors[0]
             if latest:
                 i = next(iter(latest))
-                output = latest.pop(i)
-                batch.trackers[i].observe(output)
-                check_produced(output)
-                yield i, output
+                yield i, checked(i, latest.pop(i))
                 continue
             if len(ended) == len(tasks):
                 return
@@ -127,12 +137,13 @@ async def iterate(batch: Batch) -> AsyncIterator[tuple[int, Any]]:
 
 
 async def collect(request: Request, batch: Batch) -> list[Any] | None:
-    """The final output of every prompt, or None if the client disconnected first."""
-    finals: list[Any] = [None] * len(batch.streams)
+    """The final output of every prompt, joined from its deltas, or None if the client
+    disconnected first."""
+    joined = [Joined() for _ in batch.streams]
 
     async def run() -> None:
         async for i, output in iterate(batch):
-            finals[i] = output
+            joined[i].add(output)
 
     work = asyncio.create_task(run())
     watch = asyncio.create_task(_wait_for_disconnect(request))
@@ -140,12 +151,45 @@ async def collect(request: Request, batch: Batch) -> list[Any] | None:
         done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         if work in done:
             work.result()
-            return finals
+            return [j.output() for j in joined]
         return None
     finally:
         for task in (work, watch):
             task.cancel()
         batch.abort()
+
+
+class Joined:
+    """One prompt's DELTA outputs joined into its final output (pieces kept in lists, joined
+    once at the end: O(length), not O(length) per step)."""
+
+    def __init__(self) -> None:
+        self.last: Any = None
+        self.prompt_logprobs: Any = None
+        self.pieces: dict[int, tuple[list[str], list[int], list[Any] | None]] = {}
+        self.ends: dict[int, Any] = {}
+
+    def add(self, output: Any) -> None:
+        self.last = output
+        self.prompt_logprobs = self.prompt_logprobs or output.prompt_logprobs
+        for c in output.outputs:
+            texts, ids, lps = self.pieces.setdefault(
+                c.index, ([], [], None if c.logprobs is None else []))
+            texts.append(c.text)
+            ids.extend(c.token_ids)
+            if lps is not None and c.logprobs is not None:
+                lps.extend(c.logprobs)
+            self.ends[c.index] = c
+
+    def output(self) -> Any:
+        if self.last is None:
+            return None
+        outputs = [
+            dataclasses.replace(self.ends[k], text="".join(texts), token_ids=ids, logprobs=lps)
+            for k, (texts, ids, lps) in sorted(self.pieces.items())
+        ]
+        return dataclasses.replace(self.last, outputs=outputs,
+                                   prompt_logprobs=self.prompt_logprobs)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -192,25 +236,18 @@ async def sse_events(
     yield "data: [DONE]\n\n"
 
 
-class DeltaTracker:
-    """Per choice: how much text, how many tokens and whether the finish were already sent."""
+class UsageCounter:
+    """Token counts of a streamed batch, from its deltas (no output is kept)."""
 
-    def __init__(self) -> None:
-        self.num_chars: dict[int, int] = {}
-        self.num_tokens: dict[int, int] = {}
-        self.finished: set[int] = set()
+    def __init__(self, num_prompts: int) -> None:
+        self.prompt_tokens = [0] * num_prompts
+        self.completion_tokens = 0
 
-    def delta(self, index: int, completion: Any) -> tuple[str, list[int], int, bool] | None:
-        """(new text, new token ids, first new token position, newly finished) or None."""
-        sent_chars = self.num_chars.get(index, 0)
-        sent_tokens = self.num_tokens.get(index, 0)
-        text = completion.text[sent_chars:] if len(completion.text) > sent_chars else ""
-        new_ids = list(completion.token_ids[sent_tokens:])
-        is_new_finish = completion.finish_reason is not None and index not in self.finished
-        if not text and not new_ids and not is_new_finish:
-            return None
-        self.num_chars[index] = max(sent_chars, len(completion.text))
-        self.num_tokens[index] = len(completion.token_ids)
-        if is_new_finish:
-            self.finished.add(index)
-        return text, new_ids, sent_tokens, is_new_finish
+    def observe(self, i: int, output: Any) -> None:
+        self.prompt_tokens[i] = len(output.prompt_token_ids)
+        self.completion_tokens += sum(len(c.token_ids) for c in output.outputs)
+
+    def usage(self) -> UsageInfo:
+        prompt = sum(self.prompt_tokens)
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=self.completion_tokens,
+                         total_tokens=prompt + self.completion_tokens)

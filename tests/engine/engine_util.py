@@ -74,6 +74,33 @@ def run_all(engine: LLMEngine) -> dict[str, RequestOutput]:
     return final
 
 
+STAGGERED = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)
+
+
+def run_staggered(engine, vocab: int) -> tuple[dict, int]:
+    """Requests arriving while others decode, prefills chunked by a 16-token budget: most
+    steps mix decodes with a prefill chunk. Returns the final outputs and the mixed steps."""
+    prompts = {f"r{k}": prompt_ids(9 + 7 * k, k, vocab) for k in range(4)}
+    final, num_mixed, arrivals = {}, 0, list(prompts)
+    execute = engine.runner.execute
+
+    def counting(out, requests, *args, **kw):
+        nonlocal num_mixed
+        lens = list(out.num_scheduled_tokens.values())
+        num_mixed += 1 in lens and any(n > 1 for n in lens)
+        return execute(out, requests, *args, **kw)
+
+    engine.runner.execute = counting
+    while arrivals or engine.has_unfinished_requests():
+        if arrivals:
+            rid = arrivals.pop(0)
+            engine.add_request(rid, prompts[rid], STAGGERED)
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    return final, num_mixed
+
+
 def solo(engine: LLMEngine, prompt: list[int], params: SamplingParams = GREEDY) -> RequestOutput:
     """Run one request alone in `engine` (which must be idle)."""
     assert not engine.has_unfinished_requests()

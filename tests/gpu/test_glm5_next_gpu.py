@@ -3,7 +3,8 @@ sparse MLA with the safe selection, Triton norms; the pooled indexer, hyper-conn
 clamped experts run as PyTorch on the device) against the same model on the CPU reference
 paths, fp32. Bounds: prefill logits within 2e-3 (fla's chunk kernels run TF32); greedy token ids
 identical over 24 decode steps up to a near tie of the CPU's logits; the engine's CUDA defaults
-(CUDA graphs where the layers allow them) give its eager tokens; the vision tower's rows within 1e-3 of the CPU's, relative (TF32)."""
+(CUDA graphs where the layers allow them) give its eager tokens; the vision tower's rows within
+1e-3 of the CPU's, relative (TF32)."""
 
 from __future__ import annotations
 

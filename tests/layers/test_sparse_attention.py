@@ -4,6 +4,8 @@ at and around the top-k boundary). Caches are NaN-poisoned, blocks shuffled."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -13,9 +15,9 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_v3
 from transformers.models.deepseek_v32 import modeling_deepseek_v32 as hf_v32
 
 import hyla.layers.sparse_attention as sparse_mod
+from hyla.attention_metadata import AttentionMetadata
 from hyla.config import DSAConfig, MLAConfig, ModelConfig, RopeConfig
 from hyla.forward_batch import build_forward_batch
-from hyla.layers import sparse_attention
 from hyla.layers.attention import MLAttention
 from hyla.layers.sparse_attention import DSAttention
 from hyla.ops.paged import write_paged
@@ -241,8 +243,10 @@ def test_gpu_path_selection_logic_on_cpu(monkeypatch) -> None:
     first = {1: xs[1][:20], 2: xs[2][:5], 4: xs[4][:7]}
     second = {4: xs[4][7:], 1: xs[1][20:], 0: xs[0], 3: xs[3], 2: xs[2][5:]}
     outputs = []
-    for selected_path in (False, True):
-        monkeypatch.setattr(sparse_attention, "use_triton", lambda x, on=selected_path: on)
+    eager = AttentionMetadata.eager
+    for on_device in (False, True):  # the step's metadata picks the path (CUDA: on the device)
+        monkeypatch.setattr(AttentionMetadata, "eager", lambda *a, on=on_device: replace(
+            eager(*a), lengths_on_device=on))  # fmt: skip
         steps = PagedSteps(CONFIG, 5, 40, BLOCK, seed=5)
         outputs.append([steps.step(layer, first), steps.step(layer, second)])
     for cpu_step, gpu_step in zip(*outputs, strict=True):

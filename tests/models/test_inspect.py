@@ -211,8 +211,8 @@ def test_cli_inspect_full_size_in_a_process_without_weights(
 ) -> None:
     """`python -m hyla.cli inspect` on a full-size config.json: whole-process peak RSS stays
     under 2 GiB (the bf16 weights are 91 GiB / 1.25 TiB; the interpreter with torch and
-    transformers imported measured 1.05-1.24 GiB on a 2-core CI machine). Expected cache sizes by hand:
-    Kimi 7 MLA layers * 576 * 2 B; DeepSeek 61 * (576 + 128) * 2 B per token."""
+    transformers imported measured 1.05-1.24 GiB on a 2-core CI machine). Expected cache sizes
+    by hand: Kimi 7 MLA layers * 576 * 2 B; DeepSeek 61 * (576 + 128) * 2 B per token."""
     path = _write(tmp_path, config)
     proc = subprocess.run(
         [sys.executable, "-c", _RSS_PROBE, str(path)],

@@ -282,7 +282,8 @@ def test_unbounded_stop_lists_are_refused(server, extra, param):
 
 def test_slow_consumer_of_a_prompt_batch_buffers_one_output_per_prompt():
     """`iterate` merges the streams of a batch of prompts; it used to copy every cumulative
-    output into an unbounded queue, so a slow client of a long batch held O(steps) copies."""
+    output into an unbounded queue, so a slow client of a long batch held O(steps) copies. Now
+    an unread delta takes the later ones in: every token arrives once, in order."""
     import asyncio
 
     from hyla.request import CompletionOutput, RequestMetrics, RequestOutput
@@ -293,14 +294,14 @@ def test_slow_consumer_of_a_prompt_batch_buffers_one_output_per_prompt():
 
     def output(rid: str, k: int) -> RequestOutput:
         done = k == steps
-        comp = CompletionOutput(index=0, text="x" * k, token_ids=[7] * k, logprobs=None,
+        comp = CompletionOutput(index=0, text=f"<{k}>", token_ids=[k], logprobs=None,
                                 cumulative_logprob=None, finish_reason="length" if done else None)
         return RequestOutput(request_id=rid, prompt="p", prompt_token_ids=[1], outputs=[comp],
                              prompt_logprobs=None, finished=done,
                              metrics=RequestMetrics(arrival_time=0.0))
 
     class FastStream:
-        """Yields all its cumulative outputs at once, as an engine far ahead of the client."""
+        """Yields all its delta outputs at once, as an engine far ahead of the client."""
 
         def __init__(self, rid: str) -> None:
             self.rid = rid
@@ -325,5 +326,9 @@ def test_slow_consumer_of_a_prompt_batch_buffers_one_output_per_prompt():
     seen = asyncio.run(consume())
     finals = {i: out for i, out in seen if out.finished}
     assert sorted(finals) == [0, 1]
-    assert all(len(out.outputs[0].token_ids) == steps for out in finals.values())
+    for i in (0, 1):
+        ids = [t for j, out in seen if j == i for t in out.outputs[0].token_ids]
+        text = "".join(out.outputs[0].text for j, out in seen if j == i)
+        assert ids == list(range(1, steps + 1))
+        assert text == "".join(f"<{k}>" for k in range(1, steps + 1))
     assert len(seen) <= 8, len(seen)  # one or two per prompt, not 2 * 50
