@@ -17,6 +17,11 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 # fp32 sums in another order (K products per output); bf16: the output's rounding (2^-8)
 BOUNDS = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+# bf16 experts: gate and up are rounded to bf16 before silu(gate) * up, so one ulp of another
+# fp32 summation order (2^-8) moves the intermediate, which is then re-quantized to e4m3 (codes
+# 2^-4 apart relative): measured up to 2.5e-2 of the output's max (interpreter, 20 tokens); the
+# fp32 runs of the same kernels match the reference to 1e-6
+MOE_BF16_BOUND = 4e-2
 
 
 def _weight(n: int, k: int, block, gen, extreme: bool = False):
@@ -35,8 +40,9 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double().cpu() - want.double()).abs().max() / want.abs().max())
 
 
-def check_linear(m, n, k, dtype, device, block=(128, 128), extreme=False) -> float:
-    """`kernels.fp8_linear` vs `reference.fp8_linear` (relative max error)."""
+def check_linear(m, n, k, dtype, device, block=(128, 128), extreme=False, tiles=None) -> float:
+    """`kernels.fp8_linear` vs `reference.fp8_linear` (relative max error); `tiles` overrides
+    the kernels' tile picks."""
     from hyla.ops.fp8 import kernels
 
     gen = torch.Generator().manual_seed(m * 7 + n * 3 + k)
@@ -46,7 +52,7 @@ def check_linear(m, n, k, dtype, device, block=(128, 128), extreme=False) -> flo
         x[0, :] *= 1e4  # per-token scales far apart
     want = reference.fp8_linear(x, q, s, block)
     assert kernels.supports(x.to(device), q.to(device), s.to(device), block)
-    got = kernels.fp8_linear(x.to(device), q.to(device), s.to(device), block)
+    got = kernels.fp8_linear(x.to(device), q.to(device), s.to(device), block, tiles)
     assert got.shape == want.shape and got.dtype == dtype
     if extreme:  # rows differ by 1e4 and blocks by 1e40: compare row by row
         return max(rel_err(got[i], want[i]) for i in range(m) if want[i].abs().max() > 0)
@@ -83,31 +89,28 @@ def check_saturation(device) -> None:
     torch.testing.assert_close(got.cpu(), reference.fp8_linear(x, q, s, (128, 128)))
 
 
-def check_moe(num_tokens, dtype, device, grouped: bool, block=(16, 32)) -> float:
-    """`moe_kernels.fp8_moe_experts` vs the reference through the GEMV rows or (`grouped`)
-    the per-expert GEMMs; I = 40 is not a multiple of bn."""
+def check_moe(num_tokens, dtype, device, grouped: bool, block=(16, 32), topk=2) -> float:
+    """`moe_kernels.fp8_moe_experts` vs the reference through the GEMV form or (`grouped`)
+    the grouped GEMMs; I = 40 is not a multiple of bn, D = 80 not one of bk."""
     from hyla.ops.fp8 import moe_kernels
 
     gen = torch.Generator().manual_seed(num_tokens)
-    E, I, D, k = 6, 40, 80, 2
+    E, I, D = 6, 40, 80
     gate, up = _weight(I, D, block, gen), _weight(I, D, block, gen)
     gu_q = torch.stack([torch.cat([gate[0], up[0]])] * E).clone()
     gu_s = torch.stack([torch.cat([gate[1], up[1]]) * (e + 1) for e in range(E)])
     downs = [_weight(D, I, block, gen) for _ in range(E)]
     dn_q, dn_s = torch.stack([d[0] for d in downs]), torch.stack([d[1] for d in downs])
+    dn_q[1, :, :block[1]] = 0  # a zero block
     x = torch.randn(num_tokens, D, generator=gen).to(dtype)
-    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(num_tokens)])
-    wts = torch.rand(num_tokens, k, generator=gen)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:topk] for _ in range(num_tokens)])
+    wts = torch.rand(num_tokens, topk, generator=gen)
     args = (x, gu_q, gu_s, dn_q, dn_s, wts, ids, block)
     want = reference.fp8_moe_experts(*args)
     dev = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-    saved = moe_kernels.rows_path
-    moe_kernels.rows_path = lambda *_: not grouped
-    try:
-        assert moe_kernels.supports(*dev)
-        got = moe_kernels.fp8_moe_experts(*dev)
-    finally:
-        moe_kernels.rows_path = saved
+    assert moe_kernels.supports(*dev)
+    got = moe_kernels.fp8_moe_experts(*dev, grouped=grouped)
+    assert got.dtype == dtype and got.shape == want.shape
     return rel_err(got, want)
 
 
@@ -144,17 +147,15 @@ def test_fp8_moe_matches_reference(num_tokens, grouped, dtype) -> None:
     # the grouped GEMMs sum on Hopper's fp8 tensor cores (~2^-14 within a block): an
     # intermediate activation can then round to the neighbouring e4m3 value (2^-3 apart),
     # measured 4.3e-3 in fp32 on the H200
-    bound = 1e-2 if grouped and dtype == torch.float32 else BOUNDS[dtype] * 2
+    bound = MOE_BF16_BOUND if dtype == torch.bfloat16 else (1e-2 if grouped else 2e-5)
     assert check_moe(num_tokens, dtype, "cuda", grouped) <= bound
 
 
-def test_fp8_moe_rows_path_covers_every_sync_free_batch() -> None:
-    from hyla.ops.fp8.moe_kernels import rows_path
-    from hyla.ops.moe.kernels import sync_free
+def test_fp8_moe_forms() -> None:
+    from hyla.ops.fp8.moe_kernels import gemv_form
 
-    for experts, k in ((32, 4), (256, 8), (512, 10), (6, 2)):
-        for t in range(1, 600):
-            assert rows_path(t, k, experts) or not sync_free(t, k, experts)
+    assert gemv_form(1, 4, 32) and gemv_form(8, 4, 32)
+    assert not gemv_form(9, 4, 32) and not gemv_form(64, 4, 32)
 
 
 def test_fp8_kernels_in_cuda_graph_equal_eager() -> None:
@@ -180,15 +181,19 @@ def test_fp8_kernels_in_cuda_graph_equal_eager() -> None:
     h = torch.randn(2, D, device="cuda", dtype=torch.bfloat16)
     ids = torch.tensor([[0, 3], [1, 3]], device="cuda")
     wts = torch.rand(2, 2, device="cuda")
-    moe_kernels.fp8_moe_experts(h, *w[:2], *w[2:], wts, ids, (128, 128))
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = moe_kernels.fp8_moe_experts(h, *w[:2], *w[2:], wts, ids, (128, 128))
-    h.copy_(torch.randn_like(h))
-    ids.copy_(torch.tensor([[2, 1], [0, 2]], device="cuda"))
-    graph.replay()
-    assert torch.equal(out, moe_kernels.fp8_moe_experts(h, *w[:2], *w[2:], wts, ids, (128, 128)))
+    for grouped in (False, True):  # both forms are sync-free
+        moe_kernels.fp8_moe_experts(h, *w[:2], *w[2:], wts, ids, (128, 128), grouped=grouped)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe_kernels.fp8_moe_experts(
+                h, *w[:2], *w[2:], wts, ids, (128, 128), grouped=grouped
+            )
+        h.copy_(torch.randn_like(h))
+        ids.copy_(torch.tensor([[2, 1], [0, 2]], device="cuda"))
+        graph.replay()
+        want = moe_kernels.fp8_moe_experts(h, *w[:2], *w[2:], wts, ids, (128, 128), grouped=grouped)
+        assert torch.equal(out, want)
 
 
 def test_sparse_and_dense_mla_kernels_read_fp8_cache() -> None:

@@ -10,6 +10,7 @@ import torch
 from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
 from tests.gpu.test_fp8_gpu import (
     BOUNDS,
+    MOE_BF16_BOUND,
     check_linear,
     check_moe,
     check_quantize_rows,
@@ -19,10 +20,20 @@ from tests.gpu.test_fp8_gpu import (
 pytestmark = interpreter.marks("test_fp8_gpu.py")
 
 
-@pytest.mark.parametrize("m", [1, 4, 5, 33])
+@pytest.mark.parametrize("m", [1, 4, 5, 33, 70])
 @pytest.mark.parametrize("n, k", [(40, 200), (7, 129)])
 def test_fp8_linear(m: int, n: int, k: int) -> None:
     assert check_linear(m, n, k, torch.float32, "cpu") <= BOUNDS[torch.float32]
+
+
+@pytest.mark.parametrize("m", [1, 3, 20])
+def test_fp8_linear_k_loop_and_ragged_tiles(m: int) -> None:
+    # GEMV loads of 64 columns (4 steps over K = 200, the last partial), 4 columns per program
+    # (N = 41: a partial last program); GEMM tiles of 16 x 16 (N = 41: a partial last tile)
+    from hyla.ops.fp8.kernels import Fp8Tiles
+
+    tiles = Fp8Tiles(cols=4, depth=64, block_m=16, block_n=16)
+    assert check_linear(m, 41, 200, torch.float32, "cpu", block=(16, 32), tiles=tiles) <= 1e-5
 
 
 def test_fp8_linear_small_blocks_bf16() -> None:
@@ -43,5 +54,11 @@ def test_quantize_rows_is_the_reference() -> None:
 
 
 @pytest.mark.parametrize("grouped", [False, True])
-def test_fp8_moe(grouped: bool) -> None:
-    assert check_moe(3, torch.float32, "cpu", grouped) <= 2e-5
+@pytest.mark.parametrize("num_tokens, topk", [(3, 2), (2, 3), (1, 4)])
+def test_fp8_moe(grouped: bool, num_tokens: int, topk: int) -> None:
+    assert check_moe(num_tokens, torch.float32, "cpu", grouped, topk=topk) <= 2e-5
+
+
+def test_fp8_moe_grouped_several_blocks_per_expert_bf16() -> None:
+    # 40 pairs over 6 experts: some expert runs span two 16-row blocks
+    assert check_moe(20, torch.bfloat16, "cpu", True) <= MOE_BF16_BOUND

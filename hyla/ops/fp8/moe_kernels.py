@@ -1,27 +1,222 @@
-"""fp8 routed experts on CUDA: `reference.fp8_moe_experts` through the kernels of `kernels.py`.
+"""fp8 routed experts on CUDA: `reference.fp8_moe_experts` in Triton, activations quantized
+inside the kernels (`kernels._quantize_groups`), no host sync (capturable).
 
-decode-sized (T k <= MAX_GEMV_ROWS): every (token, slot) row runs the GEMV against its own
-    expert's weight in place (`expert_ids`), gate and up as two row blocks of gate_up_proj
-    (each has its own block grid), then silu(gate) * up, then down: no host sync, capturable
-larger (prefill): tokens grouped by expert on the host (one sync), one GEMM per expert
+GEMV form (P = T k pairs <= E, decode steps), two launches, experts read in place:
+
+    kernel 1, program (pair p = t k + j, BLOCK_I rows of I), all of D <= 2048 per load:
+        g, u = W_gate[e] q(x_t), W_up[e] q(x_t)  (block-scaled, fp32 sums, rounded to dtype)
+        h[p] = silu(g) * u                      (fp32, rounded to dtype)
+    kernel 2, program (token t, BLOCK_D columns of D), all k slots' tiles at once:
+        out[t] = sum_j w_j * round(W_down[e_j] q(h[t k + j]))   (fp32, rounded once)
+
+Grouped form (more pairs: B >= 9 at k = 4, E = 32): pairs sorted by expert on the device
+(`hyla.ops.moe.grouped.align`), each BLOCK_M run of one expert's pairs as fp8 tensor-core
+GEMMs (gate/up with silu * up fused, then down with the routing weight), so each expert's weights
+are read once per block, not once per pair; then the k rows of a token are summed in fp32.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from hyla.ops.fp8 import kernels
+from hyla.ops.fp8.kernels import _quantize_groups
 
-MAX_GEMV_ROWS = 256
+
+@triton.jit
+def _gate_up_gemv_kernel(
+    x_ptr, w_ptr, ws_ptr, ids_ptr, h_ptr,
+    D, I, I_BLOCKS,
+    stride_xt, stride_we, stride_wr, stride_wse, stride_wsr, stride_hp,
+    TOPK: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_I: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr,
+):  # fmt: skip
+    p = tl.program_id(0).to(tl.int64)
+    t = p // TOPK
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    mask_i = offs_i < I
+    offs_g = tl.arange(0, GROUPS)
+    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
+    w_gate = w_ptr + e * stride_we + offs_i.to(tl.int64) * stride_wr
+    w_up = w_gate + I * stride_wr
+    s_gate = ws_ptr + e * stride_wse + (offs_i // BN_SCALE).to(tl.int64) * stride_wsr
+    s_up = s_gate + I_BLOCKS * stride_wsr
+    num_groups = tl.cdiv(D, GROUP)
+    acc_g = tl.zeros([BLOCK_I], tl.float32)
+    acc_u = tl.zeros([BLOCK_I], tl.float32)
+    for k0 in range(0, D, GROUPS * GROUP):
+        k = k0 + cols
+        mask_k = k < D
+        x = tl.load(x_ptr + t * stride_xt + k, mask=mask_k, other=0.0).to(tl.float32)
+        xq, xs = _quantize_groups(x, 1)
+        mask = mask_i[:, None, None] & mask_k[None, :, :]
+        wg = tl.load(w_gate[:, None, None] + k[None, :, :], mask=mask, other=0.0)
+        wu = tl.load(w_up[:, None, None] + k[None, :, :], mask=mask, other=0.0)
+        j = k0 // GROUP + offs_g
+        s_mask = mask_i[:, None] & (j < num_groups)[None, :]
+        sg = tl.load(s_gate[:, None] + j[None, :], mask=s_mask, other=0.0) * xs[None, :]
+        su = tl.load(s_up[:, None] + j[None, :], mask=s_mask, other=0.0) * xs[None, :]
+        acc_g += tl.sum(tl.sum(wg.to(tl.float32) * xq[None, :, :], axis=2) * sg, axis=1)
+        acc_u += tl.sum(tl.sum(wu.to(tl.float32) * xq[None, :, :], axis=2) * su, axis=1)
+    dtype = h_ptr.dtype.element_ty
+    g = acc_g.to(dtype).to(tl.float32)
+    u = acc_u.to(dtype).to(tl.float32)
+    tl.store(h_ptr + p * stride_hp + offs_i, (g / (1.0 + tl.exp(-g)) * u).to(dtype), mask=mask_i)
 
 
-def rows_path(num_tokens: int, top_k: int, num_experts: int) -> bool:
-    """Whether the sync-free GEMV rows run: up to MAX_GEMV_ROWS rows, and every batch for which
-    the bf16 experts are sync-free (`hyla.ops.moe.kernels.sync_free`: T k <= E or
-    T E <= 8192), so each batch size the decode graphs capture stays capturable."""
-    rows = num_tokens * top_k
-    return rows <= max(MAX_GEMV_ROWS, num_experts) or num_tokens * num_experts <= 8192
+@triton.jit
+def _down_gemv_kernel(
+    h_ptr, w_ptr, ws_ptr, ids_ptr, wts_ptr, out_ptr,
+    D, I,
+    stride_hp, stride_we, stride_wr, stride_wse, stride_wsr, stride_ot,
+    TOPK: tl.constexpr, BLOCK_K: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_K)  # the token's k slots
+    mask_s = offs_s < TOPK
+    ids = tl.load(ids_ptr + t * TOPK + offs_s, mask=mask_s, other=0).to(tl.int64)
+    wts = tl.load(wts_ptr + t * TOPK + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    offs_g = tl.arange(0, GROUPS)
+    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
+    # [slot, column] rows of every slot's expert, all loaded at once
+    w_rows = w_ptr + ids[:, None] * stride_we + offs_d[None, :].to(tl.int64) * stride_wr
+    s_rows = ws_ptr + ids[:, None] * stride_wse + (offs_d // BN_SCALE)[None, :] * stride_wsr
+    h_rows = h_ptr + (t * TOPK + offs_s) * stride_hp
+    sd_mask = mask_s[:, None] & mask_d[None, :]
+    num_groups = tl.cdiv(I, GROUP)
+    acc = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    for k0 in range(0, I, GROUPS * GROUP):
+        k = k0 + cols
+        mask_k = k < I
+        h_mask = mask_s[:, None, None] & mask_k[None, :, :]
+        h = tl.load(h_rows[:, None, None] + k[None, :, :], mask=h_mask, other=0.0)
+        hq, hs = _quantize_groups(h.to(tl.float32), 2)  # [S, G, C], [S, G]
+        w_mask = sd_mask[:, :, None, None] & mask_k[None, None, :, :]
+        w = tl.load(w_rows[:, :, None, None] + k[None, None, :, :], mask=w_mask, other=0.0)
+        part = tl.sum(w.to(tl.float32) * hq[:, None, :, :], axis=3)  # [S, BLOCK_D, G]
+        j = k0 // GROUP + offs_g
+        s_mask = sd_mask[:, :, None] & (j < num_groups)[None, None, :]
+        ws = tl.load(s_rows[:, :, None] + j[None, None, :], mask=s_mask, other=0.0)
+        acc += tl.sum(part * ws * hs[:, None, :], axis=2)
+    dtype = out_ptr.dtype.element_ty
+    terms = acc.to(dtype).to(tl.float32) * wts[:, None]
+    tl.store(out_ptr + t * stride_ot + offs_d, tl.sum(terms, axis=0).to(dtype), mask=mask_d)
+
+
+@triton.jit
+def _gate_up_grouped_kernel(
+    x_ptr, w_ptr, ws_ptr, pairs_ptr, block_expert_ptr, h_ptr,
+    P, D, I, I_BLOCKS,
+    stride_xt, stride_we, stride_wr, stride_wse, stride_wsr, stride_hp,
+    TOPK: tl.constexpr, BN_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr,
+):  # fmt: skip
+    block = tl.program_id(0)
+    e = tl.load(block_expert_ptr + block).to(tl.int64)
+    if e < 0:
+        return
+    pairs = tl.load(pairs_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pairs < P
+    x_rows = x_ptr + (pairs // TOPK)[:, None] * stride_xt
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < I
+    w_gate = w_ptr + e * stride_we + rows[:, None].to(tl.int64) * stride_wr
+    w_up = w_gate + I * stride_wr
+    s_gate = ws_ptr + e * stride_wse + (rows // BN_SCALE).to(tl.int64) * stride_wsr
+    s_up = s_gate + I_BLOCKS * stride_wsr
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in range(0, tl.cdiv(D, BLOCK_K)):
+        k = j * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < D
+        a = tl.load(x_rows + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+        aq, xs = _quantize_groups(a.to(tl.float32), 1)
+        w_mask = row_ok[:, None] & k_ok[None, :]
+        wg = tl.load(w_gate + k[None, :], mask=w_mask, other=0.0)
+        wu = tl.load(w_up + k[None, :], mask=w_mask, other=0.0)
+        if DOT_FP8:
+            a8 = aq.to(w_ptr.dtype.element_ty)  # exact: aq holds e4m3 values
+            pg, pu = tl.dot(a8, tl.trans(wg)), tl.dot(a8, tl.trans(wu))
+        else:
+            pg = tl.dot(aq, tl.trans(wg.to(tl.float32)))
+            pu = tl.dot(aq, tl.trans(wu.to(tl.float32)))
+        sg = tl.load(s_gate + j, mask=row_ok, other=0.0)
+        su = tl.load(s_up + j, mask=row_ok, other=0.0)
+        acc_g += pg * xs[:, None] * sg[None, :]
+        acc_u += pu * xs[:, None] * su[None, :]
+    dtype = h_ptr.dtype.element_ty
+    g = acc_g.to(dtype).to(tl.float32)
+    u = acc_u.to(dtype).to(tl.float32)
+    h = (g / (1.0 + tl.exp(-g)) * u).to(dtype)
+    out = h_ptr + pairs[:, None] * stride_hp + rows[None, :]
+    tl.store(out, h, mask=valid[:, None] & row_ok[None, :])
+
+
+@triton.jit
+def _down_grouped_kernel(
+    h_ptr, w_ptr, ws_ptr, pairs_ptr, block_expert_ptr, wts_ptr, y_ptr,
+    P, D, I,
+    stride_hp, stride_we, stride_wr, stride_wse, stride_wsr, stride_yp,
+    BN_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr,
+):  # fmt: skip
+    block = tl.program_id(0)
+    e = tl.load(block_expert_ptr + block).to(tl.int64)
+    if e < 0:
+        return
+    pairs = tl.load(pairs_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pairs < P
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < D
+    w_rows = w_ptr + e * stride_we + rows[:, None].to(tl.int64) * stride_wr
+    s_rows = ws_ptr + e * stride_wse + (rows // BN_SCALE).to(tl.int64) * stride_wsr
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in range(0, tl.cdiv(I, BLOCK_K)):
+        k = j * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < I
+        a = tl.load(h_ptr + pairs[:, None] * stride_hp + k[None, :],
+                    mask=valid[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+        aq, hs = _quantize_groups(a.to(tl.float32), 1)
+        b = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if DOT_FP8:
+            part = tl.dot(aq.to(w_ptr.dtype.element_ty), tl.trans(b))
+        else:
+            part = tl.dot(aq, tl.trans(b.to(tl.float32)))
+        ws = tl.load(s_rows + j, mask=row_ok, other=0.0)
+        acc += part * hs[:, None] * ws[None, :]
+    w = tl.load(wts_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
+    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * w[:, None]
+    tl.store(y_ptr + pairs[:, None] * stride_yp + rows[None, :], y,
+             mask=valid[:, None] & row_ok[None, :])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    """Tile sizes (tuning only). GEMV: `gate_rows` rows of I per gate/up program with `depth`
+    columns of D per load; `down_cols` columns of D per down program with `down_depth` of I
+    per load. Grouped: `block_m` pairs per block, `block_n` output rows per program."""
+
+    gate_rows: int = 2
+    depth: int = 2048
+    down_cols: int = 4
+    down_depth: int = 512
+    warps: int = 4
+    block_m: int = 16
+    block_n: int = 64
+
+
+def gemv_form(num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether the two-launch GEMV form runs (P = T k <= E): each pair reads its expert once;
+    beyond, experts shared by several pairs are read once per block by the grouped form."""
+    return num_tokens * top_k <= num_experts
 
 
 def supports(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
@@ -34,56 +229,74 @@ def supports(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, 
     )
 
 
-def _halves(weight: torch.Tensor, scale: torch.Tensor):
-    rows, scale_rows = weight.shape[-2] // 2, scale.shape[-2] // 2
-    return ((weight[..., :rows, :], scale[..., :scale_rows, :]),
-            (weight[..., rows:, :], scale[..., scale_rows:, :]))  # fmt: skip
+def _groups(depth: int, k: int, bk: int) -> int:
+    return max(1, min(depth, triton.next_power_of_2(k)) // bk)
 
 
-def _swiglu(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (F.silu(gate.float()) * up.float()).to(dtype)
-
-
-def _rows_gemv(hidden, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_ids, block):
-    dtype, k = hidden.dtype, topk_ids.shape[1]
-    xq, xs = kernels.quantize_rows(hidden, block[1])
-    tok = torch.arange(hidden.shape[0], device=hidden.device).repeat_interleave(k)
-    ids = topk_ids.reshape(-1)
-    xq, xs = xq.index_select(0, tok), xs.index_select(0, tok)
-    gate, up = (kernels.fp8_gemv(xq, xs, w, s, block, dtype, ids)
-                for w, s in _halves(gate_up_proj, gate_up_scale))  # fmt: skip
-    aq, as_ = kernels.quantize_rows(_swiglu(gate, up, dtype), block[1])
-    return kernels.fp8_gemv(aq, as_, down_proj, down_scale, block, dtype, ids)  # [T k, D]
-
-
-def _grouped_gemm(hidden, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_ids, block):
-    dtype, k = hidden.dtype, topk_ids.shape[1]
-    out = hidden.new_empty(topk_ids.numel(), hidden.shape[1])
-    flat = topk_ids.reshape(-1)
-    xq, xs = kernels.quantize_rows(hidden, block[1])
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=gate_up_proj.shape[0]).tolist()  # host sync
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = order[start : start + n]
-        start += n
-        tq, ts = xq.index_select(0, rows // k), xs.index_select(0, rows // k)
-        gate, up = (kernels.fp8_gemm(tq, ts, w[e], s[e], block, dtype)
-                    for w, s in _halves(gate_up_proj, gate_up_scale))  # fmt: skip
-        aq, as_ = kernels.quantize_rows(_swiglu(gate, up, dtype), block[1])
-        out[rows] = kernels.fp8_gemm(aq, as_, down_proj[e], down_scale[e], block, dtype)
+def _gemv(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block, t: MoeTiles):
+    (num_tokens, dim), (num_pairs, topk) = x.shape, (ids.numel(), ids.shape[1])
+    inter, (bn, bk) = down_proj.shape[2], block
+    h = x.new_empty(num_pairs, inter)
+    _gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t.gate_rows))](
+        x, gate_up_proj, gate_up_scale, ids, h, dim, inter, triton.cdiv(inter, bn),
+        x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
+        gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0),
+        TOPK=topk, BN_SCALE=bn, BLOCK_I=t.gate_rows, GROUP=bk,
+        GROUPS=_groups(t.depth, dim, bk), num_warps=t.warps,
+    )  # fmt: skip
+    out = x.new_empty(num_tokens, dim)
+    _down_gemv_kernel[(num_tokens, triton.cdiv(dim, t.down_cols))](
+        h, down_proj, down_scale, ids, wts, out, dim, inter,
+        h.stride(0), down_proj.stride(0), down_proj.stride(1),
+        down_scale.stride(0), down_scale.stride(1), out.stride(0),
+        TOPK=topk, BLOCK_K=max(2, triton.next_power_of_2(topk)), BN_SCALE=bn,
+        BLOCK_D=t.down_cols, GROUP=bk, GROUPS=_groups(t.down_depth, inter, bk),
+        num_warps=t.warps,
+    )  # fmt: skip
     return out
 
 
+def _grouped(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block,
+             t: MoeTiles):  # fmt: skip
+    from hyla.ops.moe.grouped import align
+
+    (num_tokens, dim), (num_pairs, topk) = x.shape, (ids.numel(), ids.shape[1])
+    num_experts, inter, (bn, bk) = gate_up_proj.shape[0], down_proj.shape[2], block
+    block_m = t.block_m if num_pairs <= 1024 else 64
+    sorted_pairs, block_expert = align(ids, num_experts, block_m)
+    num_blocks, fp8_dot = block_expert.numel(), kernels.dot_fp8(x.device)
+    h = x.new_empty(num_pairs, inter)
+    _gate_up_grouped_kernel[(num_blocks, triton.cdiv(inter, t.block_n))](
+        x, gate_up_proj, gate_up_scale, sorted_pairs, block_expert, h,
+        num_pairs, dim, inter, triton.cdiv(inter, bn),
+        x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
+        gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0),
+        TOPK=topk, BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
+        DOT_FP8=fp8_dot, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    y = torch.empty(num_pairs, dim, dtype=torch.float32, device=x.device)
+    _down_grouped_kernel[(num_blocks, triton.cdiv(dim, t.block_n))](
+        h, down_proj, down_scale, sorted_pairs, block_expert, wts.reshape(-1), y,
+        num_pairs, dim, inter,
+        h.stride(0), down_proj.stride(0), down_proj.stride(1),
+        down_scale.stride(0), down_scale.stride(1), y.stride(0),
+        BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
+        DOT_FP8=fp8_dot, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return y.view(num_tokens, topk, dim).sum(1).to(x.dtype)
+
+
 def fp8_moe_experts(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale,
-                    topk_weights, topk_ids, block_size) -> torch.Tensor:  # fmt: skip
-    """`reference.fp8_moe_experts` (same arguments and result up to fp32 summation order)."""
-    num_tokens, k = topk_ids.shape
-    args = (hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_ids,
-            tuple(block_size))  # fmt: skip
-    rows = _rows_gemv(*args) if rows_path(num_tokens, k, gate_up_proj.shape[0]) else (
-        _grouped_gemm(*args))  # fmt: skip
-    weighted = rows.float().view(num_tokens, k, -1) * topk_weights.float()[..., None]
-    return weighted.sum(1).to(hidden_states.dtype)
+                    topk_weights, topk_ids, block_size, tiles: MoeTiles | None = None,
+                    grouped: bool | None = None) -> torch.Tensor:  # fmt: skip
+    """`reference.fp8_moe_experts` (same arguments and result up to fp32 summation order);
+    `grouped` forces a form (default: `gemv_form`), `tiles` overrides the tile sizes."""
+    num_tokens, topk = topk_ids.shape
+    if topk_ids.numel() == 0:
+        return torch.zeros_like(hidden_states)
+    if grouped is None:
+        grouped = not gemv_form(num_tokens, topk, gate_up_proj.shape[0])
+    x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
+            topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
+    return _grouped(*args) if grouped else _gemv(*args)
