@@ -19,6 +19,7 @@ NO_KERNEL = {
     "chunk", "unsqueeze", "squeeze", "expand", "permute", "t", "transpose", "detach", "alias",
     "unbind", "narrow", "view_as", "flatten", "unflatten", "lift_fresh", "_to_copy_noop",
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "split_copy",
+    "promote_types", "result_type",
 }  # fmt: skip
 
 

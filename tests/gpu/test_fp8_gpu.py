@@ -101,7 +101,7 @@ def check_moe(num_tokens, dtype, device, grouped: bool, block=(16, 32), topk=2) 
     gu_s = torch.stack([torch.cat([gate[1], up[1]]) * (e + 1) for e in range(E)])
     downs = [_weight(D, I, block, gen) for _ in range(E)]
     dn_q, dn_s = torch.stack([d[0] for d in downs]), torch.stack([d[1] for d in downs])
-    dn_q[1, :, :block[1]] = 0  # a zero block
+    dn_q[1, :, : block[1]] = 0  # a zero block
     x = torch.randn(num_tokens, D, generator=gen).to(dtype)
     ids = torch.stack([torch.randperm(E, generator=gen)[:topk] for _ in range(num_tokens)])
     wts = torch.rand(num_tokens, topk, generator=gen)

@@ -1,0 +1,80 @@
+"""Launches of an fp8 decode step's pieces, counted on the CPU (Triton interpreter +
+`launch_count`): each fp8 projection (or stacked group of projections) is one kernel and the fp8
+experts two, as many as the bf16 path's; no PyTorch op runs beside them (the first fp8 path ran
+a quantize kernel per projection, one GEMV per stacked part plus a concatenation, and 18
+launches per MoE call: 4x bf16's step time on the H200, bench/results/gpu_fp8_h200.json)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
+from tests.gpu.launch_count import count_launches
+from tests.ops.test_linear_stacked import _fp8_linears
+
+pytestmark = interpreter.marks("test_fp8_gpu.py")
+
+
+def _triton_on_cpu(*modules: str):
+    patches = [mock.patch(f"{m}.use_triton", lambda x: True) for m in modules]
+    for p in patches:
+        p.start()
+    return patches
+
+
+@pytest.fixture
+def triton_paths():
+    patches = _triton_on_cpu("hyla.ops.fp8", "hyla.ops.linear.dispatch")
+    yield
+    for p in patches:
+        p.stop()
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16, 64])
+@torch.no_grad()
+def test_fp8_projection_is_one_launch(triton_paths, rows: int) -> None:
+    (mod,) = _fp8_linears([48], dim=64)
+    x = torch.randn(rows, 64, dtype=torch.bfloat16)
+    with count_launches() as found:
+        mod(x)
+    assert found.total == 1 and not found.torch
+
+
+@torch.no_grad()
+def test_stacked_fp8_inputs_are_one_launch_as_bf16(triton_paths) -> None:
+    from hyla.layers.linear import stacked_linear
+    from hyla.ops.linear import Prepacked, stack_rows
+
+    mods = _fp8_linears([32, 32, 32, 16, 16, 4], dim=64)  # KDA's q, k, v, f_a, g_a, b
+    stack_rows(mods)
+    x = torch.randn(1, 64, dtype=torch.bfloat16)
+    with count_launches() as fp8:
+        stacked_linear(x, mods, Prepacked())
+    bf16 = [torch.nn.Linear(64, m.out_features, bias=False).to(torch.bfloat16) for m in mods]
+    stack_rows(bf16)
+    with count_launches() as base:
+        stacked_linear(x, bf16, Prepacked())
+    assert fp8.total == base.total == 1
+
+
+@pytest.mark.parametrize("tokens, launches", [(1, 2), (2, 2)])
+@torch.no_grad()
+def test_fp8_experts_decode_is_two_launches(triton_paths, tokens: int, launches: int) -> None:
+    from hyla.ops.fp8 import fp8_moe_experts, quantize_weight_blockwise
+
+    E, I, D, k, block = 8, 32, 64, 4, (16, 32)
+    gu = [quantize_weight_blockwise(torch.randn(2 * I, D), block) for _ in range(E)]
+    dn = [quantize_weight_blockwise(torch.randn(D, I), block) for _ in range(E)]
+    (gu_q, gu_s), (dn_q, dn_s) = (map(torch.stack, zip(*w, strict=True)) for w in (gu, dn))
+    x = torch.randn(tokens, D, dtype=torch.bfloat16)
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(tokens)])
+    wts = torch.rand(tokens, k)
+    with count_launches() as found:
+        fp8_moe_experts(x, gu_q, gu_s, dn_q, dn_s, wts, ids, block)
+    assert found.total == launches and set(found.triton) == {
+        "_gate_up_gemv_kernel",
+        "_down_gemv_kernel",
+    }
