@@ -116,13 +116,12 @@ def _gemm_kernel(
         mask_k = k < K
         a = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         if QUANTIZE:  # x in its float dtype: one group per row of the tile
-            aq, xs = _quantize_groups(a.to(tl.float32), 1)
-            a = aq.to(w_ptr.dtype.element_ty)  # exact: aq holds e4m3 values
+            a, xs = _quantize_groups(a.to(tl.float32), 1)  # e4m3 values in fp32
         else:
             xs = tl.load(xs_ptr + offs_m.to(tl.int64) * stride_xsm + j, mask=mask_m, other=0.0)
         b = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        if DOT_FP8:
-            part = tl.dot(a, tl.trans(b))
+        if DOT_FP8:  # (a quantized here converts exactly)
+            part = tl.dot(a.to(w_ptr.dtype.element_ty), tl.trans(b))
         else:  # before sm_89: e4m3 values are exact in tf32
             part = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
         ws = tl.load(ws_rows + j, mask=mask_n, other=0.0)
