@@ -36,6 +36,12 @@ def test_fp8_linear_k_loop_and_ragged_tiles(m: int) -> None:
     assert check_linear(m, 41, 200, torch.float32, "cpu", block=(16, 32), tiles=tiles) <= 1e-5
 
 
+@pytest.mark.parametrize("block", [(6, 32), (1, 64)])
+def test_fp8_gemv_blocks_not_a_multiple_of_its_columns(block) -> None:
+    # bn = 6 or 1: programs narrow to 2 or 1 columns so that their rows share a scale row
+    assert check_linear(2, 41, 200, torch.float32, "cpu", block=block) <= 1e-5
+
+
 def test_fp8_linear_small_blocks_bf16() -> None:
     assert check_linear(18, 50, 70, torch.bfloat16, "cpu", block=(16, 32)) <= BOUNDS[torch.bfloat16]
 

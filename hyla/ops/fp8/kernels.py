@@ -9,7 +9,7 @@ W_s [ceil(N/bn), ceil(K/bk)]:
         acc[m, n] += (sum_k x_q[m, k] W_q[n, k]) * x_s[m, j] * W_s[n // bn, j]   (fp32)
 
 GEMV (`_gemv_kernel`, up to GEMV_ROWS rows): program (n0, m) owns BLOCK_N output columns of
-row m and loads DEPTH = G * bk columns of its weight rows at once as a [BLOCK_N, G, bk] tile:
+row m and loads DEPTH = G * bk columns of its weight rows at once as a [BLOCK_N, DEPTH] tile:
 one load of the whole K <= 2048 (8 KiB of fp8 per program at 4 columns), as the bf16 GEMV of
 `hyla/ops/linear/gemv.py` does, so a projection's weight is in flight in one wave over ~4 N / 4
 programs. (The first form looped over K in bk = 128 steps of 16 x 128 bytes with N / 16
@@ -69,27 +69,29 @@ def _gemv_kernel(
     stride_xm, stride_wn, stride_wsn, stride_om,
     BN_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
+    # BLOCK_N divides bn: the program's rows share one row of weight scales, which folds into
+    # x with x's own scales (xe = x_q * x_s * W_s per column), leaving a plain [BLOCK_N, DEPTH]
+    # weight tile as in the bf16 GEMV (a [BLOCK_N, G, bk] tile took ~1.5x the registers)
     pid_n, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_g = tl.arange(0, GROUPS)
     cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
-    w_rows = w_ptr + offs_n.to(tl.int64) * stride_wn
-    ws_rows = ws_ptr + (offs_n // BN_SCALE).to(tl.int64) * stride_wsn
+    depth = tl.arange(0, GROUPS * GROUP)
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    ws_row = ws_ptr + ((pid_n * BLOCK_N) // BN_SCALE).to(tl.int64) * stride_wsn
     num_groups = tl.cdiv(K, GROUP)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, K, GROUPS * GROUP):
         k = k0 + cols
-        mask_k = k < K
-        x = tl.load(x_ptr + m * stride_xm + k, mask=mask_k, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
         xq, xs = _quantize_groups(x, 1)  # [G, C], [G]
-        w_mask = mask_n[:, None, None] & mask_k[None, :, :]
-        w = tl.load(w_rows[:, None, None] + k[None, :, :], mask=w_mask, other=0.0)
-        part = tl.sum(w.to(tl.float32) * xq[None, :, :], axis=2)  # [BLOCK_N, G]
         j = k0 // GROUP + offs_g
-        ws_mask = mask_n[:, None] & (j < num_groups)[None, :]
-        ws = tl.load(ws_rows[:, None] + j[None, :], mask=ws_mask, other=0.0)
-        acc += tl.sum(part * ws * xs[None, :], axis=1)
+        ws = tl.load(ws_row + j, mask=j < num_groups, other=0.0)
+        xe = tl.reshape(xq * (xs * ws)[:, None], [GROUPS * GROUP])
+        kk = k0 + depth
+        w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & (kk < K)[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * xe[None, :], axis=1)
     tl.store(o_ptr + m * stride_om + offs_n, acc.to(o_ptr.dtype.element_ty), mask=mask_n)
 
 
@@ -227,10 +229,11 @@ def fp8_gemv(
         return out
     t = tiles or pick_tiles(m, n, k)
     groups = max(1, min(t.depth, triton.next_power_of_2(k)) // bk)
-    _gemv_kernel[(triton.cdiv(n, t.cols), m)](
+    cols = min(t.cols, bn & -bn)  # a power of two dividing bn: one scale row per program
+    _gemv_kernel[(triton.cdiv(n, cols), m)](
         x, weight, weight_scale, out, n, k,
         x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-        BN_SCALE=bn, BLOCK_N=t.cols, GROUP=bk, GROUPS=groups, num_warps=t.warps,
+        BN_SCALE=bn, BLOCK_N=cols, GROUP=bk, GROUPS=groups, num_warps=t.warps,
     )  # fmt: skip
     return out
 
