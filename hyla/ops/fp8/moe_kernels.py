@@ -35,34 +35,39 @@ def _gate_up_gemv_kernel(
     TOPK: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_I: tl.constexpr,
     GROUP: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
+    # BLOCK_I divides bn: the program's gate rows share one scale row (and its up rows another),
+    # folded into x with x's scales as in `kernels._gemv_kernel`
     p = tl.program_id(0).to(tl.int64)
     t = p // TOPK
     e = tl.load(ids_ptr + p).to(tl.int64)
-    offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    i0 = tl.program_id(1) * BLOCK_I
+    offs_i = i0 + tl.arange(0, BLOCK_I)
     mask_i = offs_i < I
     offs_g = tl.arange(0, GROUPS)
     cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
-    w_gate = w_ptr + e * stride_we + offs_i.to(tl.int64) * stride_wr
+    depth = tl.arange(0, GROUPS * GROUP)
+    w_gate = w_ptr + e * stride_we + offs_i[:, None].to(tl.int64) * stride_wr
     w_up = w_gate + I * stride_wr
-    s_gate = ws_ptr + e * stride_wse + (offs_i // BN_SCALE).to(tl.int64) * stride_wsr
+    s_gate = ws_ptr + e * stride_wse + (i0 // BN_SCALE).to(tl.int64) * stride_wsr
     s_up = s_gate + I_BLOCKS * stride_wsr
     num_groups = tl.cdiv(D, GROUP)
     acc_g = tl.zeros([BLOCK_I], tl.float32)
     acc_u = tl.zeros([BLOCK_I], tl.float32)
     for k0 in range(0, D, GROUPS * GROUP):
         k = k0 + cols
-        mask_k = k < D
-        x = tl.load(x_ptr + t * stride_xt + k, mask=mask_k, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + t * stride_xt + k, mask=k < D, other=0.0).to(tl.float32)
         xq, xs = _quantize_groups(x, 1)
-        mask = mask_i[:, None, None] & mask_k[None, :, :]
-        wg = tl.load(w_gate[:, None, None] + k[None, :, :], mask=mask, other=0.0)
-        wu = tl.load(w_up[:, None, None] + k[None, :, :], mask=mask, other=0.0)
         j = k0 // GROUP + offs_g
-        s_mask = mask_i[:, None] & (j < num_groups)[None, :]
-        sg = tl.load(s_gate[:, None] + j[None, :], mask=s_mask, other=0.0) * xs[None, :]
-        su = tl.load(s_up[:, None] + j[None, :], mask=s_mask, other=0.0) * xs[None, :]
-        acc_g += tl.sum(tl.sum(wg.to(tl.float32) * xq[None, :, :], axis=2) * sg, axis=1)
-        acc_u += tl.sum(tl.sum(wu.to(tl.float32) * xq[None, :, :], axis=2) * su, axis=1)
+        sg = tl.load(s_gate + j, mask=j < num_groups, other=0.0) * xs
+        su = tl.load(s_up + j, mask=j < num_groups, other=0.0) * xs
+        xg = tl.reshape(xq * sg[:, None], [GROUPS * GROUP])
+        xu = tl.reshape(xq * su[:, None], [GROUPS * GROUP])
+        kk = k0 + depth
+        mask = mask_i[:, None] & (kk < D)[None, :]
+        wg = tl.load(w_gate + kk[None, :], mask=mask, other=0.0)
+        wu = tl.load(w_up + kk[None, :], mask=mask, other=0.0)
+        acc_g += tl.sum(wg.to(tl.float32) * xg[None, :], axis=1)
+        acc_u += tl.sum(wu.to(tl.float32) * xu[None, :], axis=1)
     dtype = h_ptr.dtype.element_ty
     g = acc_g.to(dtype).to(tl.float32)
     u = acc_u.to(dtype).to(tl.float32)
@@ -77,35 +82,37 @@ def _down_gemv_kernel(
     TOPK: tl.constexpr, BLOCK_K: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
+    # BLOCK_D divides bn: per slot, the program's columns share one scale row, folded into h
     t = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BLOCK_K)  # the token's k slots
     mask_s = offs_s < TOPK
     ids = tl.load(ids_ptr + t * TOPK + offs_s, mask=mask_s, other=0).to(tl.int64)
     wts = tl.load(wts_ptr + t * TOPK + offs_s, mask=mask_s, other=0.0).to(tl.float32)
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d0 = tl.program_id(1) * BLOCK_D
+    offs_d = d0 + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     offs_g = tl.arange(0, GROUPS)
     cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
+    depth = tl.arange(0, GROUPS * GROUP)
     # [slot, column] rows of every slot's expert, all loaded at once
     w_rows = w_ptr + ids[:, None] * stride_we + offs_d[None, :].to(tl.int64) * stride_wr
-    s_rows = ws_ptr + ids[:, None] * stride_wse + (offs_d // BN_SCALE)[None, :] * stride_wsr
+    s_rows = ws_ptr + ids * stride_wse + (d0 // BN_SCALE).to(tl.int64) * stride_wsr
     h_rows = h_ptr + (t * TOPK + offs_s) * stride_hp
-    sd_mask = mask_s[:, None] & mask_d[None, :]
     num_groups = tl.cdiv(I, GROUP)
     acc = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
     for k0 in range(0, I, GROUPS * GROUP):
         k = k0 + cols
-        mask_k = k < I
-        h_mask = mask_s[:, None, None] & mask_k[None, :, :]
+        h_mask = mask_s[:, None, None] & (k < I)[None, :, :]
         h = tl.load(h_rows[:, None, None] + k[None, :, :], mask=h_mask, other=0.0)
         hq, hs = _quantize_groups(h.to(tl.float32), 2)  # [S, G, C], [S, G]
-        w_mask = sd_mask[:, :, None, None] & mask_k[None, None, :, :]
-        w = tl.load(w_rows[:, :, None, None] + k[None, None, :, :], mask=w_mask, other=0.0)
-        part = tl.sum(w.to(tl.float32) * hq[:, None, :, :], axis=3)  # [S, BLOCK_D, G]
         j = k0 // GROUP + offs_g
-        s_mask = sd_mask[:, :, None] & (j < num_groups)[None, None, :]
-        ws = tl.load(s_rows[:, :, None] + j[None, None, :], mask=s_mask, other=0.0)
-        acc += tl.sum(part * ws * hs[:, None, :], axis=2)
+        s_mask = mask_s[:, None] & (j < num_groups)[None, :]
+        ws = tl.load(s_rows[:, None] + j[None, :], mask=s_mask, other=0.0)
+        he = tl.reshape(hq * (hs * ws)[:, :, None], [BLOCK_K, GROUPS * GROUP])
+        kk = k0 + depth
+        w_mask = (mask_s[:, None] & mask_d[None, :])[:, :, None] & (kk < I)[None, None, :]
+        w = tl.load(w_rows[:, :, None] + kk[None, None, :], mask=w_mask, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * he[:, None, :], axis=2)
     dtype = out_ptr.dtype.element_ty
     terms = acc.to(dtype).to(tl.float32) * wts[:, None]
     tl.store(out_ptr + t * stride_ot + offs_d, tl.sum(terms, axis=0).to(dtype), mask=mask_d)
@@ -202,13 +209,16 @@ def _down_grouped_kernel(
 class MoeTiles:
     """Tile sizes (tuning only). GEMV: `gate_rows` rows of I per gate/up program with `depth`
     columns of D per load; `down_cols` columns of D per down program with `down_depth` of I
-    per load. Grouped: `block_m` pairs per block, `block_n` output rows per program."""
+    per load. Grouped: `block_m` pairs per block, `block_n` output rows per program. The GEMV
+    picks hold the most weight bytes in flight per SM for their registers (ptxas for sm_90:
+    gate/up 4 rows x 8 warps 128 registers, 2 x 16 KiB per SM; down 4 columns 179, 2 x 8 KiB)."""
 
-    gate_rows: int = 2
+    gate_rows: int = 4
     depth: int = 2048
+    gate_warps: int = 8
     down_cols: int = 4
     down_depth: int = 512
-    warps: int = 4
+    down_warps: int = 4
     block_m: int = 16
     block_n: int = 64
 
@@ -237,21 +247,22 @@ def _gemv(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block
     (num_tokens, dim), (num_pairs, topk) = x.shape, (ids.numel(), ids.shape[1])
     inter, (bn, bk) = down_proj.shape[2], block
     h = x.new_empty(num_pairs, inter)
-    _gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, t.gate_rows))](
+    rows, cols = min(t.gate_rows, bn & -bn), min(t.down_cols, bn & -bn)  # dividing bn
+    _gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, rows))](
         x, gate_up_proj, gate_up_scale, ids, h, dim, inter, triton.cdiv(inter, bn),
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
         gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0),
-        TOPK=topk, BN_SCALE=bn, BLOCK_I=t.gate_rows, GROUP=bk,
-        GROUPS=_groups(t.depth, dim, bk), num_warps=t.warps,
+        TOPK=topk, BN_SCALE=bn, BLOCK_I=rows, GROUP=bk,
+        GROUPS=_groups(t.depth, dim, bk), num_warps=t.gate_warps,
     )  # fmt: skip
     out = x.new_empty(num_tokens, dim)
-    _down_gemv_kernel[(num_tokens, triton.cdiv(dim, t.down_cols))](
+    _down_gemv_kernel[(num_tokens, triton.cdiv(dim, cols))](
         h, down_proj, down_scale, ids, wts, out, dim, inter,
         h.stride(0), down_proj.stride(0), down_proj.stride(1),
         down_scale.stride(0), down_scale.stride(1), out.stride(0),
         TOPK=topk, BLOCK_K=max(2, triton.next_power_of_2(topk)), BN_SCALE=bn,
-        BLOCK_D=t.down_cols, GROUP=bk, GROUPS=_groups(t.down_depth, inter, bk),
-        num_warps=t.warps,
+        BLOCK_D=cols, GROUP=bk, GROUPS=_groups(t.down_depth, inter, bk),
+        num_warps=t.down_warps,
     )  # fmt: skip
     return out
 
