@@ -151,6 +151,30 @@ def test_fp8_moe_matches_reference(num_tokens, grouped, dtype) -> None:
     assert check_moe(num_tokens, dtype, "cuda", grouped) <= bound
 
 
+ALIGN_CASES = [(1, 4, 32, 16), (16, 4, 32, 16), (64, 4, 32, 16), (20, 2, 6, 16), (7, 3, 5, 4),
+               (300, 6, 64, 64)]  # fmt: skip
+
+
+def check_align(num_tokens, topk, experts, block_m, device) -> None:
+    """The one-launch align equals `hyla.ops.moe.grouped.align` (the PyTorch definition):
+    sorted pairs with their padding, and each block's expert (-1 past the last)."""
+    from hyla.ops.fp8 import align_kernel
+    from hyla.ops.moe.grouped import align
+
+    gen = torch.Generator().manual_seed(num_tokens * 31 + experts)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(num_tokens)])
+    want = align(ids, experts, block_m)
+    assert align_kernel.fits(ids.numel(), experts)
+    got = align_kernel.align(ids.to(device), experts, block_m)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.cpu(), w)
+
+
+@pytest.mark.parametrize("num_tokens, topk, experts, block_m", ALIGN_CASES)
+def test_align_kernel_is_the_pytorch_align(num_tokens, topk, experts, block_m) -> None:
+    check_align(num_tokens, topk, experts, block_m, "cuda")
+
+
 def test_fp8_moe_forms() -> None:
     from hyla.ops.fp8.moe_kernels import gemv_form
 

@@ -9,8 +9,10 @@ import torch
 
 from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
 from tests.gpu.test_fp8_gpu import (
+    ALIGN_CASES,
     BOUNDS,
     MOE_BF16_BOUND,
+    check_align,
     check_linear,
     check_moe,
     check_quantize_rows,
@@ -68,3 +70,8 @@ def test_fp8_moe(grouped: bool, num_tokens: int, topk: int) -> None:
 def test_fp8_moe_grouped_several_blocks_per_expert_bf16() -> None:
     # 40 pairs over 6 experts: some expert runs span two 16-row blocks
     assert check_moe(20, torch.bfloat16, "cpu", True) <= MOE_BF16_BOUND
+
+
+@pytest.mark.parametrize("num_tokens, topk, experts, block_m", ALIGN_CASES)
+def test_align_kernel_is_the_pytorch_align(num_tokens, topk, experts, block_m) -> None:
+    check_align(num_tokens, topk, experts, block_m, "cpu")

@@ -78,3 +78,21 @@ def test_fp8_experts_decode_is_two_launches(triton_paths, tokens: int, launches:
         "_gate_up_gemv_kernel",
         "_down_gemv_kernel",
     }
+
+
+@torch.no_grad()
+def test_fp8_experts_grouped_is_five_launches(triton_paths) -> None:
+    # 16 pairs over 8 experts: the grouped form; the PyTorch align alone was ~25 launches
+    from hyla.ops.fp8 import fp8_moe_experts, quantize_weight_blockwise
+
+    E, I, D, k, block, tokens = 8, 32, 64, 4, (16, 32), 4
+    gu = [quantize_weight_blockwise(torch.randn(2 * I, D), block) for _ in range(E)]
+    dn = [quantize_weight_blockwise(torch.randn(D, I), block) for _ in range(E)]
+    (gu_q, gu_s), (dn_q, dn_s) = (map(torch.stack, zip(*w, strict=True)) for w in (gu, dn))
+    x = torch.randn(tokens, D, dtype=torch.bfloat16)
+    ids = torch.stack([torch.randperm(E)[:k] for _ in range(tokens)])
+    wts = torch.rand(tokens, k)
+    with count_launches() as found:
+        fp8_moe_experts(x, gu_q, gu_s, dn_q, dn_s, wts, ids, block)
+    assert set(found.triton) == {"_align_kernel", "_gate_up_grouped_kernel", "_down_grouped_kernel"}
+    assert found.total == 5, found  # + the sum of each token's k rows and its cast

@@ -10,9 +10,10 @@ GEMV form (P = T k pairs <= E, decode steps), two launches, experts read in plac
         out[t] = sum_j w_j * round(W_down[e_j] q(h[t k + j]))   (fp32, rounded once)
 
 Grouped form (more pairs: B >= 9 at k = 4, E = 32): pairs sorted by expert on the device
-(`hyla.ops.moe.grouped.align`), each BLOCK_M run of one expert's pairs as fp8 tensor-core
-GEMMs (gate/up with silu * up fused, then down with the routing weight), so each expert's weights
-are read once per block, not once per pair; then the k rows of a token are summed in fp32.
+(`align_kernel.align`, one launch; `hyla.ops.moe.grouped.align` past its size), each BLOCK_M
+run of one expert's pairs as fp8 tensor-core GEMMs (gate/up with silu * up fused, then down
+with the routing weight), so each expert's weights are read once per block, not once per pair;
+then the k rows of a token are summed in fp32.
 """
 
 from __future__ import annotations
@@ -269,11 +270,13 @@ def _gemv(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block
 
 def _grouped(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block,
              t: MoeTiles):  # fmt: skip
-    from hyla.ops.moe.grouped import align
+    from hyla.ops.fp8 import align_kernel
+    from hyla.ops.moe import grouped
 
     (num_tokens, dim), (num_pairs, topk) = x.shape, (ids.numel(), ids.shape[1])
     num_experts, inter, (bn, bk) = gate_up_proj.shape[0], down_proj.shape[2], block
     block_m = t.block_m if num_pairs <= 1024 else 64
+    align = align_kernel.align if align_kernel.fits(num_pairs, num_experts) else grouped.align
     sorted_pairs, block_expert = align(ids, num_experts, block_m)
     num_blocks, fp8_dot = block_expert.numel(), kernels.dot_fp8(x.device)
     h = x.new_empty(num_pairs, inter)
