@@ -151,6 +151,39 @@ def test_fp8_moe_matches_reference(num_tokens, grouped, dtype) -> None:
     assert check_moe(num_tokens, dtype, "cuda", grouped) <= bound
 
 
+def check_moe_shared(num_tokens, dtype, device, block=(16, 32)) -> float:
+    """Routed experts + a shared expert in the GEMV form's two launches vs the reference's
+    routed experts plus `reference.fp8_shared_expert`, added in the hidden dtype."""
+    from hyla.ops.fp8 import moe_kernels
+
+    gen = torch.Generator().manual_seed(num_tokens + 100)
+    E, I, D, k = 6, 32, 80, 2  # I a multiple of bn (the shared gate/up stack)
+    gus = [_weight(I, D, block, gen) + _weight(I, D, block, gen) for _ in range(E + 1)]
+    gu_q = torch.stack([torch.cat([g[0], g[2]]) for g in gus])
+    gu_s = torch.stack([torch.cat([g[1], g[3]]) for g in gus])
+    downs = [_weight(D, I, block, gen) for _ in range(E + 1)]
+    dn_q, dn_s = torch.stack([d[0] for d in downs]), torch.stack([d[1] for d in downs])
+    x = torch.randn(num_tokens, D, generator=gen).to(dtype)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(num_tokens)])
+    wts = torch.rand(num_tokens, k, generator=gen)
+    routed = (x, gu_q[:E], gu_s[:E], dn_q[:E], dn_s[:E], wts, ids, block)
+    shared = (gu_q[E], gu_s[E], dn_q[E], dn_s[E])
+    want = reference.fp8_moe_experts(*routed) + reference.fp8_shared_expert(x, *shared, block)
+    dev = [a.to(device) if isinstance(a, torch.Tensor) else a for a in routed]
+    dev_shared = tuple(a.to(device) for a in shared)
+    assert moe_kernels.shared_fits(*dev[1:5], dev_shared)
+    got = moe_kernels.fp8_moe_experts_and_shared(*dev, dev_shared)
+    assert got.dtype == dtype and got.shape == want.shape
+    return rel_err(got, want)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_moe_with_shared_expert(num_tokens, dtype) -> None:
+    bound = MOE_BF16_BOUND if dtype == torch.bfloat16 else 2e-5
+    assert check_moe_shared(num_tokens, dtype, "cuda") <= bound
+
+
 ALIGN_CASES = [(1, 4, 32, 16), (16, 4, 32, 16), (64, 4, 32, 16), (20, 2, 6, 16), (7, 3, 5, 4),
                (300, 6, 64, 64)]  # fmt: skip
 

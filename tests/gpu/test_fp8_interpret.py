@@ -15,6 +15,7 @@ from tests.gpu.test_fp8_gpu import (
     check_align,
     check_linear,
     check_moe,
+    check_moe_shared,
     check_quantize_rows,
     check_saturation,
 )
@@ -75,3 +76,8 @@ def test_fp8_moe_grouped_several_blocks_per_expert_bf16() -> None:
 @pytest.mark.parametrize("num_tokens, topk, experts, block_m", ALIGN_CASES)
 def test_align_kernel_is_the_pytorch_align(num_tokens, topk, experts, block_m) -> None:
     check_align(num_tokens, topk, experts, block_m, "cpu")
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_fp8_moe_with_shared_expert(num_tokens: int) -> None:
+    assert check_moe_shared(num_tokens, torch.float32, "cpu") <= 2e-5

@@ -96,3 +96,59 @@ def test_fp8_experts_grouped_is_five_launches(triton_paths) -> None:
         fp8_moe_experts(x, gu_q, gu_s, dn_q, dn_s, wts, ids, block)
     assert set(found.triton) == {"_align_kernel", "_gate_up_grouped_kernel", "_down_grouped_kernel"}
     assert found.total == 5, found  # + the sum of each token's k rows and its cast
+
+
+def _fp8_moe_layer(block=(16, 32)):
+    """The tiny Kimi MoE layer with fp8 routed experts and an fp8 shared expert (gate and up
+    stacked, as `stack_projections` leaves them), random weights, fp32."""
+    from hyla.layers.fp8_experts import Fp8Experts
+    from hyla.layers.moe import MoE
+    from hyla.models.registry import config_from_hf
+    from hyla.ops.fp8 import quantize_weight_blockwise
+    from hyla.ops.linear import stack_rows
+    from tests.hf_tiny import tiny_hf_config
+
+    config = config_from_hf(tiny_hf_config("kimi_linear").to_dict()).replace(dtype="float32")
+    layer = MoE(config, 1)
+    gen = torch.Generator().manual_seed(0)
+    for p in layer.parameters():
+        p.data = torch.randn(p.shape, generator=gen) * 0.05
+    E, two_i, D = layer.experts.gate_up_proj.shape
+    experts = Fp8Experts(E, D, two_i // 2, block)
+    for name, parts in (("gate_up_proj", 2), ("down_proj", 1)):
+        w = getattr(layer.experts, name).data
+        q, s = zip(*[_quantize_parts(w[e], block, parts) for e in range(E)], strict=True)
+        getattr(experts, name).data = torch.stack(q)
+        getattr(experts, f"{name}_scale_inv").data = torch.stack(s)
+    layer.experts = experts
+    mlp = layer.shared_experts
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        (mod,) = _fp8_linears([getattr(mlp, name).out_features], getattr(mlp, name).in_features,
+                              block)  # fmt: skip
+        q, s = quantize_weight_blockwise(getattr(mlp, name).weight.data, block)
+        mod.weight.data, mod.weight_scale_inv.data = q, s
+        setattr(mlp, name, mod)
+    stack_rows(mlp.stacked_projections())
+    return layer, torch.randn(1, D, generator=gen)
+
+
+def _quantize_parts(w, block, parts):
+    from hyla.ops.fp8 import quantize_weight_blockwise
+
+    q, s = zip(*[quantize_weight_blockwise(p, block) for p in w.chunk(parts)], strict=True)
+    return torch.cat(q), torch.cat(s)
+
+
+@torch.no_grad()
+def test_fp8_moe_layer_runs_its_shared_expert_in_the_two_launches(monkeypatch) -> None:
+    """Decode rows of an fp8 MoE layer: routed experts and the shared expert in two launches
+    (use_triton sent to the interpreter), equal to the layer run op by op (fp32)."""
+    layer, x = _fp8_moe_layer()
+    want = layer(x)  # CPU: the references, op by op
+    monkeypatch.setattr("hyla.ops.fp8.use_triton", lambda t: True)
+    with count_launches() as found:
+        got = layer.experts and layer._fp8_with_shared(x, *layer.gate(x))
+    assert got is not None, "the fused fp8 path did not run"
+    assert set(found.triton) == {"_gate_up_gemv_kernel", "_down_gemv_kernel"}
+    assert sum(found.triton.values()) == 2
+    torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-6)

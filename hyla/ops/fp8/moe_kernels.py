@@ -30,26 +30,33 @@ from hyla.ops.fp8.kernels import _quantize_groups
 
 @triton.jit
 def _gate_up_gemv_kernel(
-    x_ptr, w_ptr, ws_ptr, ids_ptr, h_ptr,
-    D, I, I_BLOCKS,
+    x_ptr, w_ptr, ws_ptr, sw_ptr, ss_ptr, ids_ptr, h_ptr,
+    P, D, I, I_BLOCKS,
     stride_xt, stride_we, stride_wr, stride_wse, stride_wsr, stride_hp,
     TOPK: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_I: tl.constexpr,
     GROUP: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
     # BLOCK_I divides bn: the program's gate rows share one scale row (and its up rows another),
     # folded into x with x's scales as in `kernels._gemv_kernel`
+    # programs p < P: pair p; p >= P: token p - P through the shared expert (sw_ptr, ss_ptr)
     p = tl.program_id(0).to(tl.int64)
-    t = p // TOPK
-    e = tl.load(ids_ptr + p).to(tl.int64)
+    routed = p < P
+    t = tl.where(routed, p // TOPK, p - P)
+    e = tl.load(ids_ptr + p, mask=routed, other=0).to(tl.int64)
     i0 = tl.program_id(1) * BLOCK_I
     offs_i = i0 + tl.arange(0, BLOCK_I)
     mask_i = offs_i < I
     offs_g = tl.arange(0, GROUPS)
     cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
     depth = tl.arange(0, GROUPS * GROUP)
-    w_gate = w_ptr + e * stride_we + offs_i[:, None].to(tl.int64) * stride_wr
+    w_gate = (
+        tl.where(routed, w_ptr + e * stride_we, sw_ptr) + offs_i[:, None].to(tl.int64) * stride_wr
+    )
     w_up = w_gate + I * stride_wr
-    s_gate = ws_ptr + e * stride_wse + (i0 // BN_SCALE).to(tl.int64) * stride_wsr
+    s_gate = (
+        tl.where(routed, ws_ptr + e * stride_wse, ss_ptr)
+        + (i0 // BN_SCALE).to(tl.int64) * stride_wsr
+    )
     s_up = s_gate + I_BLOCKS * stride_wsr
     num_groups = tl.cdiv(D, GROUP)
     acc_g = tl.zeros([BLOCK_I], tl.float32)
@@ -77,11 +84,11 @@ def _gate_up_gemv_kernel(
 
 @triton.jit
 def _down_gemv_kernel(
-    h_ptr, w_ptr, ws_ptr, ids_ptr, wts_ptr, out_ptr,
-    D, I,
+    h_ptr, w_ptr, ws_ptr, sw_ptr, ss_ptr, ids_ptr, wts_ptr, out_ptr,
+    P, D, I,
     stride_hp, stride_we, stride_wr, stride_wse, stride_wsr, stride_ot,
     TOPK: tl.constexpr, BLOCK_K: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_D: tl.constexpr,
-    GROUP: tl.constexpr, GROUPS: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr, SHARED: tl.constexpr,
 ):  # fmt: skip
     # BLOCK_D divides bn: per slot, the program's columns share one scale row, folded into h
     t = tl.program_id(0).to(tl.int64)
@@ -116,7 +123,23 @@ def _down_gemv_kernel(
         acc += tl.sum(w.to(tl.float32) * he[:, None, :], axis=2)
     dtype = out_ptr.dtype.element_ty
     terms = acc.to(dtype).to(tl.float32) * wts[:, None]
-    tl.store(out_ptr + t * stride_ot + offs_d, tl.sum(terms, axis=0).to(dtype), mask=mask_d)
+    out = tl.sum(terms, axis=0).to(dtype)
+    if SHARED:  # + the shared expert (h row P + t), rounded, then the add rounded
+        s_row = ss_ptr + (d0 // BN_SCALE).to(tl.int64) * stride_wsr
+        sw_rows = sw_ptr + offs_d[:, None].to(tl.int64) * stride_wr
+        acc_s = tl.zeros([BLOCK_D], tl.float32)
+        for k0 in range(0, I, GROUPS * GROUP):
+            k = k0 + cols
+            h = tl.load(h_ptr + (P + t) * stride_hp + k, mask=k < I, other=0.0)
+            hq, hs = _quantize_groups(h.to(tl.float32), 1)
+            j = k0 // GROUP + offs_g
+            hs = hs * tl.load(s_row + j, mask=j < num_groups, other=0.0)
+            he = tl.reshape(hq * hs[:, None], [GROUPS * GROUP])
+            kk = k0 + depth
+            w = tl.load(sw_rows + kk[None, :], mask=mask_d[:, None] & (kk < I)[None, :], other=0.0)
+            acc_s += tl.sum(w.to(tl.float32) * he[None, :], axis=1)
+        out = (out.to(tl.float32) + acc_s.to(dtype).to(tl.float32)).to(dtype)
+    tl.store(out_ptr + t * stride_ot + offs_d, out, mask=mask_d)
 
 
 @triton.jit
@@ -244,13 +267,16 @@ def _groups(depth: int, k: int, bk: int) -> int:
     return max(1, min(depth, triton.next_power_of_2(k)) // bk)
 
 
-def _gemv(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block, t: MoeTiles):
+def _gemv(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block, t: MoeTiles,
+          shared=None):  # fmt: skip
     (num_tokens, dim), (num_pairs, topk) = x.shape, (ids.numel(), ids.shape[1])
     inter, (bn, bk) = down_proj.shape[2], block
-    h = x.new_empty(num_pairs, inter)
+    s_gu, s_gus, s_dn, s_dns = shared or (gate_up_proj, gate_up_scale, down_proj, down_scale)
+    h = x.new_empty(num_pairs + (num_tokens if shared else 0), inter)
     rows, cols = min(t.gate_rows, bn & -bn), min(t.down_cols, bn & -bn)  # dividing bn
-    _gate_up_gemv_kernel[(num_pairs, triton.cdiv(inter, rows))](
-        x, gate_up_proj, gate_up_scale, ids, h, dim, inter, triton.cdiv(inter, bn),
+    _gate_up_gemv_kernel[(h.shape[0], triton.cdiv(inter, rows))](
+        x, gate_up_proj, gate_up_scale, s_gu, s_gus, ids, h, num_pairs, dim, inter,
+        triton.cdiv(inter, bn),
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
         gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0),
         TOPK=topk, BN_SCALE=bn, BLOCK_I=rows, GROUP=bk,
@@ -258,11 +284,11 @@ def _gemv(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block
     )  # fmt: skip
     out = x.new_empty(num_tokens, dim)
     _down_gemv_kernel[(num_tokens, triton.cdiv(dim, cols))](
-        h, down_proj, down_scale, ids, wts, out, dim, inter,
+        h, down_proj, down_scale, s_dn, s_dns, ids, wts, out, num_pairs, dim, inter,
         h.stride(0), down_proj.stride(0), down_proj.stride(1),
         down_scale.stride(0), down_scale.stride(1), out.stride(0),
         TOPK=topk, BLOCK_K=max(2, triton.next_power_of_2(topk)), BN_SCALE=bn,
-        BLOCK_D=cols, GROUP=bk, GROUPS=_groups(t.down_depth, inter, bk),
+        BLOCK_D=cols, GROUP=bk, GROUPS=_groups(t.down_depth, inter, bk), SHARED=bool(shared),
         num_warps=t.down_warps,
     )  # fmt: skip
     return out
@@ -314,3 +340,33 @@ def fp8_moe_experts(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_
     args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
             topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
     return _grouped(*args) if grouped else _gemv(*args)
+
+
+def shared_fits(gate_up_proj, gate_up_scale, down_proj, down_scale, shared) -> bool:
+    """Whether the GEMV form can run a shared expert `shared` = (gate_up [2I, D] fp8, its scales,
+    down [D, I] fp8, its scales) in its own launches: the routed experts' width, dtypes, row
+    strides and scale layouts (one block size; I a multiple of bn), one device."""
+    s_gu, s_gus, s_dn, s_dns = shared
+    return (
+        s_gu.shape == gate_up_proj.shape[1:] and s_dn.shape == down_proj.shape[1:]
+        and s_gus.shape == gate_up_scale.shape[1:] and s_dns.shape == down_scale.shape[1:]
+        and s_gu.dtype == s_dn.dtype == gate_up_proj.dtype
+        and s_gus.dtype == s_dns.dtype == torch.float32
+        and s_gu.stride() == gate_up_proj.stride()[1:] and s_dn.stride() == down_proj.stride()[1:]
+        and s_gus.stride() == gate_up_scale.stride()[1:]
+        and s_dns.stride() == down_scale.stride()[1:]
+        and len({t.device for t in (*shared, gate_up_proj)}) == 1
+    )  # fmt: skip
+
+
+def fp8_moe_experts_and_shared(hidden_states, gate_up_proj, gate_up_scale, down_proj,
+                               down_scale, topk_weights, topk_ids, block_size, shared,
+                               tiles: MoeTiles | None = None) -> torch.Tensor:  # fmt: skip
+    """`fp8_moe_experts(...)` + the shared expert `shared` (see `shared_fits`) in the GEMV
+    form's two launches: round(routed + round(down_s(round(silu(g_s) * u_s)))), with g_s, u_s
+    the shared gate/up products rounded to the hidden dtype. Needs `gemv_form` and
+    `shared_fits`."""
+    x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
+            topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
+    return _gemv(*args, shared=tuple(shared))
