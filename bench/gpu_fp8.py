@@ -70,8 +70,11 @@ def free(engine: LLMEngine | None) -> None:
 
 def decode_rows(engine: LLMEngine, args, bandwidth: float, name: str) -> list[dict]:
     rows = gpu_e2e.hyla_decode(engine, args, bandwidth)
+    graphs = engine.runner.graphs  # a failed capture empties it and decode runs eagerly
+    captured = [s for s in graphs.steps.values() if s.graph is not None] if graphs else []
     for row in rows:
         row["variant"] = name
+        row["graphs_captured"] = len(captured)
         row["weight_bytes"] = sum(p.numel() * p.element_size() for p in engine.model.parameters())
         row.pop("tokens", None)
     return rows

@@ -11,6 +11,7 @@ from torch import nn
 
 from hyla.ops.fp8 import FP8, fp8_linear
 from hyla.ops.linear import Prepacked, prepacked_linear, prepacked_stacked_linear
+from hyla.ops.linear.stacked import adjacent_rows, fp8_blocks_line_up
 
 
 class Linear(nn.Linear):
@@ -81,6 +82,17 @@ def stacked_linear(x: torch.Tensor, linears: Sequence[nn.Linear], cache: Prepack
     Raises: ValueError when a module has a bias."""
     if any(m.bias is not None for m in linears):
         raise ValueError("stacked_linear: modules with a bias are not supported")
-    if any(isinstance(m, Fp8Linear) for m in linears):  # each weight has its own scales
-        return torch.cat([m(x) for m in linears], dim=-1)
+    if any(isinstance(m, Fp8Linear) for m in linears):
+        return _stacked_fp8(x, linears)
     return prepacked_stacked_linear(x, [m.weight for m in linears], cache)
+
+
+def _stacked_fp8(x: torch.Tensor, linears: Sequence[nn.Module]) -> torch.Tensor:
+    """fp8 projections stacked by `stack_rows` (weights and scales row blocks of one tensor
+    each) as one `fp8_linear`; otherwise one call per module and a concatenation."""
+    if all(isinstance(m, Fp8Linear) for m in linears) and fp8_blocks_line_up(linears):
+        weight = adjacent_rows([m.weight for m in linears])
+        scale = adjacent_rows([m.weight_scale_inv for m in linears])
+        if weight is not None and scale is not None:
+            return fp8_linear(x, weight, scale, linears[0].block_size)
+    return torch.cat([m(x) for m in linears], dim=-1)

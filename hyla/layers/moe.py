@@ -16,8 +16,11 @@ import torch
 from torch import nn
 
 from hyla.config import ModelConfig, MoEConfig
-from hyla.layers.linear import Linear
+from hyla.layers.fp8_experts import Fp8Experts
+from hyla.layers.linear import Fp8Linear, Linear
 from hyla.layers.mlp import GatedMLP
+from hyla.ops.fp8 import fp8_moe_experts_and_shared
+from hyla.ops.fp8 import fuses_shared as fp8_fuses_shared
 from hyla.ops.gpu import use_triton
 from hyla.ops.linear import Prepacked, adjacent_rows, prepacked_linear, usable
 from hyla.ops.linear.dispatch import linear_fp32
@@ -148,6 +151,10 @@ class MoE(nn.Module):
         topk_weights, topk_ids = self.gate(hidden_states)
         if self.swiglu_limit is not None:
             return self._forward_clamped(hidden_states, topk_weights, topk_ids)
+        if isinstance(self.experts, Fp8Experts):
+            fused_fp8 = self._fp8_with_shared(hidden_states, topk_weights, topk_ids)
+            if fused_fp8 is not None:
+                return fused_fp8
         fused = self._fused_shared(hidden_states, topk_ids)
         if fused is not None:  # decode rows on CUDA: the shared expert inside the routed GEMVs
             e = self.experts
@@ -192,3 +199,26 @@ class MoE(nn.Module):
         if fuses_shared(hidden_states, e.gate_up_proj, e.down_proj, topk_ids, gate_up, down):
             return gate_up, down
         return None
+
+    def _fp8_with_shared(
+        self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Routed fp8 experts plus the shared expert in the GEMV form's two launches, when the
+        shared expert is an ungated fp8 MLP of the routed width with its gate and up stacked
+        (`fp8_fuses_shared`); None otherwise (the separate ops run)."""
+        mlp, e = self.shared_experts, self.experts
+        if mlp is None or self.shared_expert_gate is not None or torch.is_grad_enabled():
+            return None
+        parts = (*mlp.stacked_projections(), mlp.down_proj)
+        if not all(isinstance(m, Fp8Linear) and m.block_size == e.block_size for m in parts):
+            return None
+        gate_up = adjacent_rows([m.weight for m in parts[:2]])
+        gate_up_scale = adjacent_rows([m.weight_scale_inv for m in parts[:2]])
+        if gate_up is None or gate_up_scale is None:
+            return None
+        shared = (gate_up, gate_up_scale, mlp.down_proj.weight, mlp.down_proj.weight_scale_inv)
+        args = (hidden_states, e.gate_up_proj, e.gate_up_proj_scale_inv, e.down_proj,
+                e.down_proj_scale_inv, topk_weights, topk_ids, e.block_size)  # fmt: skip
+        if not fp8_fuses_shared(*args, shared):
+            return None
+        return fp8_moe_experts_and_shared(*args, shared)

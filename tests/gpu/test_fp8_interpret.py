@@ -9,9 +9,13 @@ import torch
 
 from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
 from tests.gpu.test_fp8_gpu import (
+    ALIGN_CASES,
     BOUNDS,
+    MOE_BF16_BOUND,
+    check_align,
     check_linear,
     check_moe,
+    check_moe_shared,
     check_quantize_rows,
     check_saturation,
 )
@@ -19,10 +23,26 @@ from tests.gpu.test_fp8_gpu import (
 pytestmark = interpreter.marks("test_fp8_gpu.py")
 
 
-@pytest.mark.parametrize("m", [1, 4, 5, 33])
+@pytest.mark.parametrize("m", [1, 4, 5, 33, 70])
 @pytest.mark.parametrize("n, k", [(40, 200), (7, 129)])
 def test_fp8_linear(m: int, n: int, k: int) -> None:
     assert check_linear(m, n, k, torch.float32, "cpu") <= BOUNDS[torch.float32]
+
+
+@pytest.mark.parametrize("m", [1, 3, 20])
+def test_fp8_linear_k_loop_and_ragged_tiles(m: int) -> None:
+    # GEMV loads of 64 columns (4 steps over K = 200, the last partial), 4 columns per program
+    # (N = 41: a partial last program); GEMM tiles of 16 x 16 (N = 41: a partial last tile)
+    from hyla.ops.fp8.kernels import Fp8Tiles
+
+    tiles = Fp8Tiles(cols=4, depth=64, block_m=16, block_n=16)
+    assert check_linear(m, 41, 200, torch.float32, "cpu", block=(16, 32), tiles=tiles) <= 1e-5
+
+
+@pytest.mark.parametrize("block", [(6, 32), (1, 64)])
+def test_fp8_gemv_blocks_not_a_multiple_of_its_columns(block) -> None:
+    # bn = 6 or 1: programs narrow to 2 or 1 columns so that their rows share a scale row
+    assert check_linear(2, 41, 200, torch.float32, "cpu", block=block) <= 1e-5
 
 
 def test_fp8_linear_small_blocks_bf16() -> None:
@@ -43,5 +63,21 @@ def test_quantize_rows_is_the_reference() -> None:
 
 
 @pytest.mark.parametrize("grouped", [False, True])
-def test_fp8_moe(grouped: bool) -> None:
-    assert check_moe(3, torch.float32, "cpu", grouped) <= 2e-5
+@pytest.mark.parametrize("num_tokens, topk", [(3, 2), (2, 3), (1, 4)])
+def test_fp8_moe(grouped: bool, num_tokens: int, topk: int) -> None:
+    assert check_moe(num_tokens, torch.float32, "cpu", grouped, topk=topk) <= 2e-5
+
+
+def test_fp8_moe_grouped_several_blocks_per_expert_bf16() -> None:
+    # 40 pairs over 6 experts: some expert runs span two 16-row blocks
+    assert check_moe(20, torch.bfloat16, "cpu", True) <= MOE_BF16_BOUND
+
+
+@pytest.mark.parametrize("num_tokens, topk, experts, block_m", ALIGN_CASES)
+def test_align_kernel_is_the_pytorch_align(num_tokens, topk, experts, block_m) -> None:
+    check_align(num_tokens, topk, experts, block_m, "cpu")
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_fp8_moe_with_shared_expert(num_tokens: int) -> None:
+    assert check_moe_shared(num_tokens, torch.float32, "cpu") <= 2e-5

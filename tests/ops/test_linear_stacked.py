@@ -66,3 +66,38 @@ def test_model_outputs_and_state_dict_survive_stacking(tmp_path):
     assert all(torch.equal(after[k], state[k]) for k in state)
     torch.testing.assert_close(forward(), want, rtol=1e-5, atol=1e-5)
     model.stack_projections()  # idempotent: already stacked groups are left as they are
+
+
+def _fp8_linears(widths, dim=40, block=(16, 16), seed=0):
+    from hyla.layers.linear import Fp8Linear
+    from hyla.ops.fp8 import quantize_weight_blockwise
+
+    torch.manual_seed(seed)
+    mods = []
+    for w in widths:
+        m = Fp8Linear(dim, w, block_size=block)
+        q, s = quantize_weight_blockwise(torch.randn(w, dim), block)
+        m.weight.data, m.weight_scale_inv.data = q, s
+        mods.append(m)
+    return mods
+
+
+def test_fp8_projections_stack_with_their_scales():
+    # KDA's input projections in miniature: parts of 32, 32, 16 rows (whole 16-row blocks) and
+    # a last part of 3 rows; the stacked call is one fp8_linear and equals one call per module
+    mods = _fp8_linears([32, 32, 16, 3])
+    x = torch.randn(5, 40)
+    want = torch.cat([m(x) for m in mods], dim=-1)
+    stack_rows(mods)
+    assert adjacent_rows([m.weight for m in mods]) is not None
+    assert adjacent_rows([m.weight_scale_inv for m in mods]) is not None
+    torch.testing.assert_close(stacked_linear(x, mods, Prepacked()), want, rtol=1e-6, atol=1e-6)
+
+
+def test_fp8_projections_whose_blocks_straddle_stay_apart():
+    mods = _fp8_linears([20, 32])  # 20 rows: the second part's blocks would straddle
+    x = torch.randn(2, 40)
+    want = torch.cat([m(x) for m in mods], dim=-1)
+    stack_rows(mods)
+    assert adjacent_rows([m.weight for m in mods]) is None
+    torch.testing.assert_close(stacked_linear(x, mods, Prepacked()), want, rtol=0, atol=0)

@@ -62,6 +62,49 @@ def fp8_moe_experts(
     return reference.fp8_moe_experts(*args)
 
 
+def fp8_moe_experts_and_shared(
+    hidden_states: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down_proj: torch.Tensor,
+    down_scale: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block_size: tuple[int, int],
+    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """`fp8_moe_experts(...)` plus an ungated fp8 shared expert `shared` = (gate_up [2I, D],
+    its scales, down [D, I], its scales) of the routed experts' width: each rounded to the
+    hidden dtype, then added (rounded). Where `fuses_shared` holds, the CUDA GEMV form's two
+    launches; otherwise the reference composition."""
+    args = (hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
+            topk_ids, block_size)  # fmt: skip
+    if fuses_shared(*args, shared):
+        from hyla.ops.fp8 import moe_kernels
+
+        return moe_kernels.fp8_moe_experts_and_shared(*args, shared)
+    routed = fp8_moe_experts(*args)
+    return routed + reference.fp8_shared_expert(hidden_states, *shared, block_size)
+
+
+def fuses_shared(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
+                 topk_ids, block_size, shared) -> bool:  # fmt: skip
+    """Whether `fp8_moe_experts_and_shared` runs the shared expert inside the routed experts'
+    GEMV launches: CUDA with triton, no autograd, T k <= E, `moe_kernels.shared_fits`."""
+    if not use_triton(hidden_states) or needs_grad(hidden_states):
+        return False
+    from hyla.ops.fp8 import moe_kernels
+
+    num_tokens, topk = topk_ids.shape
+    args = (hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
+            topk_ids, block_size)  # fmt: skip
+    return (
+        moe_kernels.gemv_form(num_tokens, topk, gate_up_proj.shape[0])
+        and moe_kernels.supports(*args)
+        and moe_kernels.shared_fits(gate_up_proj, gate_up_scale, down_proj, down_scale, shared)
+    )
+
+
 __all__ = [
     "FP8",
     "FP8_MAX",
@@ -72,6 +115,8 @@ __all__ = [
     "fake_quantize_activation",
     "fp8_linear",
     "fp8_moe_experts",
+    "fp8_moe_experts_and_shared",
+    "fuses_shared",
     "quantize_activation",
     "quantize_per_token",
     "quantize_weight_blockwise",

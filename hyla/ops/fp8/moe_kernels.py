@@ -1,27 +1,256 @@
-"""fp8 routed experts on CUDA: `reference.fp8_moe_experts` through the kernels of `kernels.py`.
+"""fp8 routed experts on CUDA: `reference.fp8_moe_experts` in Triton, activations quantized
+inside the kernels (`kernels._quantize_groups`), no host sync (capturable).
 
-decode-sized (T k <= MAX_GEMV_ROWS): every (token, slot) row runs the GEMV against its own
-    expert's weight in place (`expert_ids`), gate and up as two row blocks of gate_up_proj
-    (each has its own block grid), then silu(gate) * up, then down: no host sync, capturable
-larger (prefill): tokens grouped by expert on the host (one sync), one GEMM per expert
+GEMV form (P = T k pairs <= E, decode steps), two launches, experts read in place:
+
+    kernel 1, program (pair p = t k + j, BLOCK_I rows of I), all of D <= 2048 per load:
+        g, u = W_gate[e] q(x_t), W_up[e] q(x_t)  (block-scaled, fp32 sums, rounded to dtype)
+        h[p] = silu(g) * u                      (fp32, rounded to dtype)
+    kernel 2, program (token t, BLOCK_D columns of D), all k slots' tiles at once:
+        out[t] = sum_j w_j * round(W_down[e_j] q(h[t k + j]))   (fp32, rounded once)
+
+Grouped form (more pairs: B >= 9 at k = 4, E = 32): pairs sorted by expert on the device
+(`align_kernel.align`, one launch; `hyla.ops.moe.grouped.align` past its size), each BLOCK_M
+run of one expert's pairs as fp8 tensor-core GEMMs (gate/up with silu * up fused, then down
+with the routing weight), so each expert's weights are read once per block, not once per pair;
+then the k rows of a token are summed in fp32.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from hyla.ops.fp8 import kernels
+from hyla.ops.fp8.kernels import _quantize_groups
 
-MAX_GEMV_ROWS = 256
+
+@triton.jit
+def _gate_up_gemv_kernel(
+    x_ptr, w_ptr, ws_ptr, sw_ptr, ss_ptr, ids_ptr, h_ptr,
+    P, D, I, I_BLOCKS,
+    stride_xt, stride_we, stride_wr, stride_wse, stride_wsr, stride_hp,
+    TOPK: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_I: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr,
+):  # fmt: skip
+    # BLOCK_I divides bn: the program's gate rows share one scale row (and its up rows another),
+    # folded into x with x's scales as in `kernels._gemv_kernel`
+    # programs p < P: pair p; p >= P: token p - P through the shared expert (sw_ptr, ss_ptr)
+    p = tl.program_id(0).to(tl.int64)
+    routed = p < P
+    t = tl.where(routed, p // TOPK, p - P)
+    e = tl.load(ids_ptr + p, mask=routed, other=0).to(tl.int64)
+    i0 = tl.program_id(1) * BLOCK_I
+    offs_i = i0 + tl.arange(0, BLOCK_I)
+    mask_i = offs_i < I
+    offs_g = tl.arange(0, GROUPS)
+    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
+    depth = tl.arange(0, GROUPS * GROUP)
+    w_gate = (
+        tl.where(routed, w_ptr + e * stride_we, sw_ptr) + offs_i[:, None].to(tl.int64) * stride_wr
+    )
+    w_up = w_gate + I * stride_wr
+    s_gate = (
+        tl.where(routed, ws_ptr + e * stride_wse, ss_ptr)
+        + (i0 // BN_SCALE).to(tl.int64) * stride_wsr
+    )
+    s_up = s_gate + I_BLOCKS * stride_wsr
+    num_groups = tl.cdiv(D, GROUP)
+    acc_g = tl.zeros([BLOCK_I], tl.float32)
+    acc_u = tl.zeros([BLOCK_I], tl.float32)
+    for k0 in range(0, D, GROUPS * GROUP):
+        k = k0 + cols
+        x = tl.load(x_ptr + t * stride_xt + k, mask=k < D, other=0.0).to(tl.float32)
+        xq, xs = _quantize_groups(x, 1)
+        j = k0 // GROUP + offs_g
+        sg = tl.load(s_gate + j, mask=j < num_groups, other=0.0) * xs
+        su = tl.load(s_up + j, mask=j < num_groups, other=0.0) * xs
+        xg = tl.reshape(xq * sg[:, None], [GROUPS * GROUP])
+        xu = tl.reshape(xq * su[:, None], [GROUPS * GROUP])
+        kk = k0 + depth
+        mask = mask_i[:, None] & (kk < D)[None, :]
+        wg = tl.load(w_gate + kk[None, :], mask=mask, other=0.0)
+        wu = tl.load(w_up + kk[None, :], mask=mask, other=0.0)
+        acc_g += tl.sum(wg.to(tl.float32) * xg[None, :], axis=1)
+        acc_u += tl.sum(wu.to(tl.float32) * xu[None, :], axis=1)
+    dtype = h_ptr.dtype.element_ty
+    g = acc_g.to(dtype).to(tl.float32)
+    u = acc_u.to(dtype).to(tl.float32)
+    tl.store(h_ptr + p * stride_hp + offs_i, (g / (1.0 + tl.exp(-g)) * u).to(dtype), mask=mask_i)
 
 
-def rows_path(num_tokens: int, top_k: int, num_experts: int) -> bool:
-    """Whether the sync-free GEMV rows run: up to MAX_GEMV_ROWS rows, and every batch for which
-    the bf16 experts are sync-free (`hyla.ops.moe.kernels.sync_free`: T k <= E or
-    T E <= 8192), so each batch size the decode graphs capture stays capturable."""
-    rows = num_tokens * top_k
-    return rows <= max(MAX_GEMV_ROWS, num_experts) or num_tokens * num_experts <= 8192
+@triton.jit
+def _down_gemv_kernel(
+    h_ptr, w_ptr, ws_ptr, sw_ptr, ss_ptr, ids_ptr, wts_ptr, out_ptr,
+    P, D, I,
+    stride_hp, stride_we, stride_wr, stride_wse, stride_wsr, stride_ot,
+    TOPK: tl.constexpr, BLOCK_K: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr, SHARED: tl.constexpr,
+):  # fmt: skip
+    # BLOCK_D divides bn: per slot, the program's columns share one scale row, folded into h
+    t = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_K)  # the token's k slots
+    mask_s = offs_s < TOPK
+    ids = tl.load(ids_ptr + t * TOPK + offs_s, mask=mask_s, other=0).to(tl.int64)
+    wts = tl.load(wts_ptr + t * TOPK + offs_s, mask=mask_s, other=0.0).to(tl.float32)
+    d0 = tl.program_id(1) * BLOCK_D
+    offs_d = d0 + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    offs_g = tl.arange(0, GROUPS)
+    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
+    depth = tl.arange(0, GROUPS * GROUP)
+    # [slot, column] rows of every slot's expert, all loaded at once
+    w_rows = w_ptr + ids[:, None] * stride_we + offs_d[None, :].to(tl.int64) * stride_wr
+    s_rows = ws_ptr + ids * stride_wse + (d0 // BN_SCALE).to(tl.int64) * stride_wsr
+    h_rows = h_ptr + (t * TOPK + offs_s) * stride_hp
+    num_groups = tl.cdiv(I, GROUP)
+    acc = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
+    for k0 in range(0, I, GROUPS * GROUP):
+        k = k0 + cols
+        h_mask = mask_s[:, None, None] & (k < I)[None, :, :]
+        h = tl.load(h_rows[:, None, None] + k[None, :, :], mask=h_mask, other=0.0)
+        hq, hs = _quantize_groups(h.to(tl.float32), 2)  # [S, G, C], [S, G]
+        j = k0 // GROUP + offs_g
+        s_mask = mask_s[:, None] & (j < num_groups)[None, :]
+        ws = tl.load(s_rows[:, None] + j[None, :], mask=s_mask, other=0.0)
+        he = tl.reshape(hq * (hs * ws)[:, :, None], [BLOCK_K, GROUPS * GROUP])
+        kk = k0 + depth
+        w_mask = (mask_s[:, None] & mask_d[None, :])[:, :, None] & (kk < I)[None, None, :]
+        w = tl.load(w_rows[:, :, None] + kk[None, None, :], mask=w_mask, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * he[:, None, :], axis=2)
+    dtype = out_ptr.dtype.element_ty
+    terms = acc.to(dtype).to(tl.float32) * wts[:, None]
+    out = tl.sum(terms, axis=0).to(dtype)
+    if SHARED:  # + the shared expert (h row P + t), rounded, then the add rounded
+        s_row = ss_ptr + (d0 // BN_SCALE).to(tl.int64) * stride_wsr
+        sw_rows = sw_ptr + offs_d[:, None].to(tl.int64) * stride_wr
+        acc_s = tl.zeros([BLOCK_D], tl.float32)
+        for k0 in range(0, I, GROUPS * GROUP):
+            k = k0 + cols
+            h = tl.load(h_ptr + (P + t) * stride_hp + k, mask=k < I, other=0.0)
+            hq, hs = _quantize_groups(h.to(tl.float32), 1)
+            j = k0 // GROUP + offs_g
+            hs = hs * tl.load(s_row + j, mask=j < num_groups, other=0.0)
+            he = tl.reshape(hq * hs[:, None], [GROUPS * GROUP])
+            kk = k0 + depth
+            w = tl.load(sw_rows + kk[None, :], mask=mask_d[:, None] & (kk < I)[None, :], other=0.0)
+            acc_s += tl.sum(w.to(tl.float32) * he[None, :], axis=1)
+        out = (out.to(tl.float32) + acc_s.to(dtype).to(tl.float32)).to(dtype)
+    tl.store(out_ptr + t * stride_ot + offs_d, out, mask=mask_d)
+
+
+@triton.jit
+def _gate_up_grouped_kernel(
+    x_ptr, w_ptr, ws_ptr, pairs_ptr, block_expert_ptr, h_ptr,
+    P, D, I, I_BLOCKS,
+    stride_xt, stride_we, stride_wr, stride_wse, stride_wsr, stride_hp,
+    TOPK: tl.constexpr, BN_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr,
+):  # fmt: skip
+    block = tl.program_id(0)
+    e = tl.load(block_expert_ptr + block).to(tl.int64)
+    if e < 0:
+        return
+    pairs = tl.load(pairs_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pairs < P
+    x_rows = x_ptr + (pairs // TOPK)[:, None] * stride_xt
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < I
+    w_gate = w_ptr + e * stride_we + rows[:, None].to(tl.int64) * stride_wr
+    w_up = w_gate + I * stride_wr
+    s_gate = ws_ptr + e * stride_wse + (rows // BN_SCALE).to(tl.int64) * stride_wsr
+    s_up = s_gate + I_BLOCKS * stride_wsr
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in range(0, tl.cdiv(D, BLOCK_K)):
+        k = j * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < D
+        a = tl.load(x_rows + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
+        aq, xs = _quantize_groups(a.to(tl.float32), 1)
+        w_mask = row_ok[:, None] & k_ok[None, :]
+        wg = tl.load(w_gate + k[None, :], mask=w_mask, other=0.0)
+        wu = tl.load(w_up + k[None, :], mask=w_mask, other=0.0)
+        if DOT_FP8:
+            a8 = aq.to(w_ptr.dtype.element_ty)  # exact: aq holds e4m3 values
+            pg, pu = tl.dot(a8, tl.trans(wg)), tl.dot(a8, tl.trans(wu))
+        else:
+            pg = tl.dot(aq, tl.trans(wg.to(tl.float32)))
+            pu = tl.dot(aq, tl.trans(wu.to(tl.float32)))
+        sg = tl.load(s_gate + j, mask=row_ok, other=0.0)
+        su = tl.load(s_up + j, mask=row_ok, other=0.0)
+        acc_g += pg * xs[:, None] * sg[None, :]
+        acc_u += pu * xs[:, None] * su[None, :]
+    dtype = h_ptr.dtype.element_ty
+    g = acc_g.to(dtype).to(tl.float32)
+    u = acc_u.to(dtype).to(tl.float32)
+    h = (g / (1.0 + tl.exp(-g)) * u).to(dtype)
+    out = h_ptr + pairs[:, None] * stride_hp + rows[None, :]
+    tl.store(out, h, mask=valid[:, None] & row_ok[None, :])
+
+
+@triton.jit
+def _down_grouped_kernel(
+    h_ptr, w_ptr, ws_ptr, pairs_ptr, block_expert_ptr, wts_ptr, y_ptr,
+    P, D, I,
+    stride_hp, stride_we, stride_wr, stride_wse, stride_wsr, stride_yp,
+    BN_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr,
+):  # fmt: skip
+    block = tl.program_id(0)
+    e = tl.load(block_expert_ptr + block).to(tl.int64)
+    if e < 0:
+        return
+    pairs = tl.load(pairs_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    valid = pairs < P
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < D
+    w_rows = w_ptr + e * stride_we + rows[:, None].to(tl.int64) * stride_wr
+    s_rows = ws_ptr + e * stride_wse + (rows // BN_SCALE).to(tl.int64) * stride_wsr
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in range(0, tl.cdiv(I, BLOCK_K)):
+        k = j * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = k < I
+        a = tl.load(h_ptr + pairs[:, None] * stride_hp + k[None, :],
+                    mask=valid[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
+        aq, hs = _quantize_groups(a.to(tl.float32), 1)
+        b = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        if DOT_FP8:
+            part = tl.dot(aq.to(w_ptr.dtype.element_ty), tl.trans(b))
+        else:
+            part = tl.dot(aq, tl.trans(b.to(tl.float32)))
+        ws = tl.load(s_rows + j, mask=row_ok, other=0.0)
+        acc += part * hs[:, None] * ws[None, :]
+    w = tl.load(wts_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
+    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * w[:, None]
+    tl.store(y_ptr + pairs[:, None] * stride_yp + rows[None, :], y,
+             mask=valid[:, None] & row_ok[None, :])  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    """Tile sizes (tuning only). GEMV: `gate_rows` rows of I per gate/up program with `depth`
+    columns of D per load; `down_cols` columns of D per down program with `down_depth` of I
+    per load. Grouped: `block_m` pairs per block, `block_n` output rows per program. The GEMV
+    picks hold the most weight bytes in flight per SM for their registers (ptxas for sm_90:
+    gate/up 4 rows x 8 warps 128 registers, 2 x 16 KiB per SM; down 4 columns 179, 2 x 8 KiB)."""
+
+    gate_rows: int = 4
+    depth: int = 2048
+    gate_warps: int = 8
+    down_cols: int = 4
+    down_depth: int = 512
+    down_warps: int = 4
+    block_m: int = 16
+    block_n: int = 64
+
+
+def gemv_form(num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether the two-launch GEMV form runs (P = T k <= E): each pair reads its expert once;
+    beyond, experts shared by several pairs are read once per block by the grouped form."""
+    return num_tokens * top_k <= num_experts
 
 
 def supports(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
@@ -34,56 +263,110 @@ def supports(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, 
     )
 
 
-def _halves(weight: torch.Tensor, scale: torch.Tensor):
-    rows, scale_rows = weight.shape[-2] // 2, scale.shape[-2] // 2
-    return ((weight[..., :rows, :], scale[..., :scale_rows, :]),
-            (weight[..., rows:, :], scale[..., scale_rows:, :]))  # fmt: skip
+def _groups(depth: int, k: int, bk: int) -> int:
+    return max(1, min(depth, triton.next_power_of_2(k)) // bk)
 
 
-def _swiglu(gate: torch.Tensor, up: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return (F.silu(gate.float()) * up.float()).to(dtype)
-
-
-def _rows_gemv(hidden, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_ids, block):
-    dtype, k = hidden.dtype, topk_ids.shape[1]
-    xq, xs = kernels.quantize_rows(hidden, block[1])
-    tok = torch.arange(hidden.shape[0], device=hidden.device).repeat_interleave(k)
-    ids = topk_ids.reshape(-1)
-    xq, xs = xq.index_select(0, tok), xs.index_select(0, tok)
-    gate, up = (kernels.fp8_gemv(xq, xs, w, s, block, dtype, ids)
-                for w, s in _halves(gate_up_proj, gate_up_scale))  # fmt: skip
-    aq, as_ = kernels.quantize_rows(_swiglu(gate, up, dtype), block[1])
-    return kernels.fp8_gemv(aq, as_, down_proj, down_scale, block, dtype, ids)  # [T k, D]
-
-
-def _grouped_gemm(hidden, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_ids, block):
-    dtype, k = hidden.dtype, topk_ids.shape[1]
-    out = hidden.new_empty(topk_ids.numel(), hidden.shape[1])
-    flat = topk_ids.reshape(-1)
-    xq, xs = kernels.quantize_rows(hidden, block[1])
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=gate_up_proj.shape[0]).tolist()  # host sync
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = order[start : start + n]
-        start += n
-        tq, ts = xq.index_select(0, rows // k), xs.index_select(0, rows // k)
-        gate, up = (kernels.fp8_gemm(tq, ts, w[e], s[e], block, dtype)
-                    for w, s in _halves(gate_up_proj, gate_up_scale))  # fmt: skip
-        aq, as_ = kernels.quantize_rows(_swiglu(gate, up, dtype), block[1])
-        out[rows] = kernels.fp8_gemm(aq, as_, down_proj[e], down_scale[e], block, dtype)
+def _gemv(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block, t: MoeTiles,
+          shared=None):  # fmt: skip
+    (num_tokens, dim), (num_pairs, topk) = x.shape, (ids.numel(), ids.shape[1])
+    inter, (bn, bk) = down_proj.shape[2], block
+    s_gu, s_gus, s_dn, s_dns = shared or (gate_up_proj, gate_up_scale, down_proj, down_scale)
+    h = x.new_empty(num_pairs + (num_tokens if shared else 0), inter)
+    rows, cols = min(t.gate_rows, bn & -bn), min(t.down_cols, bn & -bn)  # dividing bn
+    _gate_up_gemv_kernel[(h.shape[0], triton.cdiv(inter, rows))](
+        x, gate_up_proj, gate_up_scale, s_gu, s_gus, ids, h, num_pairs, dim, inter,
+        triton.cdiv(inter, bn),
+        x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
+        gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0),
+        TOPK=topk, BN_SCALE=bn, BLOCK_I=rows, GROUP=bk,
+        GROUPS=_groups(t.depth, dim, bk), num_warps=t.gate_warps,
+    )  # fmt: skip
+    out = x.new_empty(num_tokens, dim)
+    _down_gemv_kernel[(num_tokens, triton.cdiv(dim, cols))](
+        h, down_proj, down_scale, s_dn, s_dns, ids, wts, out, num_pairs, dim, inter,
+        h.stride(0), down_proj.stride(0), down_proj.stride(1),
+        down_scale.stride(0), down_scale.stride(1), out.stride(0),
+        TOPK=topk, BLOCK_K=max(2, triton.next_power_of_2(topk)), BN_SCALE=bn,
+        BLOCK_D=cols, GROUP=bk, GROUPS=_groups(t.down_depth, inter, bk), SHARED=bool(shared),
+        num_warps=t.down_warps,
+    )  # fmt: skip
     return out
 
 
+def _grouped(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block,
+             t: MoeTiles):  # fmt: skip
+    from hyla.ops.fp8 import align_kernel
+    from hyla.ops.moe import grouped
+
+    (num_tokens, dim), (num_pairs, topk) = x.shape, (ids.numel(), ids.shape[1])
+    num_experts, inter, (bn, bk) = gate_up_proj.shape[0], down_proj.shape[2], block
+    block_m = t.block_m if num_pairs <= 1024 else 64
+    align = align_kernel.align if align_kernel.fits(num_pairs, num_experts) else grouped.align
+    sorted_pairs, block_expert = align(ids, num_experts, block_m)
+    num_blocks, fp8_dot = block_expert.numel(), kernels.dot_fp8(x.device)
+    h = x.new_empty(num_pairs, inter)
+    _gate_up_grouped_kernel[(num_blocks, triton.cdiv(inter, t.block_n))](
+        x, gate_up_proj, gate_up_scale, sorted_pairs, block_expert, h,
+        num_pairs, dim, inter, triton.cdiv(inter, bn),
+        x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
+        gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0),
+        TOPK=topk, BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
+        DOT_FP8=fp8_dot, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    y = torch.empty(num_pairs, dim, dtype=torch.float32, device=x.device)
+    _down_grouped_kernel[(num_blocks, triton.cdiv(dim, t.block_n))](
+        h, down_proj, down_scale, sorted_pairs, block_expert, wts.reshape(-1), y,
+        num_pairs, dim, inter,
+        h.stride(0), down_proj.stride(0), down_proj.stride(1),
+        down_scale.stride(0), down_scale.stride(1), y.stride(0),
+        BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
+        DOT_FP8=fp8_dot, num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return y.view(num_tokens, topk, dim).sum(1).to(x.dtype)
+
+
 def fp8_moe_experts(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale,
-                    topk_weights, topk_ids, block_size) -> torch.Tensor:  # fmt: skip
-    """`reference.fp8_moe_experts` (same arguments and result up to fp32 summation order)."""
-    num_tokens, k = topk_ids.shape
-    args = (hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_ids,
-            tuple(block_size))  # fmt: skip
-    rows = _rows_gemv(*args) if rows_path(num_tokens, k, gate_up_proj.shape[0]) else (
-        _grouped_gemm(*args))  # fmt: skip
-    weighted = rows.float().view(num_tokens, k, -1) * topk_weights.float()[..., None]
-    return weighted.sum(1).to(hidden_states.dtype)
+                    topk_weights, topk_ids, block_size, tiles: MoeTiles | None = None,
+                    grouped: bool | None = None) -> torch.Tensor:  # fmt: skip
+    """`reference.fp8_moe_experts` (same arguments and result up to fp32 summation order);
+    `grouped` forces a form (default: `gemv_form`), `tiles` overrides the tile sizes."""
+    num_tokens, topk = topk_ids.shape
+    if topk_ids.numel() == 0:
+        return torch.zeros_like(hidden_states)
+    if grouped is None:
+        grouped = not gemv_form(num_tokens, topk, gate_up_proj.shape[0])
+    x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
+            topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
+    return _grouped(*args) if grouped else _gemv(*args)
+
+
+def shared_fits(gate_up_proj, gate_up_scale, down_proj, down_scale, shared) -> bool:
+    """Whether the GEMV form can run a shared expert `shared` = (gate_up [2I, D] fp8, its scales,
+    down [D, I] fp8, its scales) in its own launches: the routed experts' width, dtypes, row
+    strides and scale layouts (one block size; I a multiple of bn), one device."""
+    s_gu, s_gus, s_dn, s_dns = shared
+    return (
+        s_gu.shape == gate_up_proj.shape[1:] and s_dn.shape == down_proj.shape[1:]
+        and s_gus.shape == gate_up_scale.shape[1:] and s_dns.shape == down_scale.shape[1:]
+        and s_gu.dtype == s_dn.dtype == gate_up_proj.dtype
+        and s_gus.dtype == s_dns.dtype == torch.float32
+        and s_gu.stride() == gate_up_proj.stride()[1:] and s_dn.stride() == down_proj.stride()[1:]
+        and s_gus.stride() == gate_up_scale.stride()[1:]
+        and s_dns.stride() == down_scale.stride()[1:]
+        and len({t.device for t in (*shared, gate_up_proj)}) == 1
+    )  # fmt: skip
+
+
+def fp8_moe_experts_and_shared(hidden_states, gate_up_proj, gate_up_scale, down_proj,
+                               down_scale, topk_weights, topk_ids, block_size, shared,
+                               tiles: MoeTiles | None = None) -> torch.Tensor:  # fmt: skip
+    """`fp8_moe_experts(...)` + the shared expert `shared` (see `shared_fits`) in the GEMV
+    form's two launches: round(routed + round(down_s(round(silu(g_s) * u_s)))), with g_s, u_s
+    the shared gate/up products rounded to the hidden dtype. Needs `gemv_form` and
+    `shared_fits`."""
+    x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
+            topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
+    return _gemv(*args, shared=tuple(shared))

@@ -167,3 +167,24 @@ def fp8_moe_experts(
         y = F.linear(fake_quantize_activation(act, block_size[1]), w_d)
         out.index_add_(0, rows, y.to(hidden_states.dtype).float() * topk_weights[rows, slots, None])
     return out.to(hidden_states.dtype)
+
+
+def fp8_shared_expert(
+    hidden_states: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down_proj: torch.Tensor,
+    down_scale: torch.Tensor,
+    block_size: tuple[int, int],
+) -> torch.Tensor:
+    """One SwiGLU expert with fp8 weights, as a routed expert of `fp8_moe_experts` computes it
+    (gate and up products rounded to the hidden dtype, silu * up in fp32 rounded, down rounded):
+    hidden_states [T, D]; gate_up_proj [2I, D] (gate rows then up rows, each with its own
+    block grid); down_proj [D, I] -> [T, D]."""
+    dtype = hidden_states.dtype
+    xq = fake_quantize_activation(hidden_states, block_size[1])
+    w_gu = dequantize_stacked(gate_up_proj, gate_up_scale, block_size, 2)
+    gate, up = F.linear(xq, w_gu).to(dtype).chunk(2, dim=-1)
+    act = (F.silu(gate.float()) * up.float()).to(dtype)
+    w_d = dequantize_weight_blockwise(down_proj, down_scale, block_size)
+    return F.linear(fake_quantize_activation(act, block_size[1]), w_d).to(dtype)

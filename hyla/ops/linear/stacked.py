@@ -38,17 +38,40 @@ def adjacent_rows(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def stack_rows(linears: Sequence[nn.Linear]) -> None:
+def stack_rows(linears: Sequence[nn.Module]) -> None:
     """Re-home the weights of bias-free `linears` (same input width, dtype and device) as
     consecutive row blocks of one new tensor; each `weight` stays the same Parameter, its data
-    now a view. Values are unchanged. A no-op for fewer than two modules, mixed dtypes or fp8."""
+    now a view. Values are unchanged. fp8 modules (a `weight_scale_inv` per (bn, bk) block of
+    `block_size`) get their scales stacked alike, when the blocks line up: one block size and
+    every part but the last a whole number of bn rows. A no-op for fewer than two modules,
+    mixed dtypes or fp8 blocks that do not line up."""
     weights = [m.weight for m in linears]
     if len(weights) < 2 or len({(w.dtype, w.device, w.shape[1]) for w in weights}) != 1:
         return
-    if weights[0].dtype.itemsize == 1:  # fp8 weights: each keeps its own scales
-        return
-    block = torch.cat([w.detach() for w in weights])
+    if weights[0].dtype.itemsize == 1:  # fp8 weights: their scales must stack too
+        if not fp8_blocks_line_up(linears):
+            return
+        _restack([m.weight_scale_inv for m in linears])
+    _restack(weights)
+
+
+def fp8_blocks_line_up(linears: Sequence[nn.Module]) -> bool:
+    """Whether fp8 projections' weights and block scales can be stacked row-wise into one fp8
+    weight with one scale grid: one block size, every part but the last a multiple of bn rows."""
+    blocks = {getattr(m, "block_size", None) for m in linears}
+    if (
+        len(blocks) != 1
+        or None in blocks
+        or not all(hasattr(m, "weight_scale_inv") for m in linears)
+    ):
+        return False
+    bn = blocks.pop()[0]
+    return all(m.weight.shape[0] % bn == 0 for m in linears[:-1])
+
+
+def _restack(params: Sequence[torch.Tensor]) -> None:
+    block = torch.cat([p.detach() for p in params])
     start = 0
-    for w in weights:
-        w.data = block[start : start + w.shape[0]]
-        start += w.shape[0]
+    for p in params:
+        p.data = block[start : start + p.shape[0]]
+        start += p.shape[0]
