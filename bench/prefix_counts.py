@@ -4,7 +4,8 @@ On a GPU a small model's prefill is bounded by the host: every kernel launch, ev
 sync (which drains the queue the host had built ahead), every Python loop over blocks. This
 module counts them for one engine step, so the CPU can show what a GPU step would pay:
 
-    torch_ops        every torch function / tensor method called (a proxy for launches)
+    torch_ops        every torch function / tensor method called (a proxy for launches);
+                     `device_path_ops` those called from outside the CPU-only op bodies
     sync_sites       calls that wait for the device on CUDA: `.tolist()`, `.item()`, `.cpu()`,
                      `nonzero`, `torch.tensor(..., device=...)` (a copy from pageable memory),
                      `.to(device)` of a host tensor that is not pinned (`index_tensor` pins)
@@ -13,7 +14,8 @@ module counts them for one engine step, so the CPU can show what a GPU step woul
     prefix_seconds   wall time inside the prefix cache's Python (hash, match, plan, commit)
 
 A host tensor's `.tolist()` is no sync on CUDA either; the counter cannot tell on a CPU run, so
-`sync_sites` over-counts alike for a hit and a cold run (compare them, not absolute values).
+`sync_sites` over-counts alike for a hit and a cold run (compare them, not absolute values);
+`device_path_syncs` leaves out the CPU-only op bodies (`CPU_ONLY`), which a GPU never runs.
 """
 
 from __future__ import annotations
@@ -28,11 +30,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 SYNC_METHODS = {"tolist", "item", "cpu", "nonzero", "__bool__"}
+# op bodies that run on the CPU only (on CUDA fla's kernels and the Triton conv replace them)
+CPU_ONLY = {"kda/cpu.py", "gdn/cpu.py", "kda/chunk_algebra.py", "short_conv/cpu.py",
+            "kda/reference.py", "gdn/reference.py", "short_conv/reference.py"}  # fmt: skip
 
 
 @dataclass
 class StepCounts:
     torch_ops: int = 0
+    device_path_ops: int = 0
     sync_sites: Counter = field(default_factory=Counter)  # "file:line name" -> calls
     chunk_calls: int = 0
     split_calls: int = 0
@@ -43,10 +49,17 @@ class StepCounts:
     def num_syncs(self) -> int:
         return sum(self.sync_sites.values())
 
+    @property
+    def num_device_path_syncs(self) -> int:
+        """Sync sites outside the CPU-only op bodies (`CPU_ONLY`): those a GPU step runs too."""
+        return sum(n for site, n in self.sync_sites.items() if site.split(":")[0] not in CPU_ONLY)
+
     def summary(self) -> dict:
         return {
             "torch_ops": self.torch_ops,
+            "device_path_ops": self.device_path_ops,
             "sync_sites": self.num_syncs,
+            "device_path_syncs": self.num_device_path_syncs,
             "chunk_calls": self.chunk_calls,
             "split_calls": self.split_calls,
             "rounds": self.rounds,
@@ -62,12 +75,12 @@ class _OpCounter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.counts.torch_ops += 1
+        frame = sys._getframe(1)
+        path = "/".join(frame.f_code.co_filename.rsplit("/", 2)[-2:])
+        self.counts.device_path_ops += path not in CPU_ONLY
         name = getattr(func, "__name__", "")
-        if _is_sync(name, args, kwargs):
-            frame = sys._getframe(1)
-            where = f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno}"
-            if frame.f_code.co_name != "index_tensor":
-                self.counts.sync_sites[f"{where} {name}"] += 1
+        if _is_sync(name, args, kwargs) and frame.f_code.co_name != "index_tensor":
+            self.counts.sync_sites[f"{path}:{frame.f_lineno} {name}"] += 1
         return func(*args, **kwargs)
 
 

@@ -4,8 +4,11 @@
 the largest token bucket (a chunk of `max_num_batched_tokens` tokens on a GPU; a short one on
 the CPU, where nothing is compiled), then, for each captured decode batch size b, b one-token
 requests decoding once (the decode graph of the smallest context bucket is captured, the
-Triton/fla kernels of those shapes compiled and autotuned). The engine is left idle: every
-block and slot free, prefix-cache counters reset.
+Triton/fla kernels of those shapes compiled and autotuned). With prefix caching on a model with
+linear layers, two prefix hits on that prefill follow (`_warm_hits`): a restore, a chunk split
+into rounds at a checkpoint inside it, attention over a long cached context with a short query
+(the H200 paid ~1 s at the first hit of a 2K-token system prompt without them). The engine is
+left idle: every block and slot free, prefix-cache counters reset.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ logger = logging.getLogger("hyla.engine")
 CPU_PREFILL_TOKENS = 16
 
 
-def warm_up(engine: Any) -> float:
+def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
     """Run the warm-up requests on an idle `engine` (an LLMEngine). Returns the seconds spent.
+    `prefill_tokens`: the first prefill's length (default: the token bucket on a GPU, a short
+    one on the CPU).
 
     Raises: RuntimeError when the engine holds requests (warm-up runs before serving)."""
     if engine.has_unfinished_requests():
@@ -31,9 +36,10 @@ def warm_up(engine: Any) -> float:
     start = time.monotonic()
     sched = engine.config.scheduler
     on_gpu = engine.device.type == "cuda"
-    num = sched.max_num_batched_tokens if on_gpu else CPU_PREFILL_TOKENS
+    num = prefill_tokens or (sched.max_num_batched_tokens if on_gpu else CPU_PREFILL_TOKENS)
     num = max(1, min(num, engine.max_model_len - 2))
     _run(engine, [[1] * num])
+    _warm_hits(engine, num)
     graphs = engine.runner.graphs
     for size in graphs.batch_sizes if graphs is not None else ():
         _run(engine, [[1]] * min(size, sched.max_num_seqs))
@@ -42,6 +48,24 @@ def warm_up(engine: Any) -> float:
     seconds = time.monotonic() - start
     logger.info("warmed up in %.2f s", seconds)
     return seconds
+
+
+def _warm_hits(engine: Any, num: int) -> None:
+    """After the prefill of `num` tokens of 1: prompts reusing its checkpoint where its last
+    full block before the last token ends (kept under every policy), one with a suffix crossing
+    a stride boundary and ending past a block boundary (a chunk in rounds), one of 3 tokens
+    (attention over the whole cached context from a short query). Skipped without prefix
+    caching, without linear layers, or when nothing fits."""
+    prefix = engine.cache.prefix
+    if prefix is None or not prefix.stride:
+        return
+    cached = (num - 1) // prefix.block_size * prefix.block_size
+    room = engine.max_model_len - 2 - cached
+    if cached == 0:
+        return
+    long = min(prefix.stride + prefix.block_size + 1, room)
+    for i, extra in enumerate(sorted({n for n in (long, min(3, room)) if n > 1})):
+        _run(engine, [[1] * cached + [2 + i] * extra])
 
 
 def _run(engine: Any, prompts: list[list[int]]) -> None:

@@ -42,7 +42,9 @@ def test_one_sequence_runs_as_slices() -> None:
     assert all(r.seqs is None for r in plan.rounds)
 
 
-@pytest.mark.parametrize("marks", [[[0]], [[9]], [[5, 3]], [[4, 4]]], ids=["zero", "end", "order", "dup"])
+@pytest.mark.parametrize(
+    "marks", [[[0]], [[9]], [[5, 3]], [[4, 4]]], ids=["zero", "end", "order", "dup"]
+)
 def test_bad_plan_names_the_field(marks) -> None:
     with pytest.raises(ValueError, match="state_boundaries"):
         plan_rounds([0, 9], marks, "cpu")
