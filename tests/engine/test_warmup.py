@@ -47,8 +47,8 @@ def test_warm_up_runs_prefix_hits_and_leaves_them_harmless(kimi):
     engine = make_engine(model, path, enable_prefix_caching=True, state_checkpoint_stride=32)
     hits = []
     start = engine.cache.start
-    engine.cache.start = lambda req, hit: hits.append((hit.num_tokens, hit.checkpoint_id)) or (
-        start(req, hit)
+    engine.cache.start = lambda req, hit: (
+        hits.append((hit.num_tokens, hit.checkpoint_id)) or (start(req, hit))
     )
     assert warm_up(engine, prefill_tokens=80) >= 0
     reused = [(n, c is not None) for n, c in hits if n]
