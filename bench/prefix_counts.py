@@ -9,8 +9,9 @@ module counts them for one engine step, so the CPU can show what a GPU step woul
     sync_sites       calls that wait for the device on CUDA: `.tolist()`, `.item()`, `.cpu()`,
                      `nonzero`, `torch.tensor(..., device=...)` (a copy from pageable memory),
                      `.to(device)` of a host tensor that is not pinned (`index_tensor` pins)
-    chunk_calls      chunked delta-rule op calls (one per fla call on CUDA): rounds x layers
-    split_calls      calls split at interior boundaries (`split_at_boundaries`)
+    chunk_calls      chunked delta-rule op calls of the layers; split_calls those split at
+                     interior boundaries (`split_at_boundaries`) into `rounds`, of which
+                     `short_rounds` run the recurrent op; fla_calls: fla chunk-pipeline calls
     prefix_seconds   wall time inside the prefix cache's Python (hash, match, plan, commit)
 
 A host tensor's `.tolist()` is no sync on CUDA either; the counter cannot tell on a CPU run, so
@@ -43,7 +44,14 @@ class StepCounts:
     chunk_calls: int = 0
     split_calls: int = 0
     rounds: int = 0
+    short_rounds: int = 0
     prefix_seconds: float = 0.0
+
+    @property
+    def fla_calls(self) -> int:
+        """Chunked-op calls that reach the kernels (fla's chunk pipeline on CUDA): unsplit calls
+        + rounds, less the short rounds run by the one-kernel recurrent op."""
+        return self.chunk_calls - self.split_calls + self.rounds - self.short_rounds
 
     @property
     def num_syncs(self) -> int:
@@ -61,8 +69,10 @@ class StepCounts:
             "sync_sites": self.num_syncs,
             "device_path_syncs": self.num_device_path_syncs,
             "chunk_calls": self.chunk_calls,
+            "fla_calls": self.fla_calls,
             "split_calls": self.split_calls,
             "rounds": self.rounds,
+            "short_rounds": self.short_rounds,
             "prefix_ms": round(1e3 * self.prefix_seconds, 3),
         }
 
@@ -101,27 +111,27 @@ def _is_sync(name: str, args: tuple, kwargs: dict) -> bool:
 
 
 @contextmanager
-def count_step():
+def count_step(ops: bool = True):
     """Count the host work of the code run inside (see the module docstring); yields the
-    `StepCounts` being filled."""
+    `StepCounts` being filled. `ops=False` counts calls and prefix-cache time only (cheap
+    enough to leave on while timing; torch_ops and sync_sites stay 0)."""
     counts = StepCounts()
     with ExitStack() as stack:
         for patch in _patches(counts):
             stack.enter_context(patch)
-        stack.enter_context(_OpCounter(counts))
+        if ops:
+            stack.enter_context(_OpCounter(counts))
         yield counts
 
 
 def _patches(counts: StepCounts):
     import hyla.cache.prefix as prefix
     import hyla.layers.linear_attention as layers
-    import hyla.ops.kda.boundaries as boundaries
 
     yield _wrap(layers, "chunk_kda", counts, "chunk_calls")
     yield _wrap(layers, "chunk_gated_delta_rule", counts, "chunk_calls")
     for module in _split_users():
         yield _wrap(module, "split_at_boundaries", counts, "split_calls", rounds=True)
-    del boundaries
     for name in ("match", "plan_saves", "commit", "begin", "record", "release"):
         yield _timed(prefix.PrefixCache, name, counts)
 
@@ -146,8 +156,13 @@ def _wrap(module, name: str, counts: StepCounts, field_name: str, rounds: bool =
     def wrapped(*args, **kwargs):
         setattr(counts, field_name, getattr(counts, field_name) + 1)
         if rounds:
+            from hyla.ops.kda.boundaries import SHORT_ROUND_TOKENS, BoundaryPlan
+
             marks = kwargs["state_boundaries"]
             counts.rounds += max((len(b) + 1 for b in marks), default=1)
+            if isinstance(marks, BoundaryPlan) and kwargs.get("recurrent_fn") is not None:
+                short = [r for r in marks.rounds if r.max_len <= SHORT_ROUND_TOKENS]
+                counts.short_rounds += len(short)
         return original(*args, **kwargs)
 
     setattr(module, name, wrapped)

@@ -17,7 +17,12 @@ import torch
 
 from hyla.ops.kda import cpu as kda_cpu
 from hyla.ops.kda import reference as kda_ref
-from hyla.ops.kda.boundaries import BoundaryPlan, plan_rounds
+from hyla.ops.kda.boundaries import (
+    SHORT_ROUND_TOKENS,
+    BoundaryPlan,
+    plan_rounds,
+    split_at_boundaries,
+)
 from hyla.ops.short_conv import conv_boundary_rows, conv_states_at, conv_states_gather
 from tests.ops.test_kda import cu, make_inputs, random_state
 
@@ -102,3 +107,30 @@ def test_conv_gather_equals_reference(dtype: torch.dtype) -> None:
     got = conv_states_gather(x, state, rows, W)
     assert torch.equal(got, conv_states_at(x, host, state, marks, W))
     assert conv_states_gather(x, state, rows[:0], W).shape == (0, C, W - 1)
+
+
+def test_short_rounds_run_the_recurrent_op() -> None:
+    """A round of segments of at most SHORT_ROUND_TOKENS goes to `recurrent_fn` (the others to
+    the chunk op); the boundary states still equal the recurrence over the prefix."""
+    lens, marks = [256, 40], [[64, 240], [30]]
+    q, k, v, g, beta = make_inputs(sum(lens))
+    s0 = random_state(2)
+    calls = []
+
+    def spy(fn, name):
+        return lambda *a, **kw: calls.append((name, a[5].tolist())) or fn(*a, **kw)
+
+    out = torch.empty(3, *s0.shape[1:])
+    split_at_boundaries(
+        spy(kda_cpu.chunk_kda, "chunk"), q, k, v, g, beta, cu(*lens), s0, None, True,
+        state_boundaries=plan_rounds(cu(*lens), marks, "cpu"), boundary_states=out,
+        recurrent_fn=spy(kda_cpu.recurrent_kda, "recurrent"),
+    )  # fmt: skip
+    assert SHORT_ROUND_TOKENS == 16
+    assert calls == [("chunk", [0, 64, 94]), ("chunk", [0, 176, 186]), ("recurrent", [0, 16])]
+    starts = cu(*lens).tolist()
+    for row, (i, b) in enumerate([(0, 64), (0, 240), (1, 30)]):
+        rows = slice(starts[i], starts[i] + b)
+        pre = (q[rows], k[rows], v[rows], g[rows], beta[rows])
+        _, want = kda_ref.recurrent_kda(*pre, cu(b), s0[i : i + 1], use_qk_l2norm=True)
+        torch.testing.assert_close(out[row], want[0], atol=1e-5, rtol=0)

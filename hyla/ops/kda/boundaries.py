@@ -15,6 +15,12 @@ A boundary is a multiple of the checkpoint stride; the chunked kernels (fla's 64
 compute the state at every chunk start anyway, but relative to the sequence's first new token,
 which is a stride multiple only when the context is: splitting needs no such alignment and only
 the public chunk entry (one call per round; rounds = most boundaries in one sequence + 1).
+
+A round whose segments are all at most `SHORT_ROUND_TOKENS` long runs the token-by-token op
+instead when the caller gives one (`recurrent_fn`): one fused kernel on CUDA instead of fla's
+chunk pipeline (about ten launches and its host-side planning). Every prompt's last chunk has
+such a round: the checkpoint where its last full block ends (kept so the same prompt hits
+again) leaves at most one block after it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+SHORT_ROUND_TOKENS = 16
 
 
 def check_boundaries(
@@ -61,6 +69,7 @@ class Round:
             same objects in every layer, so fla's identity-memoized chunk plans hit.
         done_src, done_dst: segments ending at a boundary (positions within the round) and
             their rows of `boundary_states`; None when none ends at one.
+        max_len: the longest segment's tokens.
     """
 
     rows: slice | torch.Tensor
@@ -69,6 +78,7 @@ class Round:
     cu_seqlens_cpu: torch.Tensor
     done_src: torch.Tensor | None
     done_dst: torch.Tensor | None
+    max_len: int
 
 
 @dataclass(frozen=True)
@@ -142,6 +152,7 @@ def plan_rounds(
             cu_seqlens_cpu=torch.tensor(cu, dtype=torch.int64),
             done_src=index_tensor([n for n, _ in done], device) if done else None,
             done_dst=index_tensor([first_row[i] + r for _, i in done], device) if done else None,
+            max_len=max(hi - lo for lo, hi in spans),
         ))  # fmt: skip
     return BoundaryPlan(tuple(marks), tuple(lens), tuple(rounds), torch.device(device))
 
@@ -162,10 +173,12 @@ def split_at_boundaries(
     boundary_states: torch.Tensor | None,
     inplace_state: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    recurrent_fn=None,
     **options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`chunk_fn(q, k, v, g, beta, cu_seqlens, initial_state, ...)` with the states after each
-    sequence's `state_boundaries` written into `boundary_states` (see the module docstring).
+    sequence's `state_boundaries` written into `boundary_states` (see the module docstring);
+    rounds of short segments go to `recurrent_fn` (same positional arguments) when given.
     A `BoundaryPlan` (the engine builds one per step, `plan_rounds`) is used as it is; plain
     lists are planned here (reading `cu_seqlens` back unless `cu_seqlens_cpu` is given).
     Shapes as in `hyla.ops.kda.reference.chunk_kda`; returns its (o, final_state)."""
@@ -185,10 +198,13 @@ def split_at_boundaries(
     for rnd in plan.rounds:
         sub = tuple(_take(x, rnd.rows) for x in (q, k, v, g, beta))
         init = state if rnd.seqs is None else state.index_select(0, rnd.seqs)
-        o_r, final_r = chunk_fn(
-            *sub, rnd.cu_seqlens, init, scale, use_qk_l2norm,
-            cu_seqlens_cpu=rnd.cu_seqlens_cpu, **options,
-        )  # fmt: skip
+        if recurrent_fn is not None and rnd.max_len <= SHORT_ROUND_TOKENS:
+            o_r, final_r = recurrent_fn(*sub, rnd.cu_seqlens, init, scale, use_qk_l2norm)
+        else:
+            o_r, final_r = chunk_fn(
+                *sub, rnd.cu_seqlens, init, scale, use_qk_l2norm,
+                cu_seqlens_cpu=rnd.cu_seqlens_cpu, **options,
+            )  # fmt: skip
         if isinstance(rnd.rows, slice):
             o[rnd.rows] = o_r
         else:
