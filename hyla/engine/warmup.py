@@ -5,10 +5,10 @@ the largest token bucket (a chunk of `max_num_batched_tokens` tokens on a GPU; a
 the CPU, where nothing is compiled), then, for each captured decode batch size b, b one-token
 requests decoding once (the decode graph of the smallest context bucket is captured, the
 Triton/fla kernels of those shapes compiled and autotuned). With prefix caching on a model with
-linear layers, two prefix hits on that prefill follow (`_warm_hits`): a restore, a chunk split
-into rounds at a checkpoint inside it, attention over a long cached context with a short query
-(the H200 paid ~1 s at the first hit of a 2K-token system prompt without them). The engine is
-left idle: every block and slot free, prefix-cache counters reset.
+linear layers, prefix hits on that prefill follow (`_warm_hits`): restores, a chunk split into
+rounds at a checkpoint inside it, attention over a long cached context from queries of several
+lengths (the H200 paid ~1 s at the first hit of a 2K-token system prompt without them). The
+engine is left idle: every block and slot free, prefix-cache counters reset.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hyla.request import SamplingParams
 logger = logging.getLogger("hyla.engine")
 
 CPU_PREFILL_TOKENS = 16
+HIT_QUERY_LENS = (3, 16, 33, 65, 129, 257)  # about halving attention splits from one to the next
 
 
 def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
@@ -52,10 +53,12 @@ def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
 
 def _warm_hits(engine: Any, num: int) -> None:
     """After the prefill of `num` tokens of 1: prompts reusing its checkpoint where its last
-    full block before the last token ends (kept under every policy), one with a suffix crossing
-    a stride boundary and ending past a block boundary (a chunk in rounds), one of 3 tokens
-    (attention over the whole cached context from a short query). Skipped without prefix
-    caching, without linear layers, or when nothing fits."""
+    full block before the last token ends (kept under every policy), with suffixes of
+    `HIT_QUERY_LENS` tokens and one crossing a stride boundary (a chunk in rounds, its last
+    round on the recurrent op). The split-k attention kernel picks its variant from the query
+    length at a long cached context (splits rounded up to a power of two; the context length
+    divisible by 16 or not), which a cold prefill of the same length never reaches. Skipped
+    without prefix caching, without linear layers, or when nothing fits."""
     prefix = engine.cache.prefix
     if prefix is None or not prefix.stride:
         return
@@ -63,9 +66,10 @@ def _warm_hits(engine: Any, num: int) -> None:
     room = engine.max_model_len - 2 - cached
     if cached == 0:
         return
-    long = min(prefix.stride + prefix.block_size + 1, room)
-    for i, extra in enumerate(sorted({n for n in (long, min(3, room)) if n > 1})):
-        _run(engine, [[1] * cached + [2 + i] * extra])
+    crossing = prefix.stride + prefix.block_size + 1
+    lens = sorted({min(n, room) for n in (*HIT_QUERY_LENS, crossing)} - {0, 1})
+    for i, extra in enumerate(lens):
+        _run(engine, [[1] * cached + [2 + i] * extra])  # each its own suffix: all hit `cached`
 
 
 def _run(engine: Any, prompts: list[list[int]]) -> None:
