@@ -156,12 +156,12 @@ def _wrap(module, name: str, counts: StepCounts, field_name: str, rounds: bool =
     def wrapped(*args, **kwargs):
         setattr(counts, field_name, getattr(counts, field_name) + 1)
         if rounds:
-            from hyla.ops.kda.boundaries import SHORT_ROUND_TOKENS, BoundaryPlan
+            from hyla.ops.kda import boundaries
 
             marks = kwargs["state_boundaries"]
             counts.rounds += max((len(b) + 1 for b in marks), default=1)
-            if isinstance(marks, BoundaryPlan) and kwargs.get("recurrent_fn") is not None:
-                short = [r for r in marks.rounds if r.max_len <= SHORT_ROUND_TOKENS]
+            if hasattr(marks, "rounds") and kwargs.get("recurrent_fn") is not None:
+                short = [r for r in marks.rounds if r.max_len <= boundaries.SHORT_ROUND_TOKENS]
                 counts.short_rounds += len(short)
         return original(*args, **kwargs)
 
