@@ -18,6 +18,15 @@ one request in flight. The hit's first token and logprob must equal the nocache 
     python3 bench/prefix_cache.py --device cuda --prefix-len 32768 \\
         --out bench/results/prefix_cache_h200.json                  # GPU
     python3 bench/prefix_cache.py --prefix-len 1024 --reps 1 --no-save   # smoke test
+    python3 bench/prefix_cache.py --device cuda --model-size 1.5b ...     # gpu_e2e.py's model
+
+`--model-size 1.5b` is bench/gpu_e2e.py's Kimi-Linear shape (12 layers, hidden 2048, 32 experts,
+bf16 on a GPU), where a hit saves real compute; the default `tiny` (4 layers, hidden 256) is
+bounded by the host, so there it measures a hit's fixed cost. Both engines are warmed as
+`LLMEngine.from_path` warms them (`hyla.engine.warmup`, prefix hits included) before anything
+is timed. Each row says what the request cost the host (bench/prefix_workloads.py), and
+`breakdown` counts one system-prompt hit and its cold twin in full (torch ops, sync sites:
+bench/prefix_counts.py; untimed, the counting is slow).
 
 On a GPU the linear layers run fla's chunk kernels (checkpoints inside a chunk: rounds of fla
 calls split at the boundaries, `hyla.ops.kda.boundaries`), never the reference ops.
@@ -38,12 +47,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from prefix_workloads import run_multi_turn, run_system_prompt, sweep  # noqa: E402
+from prefix_counts import count_step  # noqa: E402
+from prefix_workloads import (  # noqa: E402
+    host_work,
+    run_multi_turn,
+    run_system_prompt,
+    sweep,
+    system_prompt_prompts,
+)
 from throughput import git_commit, hardware  # noqa: E402
 
 from hyla.config import EngineConfig  # noqa: E402
 from hyla.engine.llm import random_model  # noqa: E402
 from hyla.engine.llm_engine import LLMEngine  # noqa: E402
+from hyla.engine.warmup import warm_up  # noqa: E402
 from hyla.models.registry import config_from_hf  # noqa: E402
 from hyla.request import SamplingParams  # noqa: E402
 
@@ -51,6 +68,8 @@ FIRST_TOKEN = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logpr
 
 
 def model_config(args: argparse.Namespace):
+    if args.model_size == "1.5b":
+        return config_from_hf(gpu_e2e_config(args).to_dict()).replace(dtype=args.dtype)
     from transformers import KimiLinearConfig
 
     pattern = ["linear_attention"] * 3 + ["full_attention"]
@@ -79,7 +98,38 @@ def model_config(args: argparse.Namespace):
         eos_token_id=2,
         tie_word_embeddings=False,
     )
-    return config_from_hf(hf.to_dict())
+    return config_from_hf(hf.to_dict()).replace(dtype=args.dtype)
+
+
+def gpu_e2e_config(args: argparse.Namespace):
+    """bench/gpu_e2e.py's transformers config with its default shape (~1.5B parameters)."""
+    from gpu_e2e import hf_config
+
+    shape = argparse.Namespace(
+        layers=12, hidden=2048, heads=16, head_dim=128, kv_lora_rank=512, experts=32,
+        experts_per_tok=4, moe_intermediate=512, vocab=args.vocab,
+        prefill_lens=[max_len(args)], prompt_len=0,
+    )  # fmt: skip
+    return hf_config(shape)
+
+
+def build_model(config, args: argparse.Namespace):
+    """Seeded random weights drawn on the device (`randomize_weights`' scheme: matrices
+    ~ N(0, 1/fan_in), norm weights at unit scale, other vectors ~ N(0, 0.02)): a 1.5B model's
+    CPU draw would take longer than the benchmark."""
+    from hyla.models.loader import build_empty_model
+
+    model = build_empty_model(config, args.device)
+    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, p.shape[-1] ** -0.5, generator=gen)
+            elif "norm" in name:
+                p.fill_(1.0 - config.norm_offset)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
 
 
 def max_len(args: argparse.Namespace) -> int:
@@ -117,6 +167,14 @@ def ttft(engine: LLMEngine, rid: str, prompt: list[int]) -> tuple[float, object]
                 return elapsed, out
 
 
+def counted_ttft(engine: LLMEngine, rid: str, prompt: list[int]) -> tuple[float, object, dict]:
+    """`ttft` and the request's host work (bench/prefix_workloads.py `host_work`)."""
+    saves = engine.get_stats().prefix_cache_checkpoint_saves
+    with count_step(ops=False) as counts:
+        seconds, out = ttft(engine, rid, prompt)
+    return seconds, out, host_work(counts, engine.get_stats().prefix_cache_checkpoint_saves - saves)
+
+
 def tokens(n: int, vocab: int, seed: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (n,), generator=gen).tolist()
@@ -124,9 +182,14 @@ def tokens(n: int, vocab: int, seed: int) -> list[int]:
 
 def run(args: argparse.Namespace) -> dict:
     config = model_config(args)
-    model = random_model(config, seed=args.seed, device=args.device)
+    if args.model_size == "tiny" and args.dtype == "float32":
+        model = random_model(config, seed=args.seed, device=args.device)
+    else:
+        model = build_model(config, args)
     cached = make_engine(model, args, prefix_caching=True)
     plain = make_engine(model, args, prefix_caching=False)
+    for engine in (cached, plain):  # as LLMEngine.from_path does: prefix hits included
+        warm_up(engine)
     plan = cached.cache_plan
     print(
         f"state bytes per checkpoint: {plan.bytes_per_slot} ({plan.num_checkpoints} reserved, "
@@ -137,7 +200,8 @@ def run(args: argparse.Namespace) -> dict:
     for i, engine in enumerate((cached, plain, cached)):  # warm-up, including a hit
         ttft(engine, f"warm{i}", warm + [5 + i])
     result = {
-        "model": {"layer_pattern": list(config.layer_pattern), "hidden": config.hidden_size,
+        "model": {"size": args.model_size, "dtype": args.dtype,
+                  "layer_pattern": list(config.layer_pattern), "hidden": config.hidden_size,
                   "parameters": sum(p.numel() for p in model.parameters()),
                   "bytes_per_checkpoint": plan.bytes_per_slot,
                   "bytes_per_block": plan.bytes_per_block},
@@ -147,6 +211,7 @@ def run(args: argparse.Namespace) -> dict:
     if "system-prompt" in args.workloads:
         result["system_prompt"] = run_system_prompt(cached, plain, args)
         report("system prompt", result["system_prompt"])
+        result["breakdown"] = breakdown(cached, plain, args)
     if "multi-turn" in args.workloads:
         result["multi_turn"] = run_multi_turn(cached, plain, args)
         report("multi-turn", result["multi_turn"])
@@ -156,6 +221,27 @@ def run(args: argparse.Namespace) -> dict:
             return make_engine(model, args, prefix_caching, stride, policy)
 
         result["sweep"] = sweep(factory, args)
+    return result
+
+
+def breakdown(cached: LLMEngine, plain: LLMEngine, args: argparse.Namespace) -> dict:
+    """Host work of one more system-prompt question as a hit (`cached`, its prefix cached by
+    the workload) and cold (`plain`), counted in full (untimed): torch ops, sync sites."""
+    system = system_prompt_prompts(args)[0][: args.system_len]
+    prompt = system + tokens(args.question_len, args.vocab, 99)
+    result = {}
+    for name, engine in (("hit", cached), ("cold", plain)):
+        saves = engine.get_stats().prefix_cache_checkpoint_saves
+        with count_step() as counts:
+            _, out = ttft(engine, f"breakdown-{name}", prompt)
+        sites = counts.sync_sites.most_common(12)
+        result[name] = {
+            "num_cached_tokens": out.num_cached_tokens,
+            **counts.summary(),
+            **host_work(counts, engine.get_stats().prefix_cache_checkpoint_saves - saves),
+            "top_sync_sites": [f"{n} x {site}" for site, n in sites],
+        }
+        print(f"breakdown {name}: {counts.summary()}", flush=True)
     return result
 
 
@@ -174,9 +260,9 @@ def run_pair(cached: LLMEngine, plain: LLMEngine, args: argparse.Namespace) -> d
         prefix = tokens(args.prefix_len, args.vocab, seed=100 + r)
         a = prefix + tokens(args.suffix_len, args.vocab, seed=200 + r)
         b = prefix + tokens(args.suffix_len, args.vocab, seed=300 + r)
-        miss_s, _ = ttft(cached, f"miss{r}", a)
-        hit_s, hit = ttft(cached, f"hit{r}", b)
-        nocache_s, ref = ttft(plain, f"nocache{r}", b)
+        miss_s, _, miss_work = counted_ttft(cached, f"miss{r}", a)
+        hit_s, hit, hit_work = counted_ttft(cached, f"hit{r}", b)
+        nocache_s, ref, nocache_work = counted_ttft(plain, f"nocache{r}", b)
         same_token = hit.outputs[0].token_ids == ref.outputs[0].token_ids
         dlogprob = abs(hit.outputs[0].cumulative_logprob - ref.outputs[0].cumulative_logprob)
         rows.append(
@@ -187,6 +273,9 @@ def run_pair(cached: LLMEngine, plain: LLMEngine, args: argparse.Namespace) -> d
                 num_cached_tokens=hit.num_cached_tokens,
                 same_first_token=same_token,
                 first_logprob_abs_diff=dlogprob,
+                miss=miss_work,
+                hit=hit_work,
+                nocache=nocache_work,
             )
         )
         print(
@@ -237,6 +326,13 @@ def main() -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--model-size",
+        choices=("tiny", "1.5b"),
+        default="tiny",
+        help="tiny: --layers/--hidden (host-bound); 1.5b: bench/gpu_e2e.py's shape",
+    )
+    p.add_argument("--dtype", default=None, help="default: bfloat16 for 1.5b, else float32")
+    p.add_argument(
         "--workloads",
         default="pair,system-prompt,multi-turn,sweep",
         help="comma-separated: pair, system-prompt, multi-turn, sweep",
@@ -261,6 +357,10 @@ def main() -> None:
     args = p.parse_args()
     args.workloads = args.workloads.split(",")
     args.sweep_strides = [int(x) for x in args.sweep_strides.split(",")]
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.model_size == "1.5b" else "float32"
+    if args.model_size == "1.5b":
+        args.layers, args.hidden = 12, 2048
     if args.threads is None and args.device == "cpu":
         args.threads = 1
     if args.threads:

@@ -10,8 +10,13 @@ the stride / keep-policy sweep (hit rate against checkpoint memory).
                    of the previous turn but at most one block
 
 TTFT hit vs cold: the same prompts on an engine with prefix caching off, in the same run (the
-first token must be equal). The sweep replays both workloads (cached engine only) per stride and
-keep policy and reports the hit rate, the checkpoints written and the bytes they hold.
+first token must be equal). Every row also says what the request cost the host
+(`prefix_counts.count_step(ops=False)`, on while timing): `fla_calls` (fla chunk-pipeline
+calls: linear layers x rounds, less `short_rounds` run by the recurrent kernel), `rounds`,
+`checkpoint_saves` (states
+written) and `prefix_ms` (Python time in the prefix cache). The sweep replays both workloads
+(cached engine only) per stride and keep policy and reports the hit rate, the checkpoints
+written and the bytes they hold.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
+from prefix_counts import count_step
 
 from hyla.engine.llm_engine import LLMEngine
 from hyla.request import SamplingParams
@@ -33,20 +39,34 @@ def tokens(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def first_token(engine: LLMEngine, rid: str, prompt: list[int], max_tokens: int = 1):
-    """(TTFT seconds, final output): one request alone, run to its end."""
+    """(TTFT seconds, final output, host work): one request alone, run to its end."""
     import time
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=1)
-    start = time.perf_counter()
-    engine.add_request(rid, prompt, params)
-    elapsed, final = None, None
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if elapsed is None and out.request_id == rid and out.outputs[0].token_ids:
-                elapsed = time.perf_counter() - start
-            if out.finished:
-                final = out
-    return elapsed, final
+    saves = engine.get_stats().prefix_cache_checkpoint_saves
+    with count_step(ops=False) as counts:
+        start = time.perf_counter()
+        engine.add_request(rid, prompt, params)
+        elapsed, final = None, None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if elapsed is None and out.request_id == rid and out.outputs[0].token_ids:
+                    elapsed = time.perf_counter() - start
+                if out.finished:
+                    final = out
+    work = host_work(counts, engine.get_stats().prefix_cache_checkpoint_saves - saves)
+    return elapsed, final, work
+
+
+def host_work(counts, checkpoint_saves: int) -> dict:
+    """The per-request breakdown of a row (see the module docstring)."""
+    return {
+        "fla_calls": counts.fla_calls,
+        "rounds": counts.rounds,
+        "short_rounds": counts.short_rounds,
+        "checkpoint_saves": checkpoint_saves,
+        "prefix_ms": round(1e3 * counts.prefix_seconds, 3),
+    }
 
 
 def _hit_rate(engine: LLMEngine, before) -> float:
@@ -67,12 +87,12 @@ def run_system_prompt(cached: LLMEngine, plain: LLMEngine | None, args) -> dict:
     prompts = system_prompt_prompts(args)
     rows = []
     for i, prompt in enumerate(prompts):
-        ttft, out = first_token(cached, f"sys{i}", prompt)
-        row = {"ttft_s": ttft, "num_cached_tokens": out.num_cached_tokens}
+        ttft, out, work = first_token(cached, f"sys{i}", prompt)
+        row = {"ttft_s": ttft, "num_cached_tokens": out.num_cached_tokens, **work}
         if plain is not None and 0 < i <= args.cold_samples:
-            cold_s, ref = first_token(plain, f"sys-cold{i}", prompt)
-            row.update(cold_s=cold_s, same_first_token=ref.outputs[0].token_ids
-                       == out.outputs[0].token_ids)  # fmt: skip
+            cold_s, ref, cold_work = first_token(plain, f"sys-cold{i}", prompt)
+            same = ref.outputs[0].token_ids == out.outputs[0].token_ids
+            row.update(cold_s=cold_s, same_first_token=same, cold_fla_calls=cold_work["fla_calls"])
         rows.append(row)
     return _summary(rows, _hit_rate(cached, before), miss=rows[0]["ttft_s"])
 
@@ -86,14 +106,18 @@ def run_multi_turn(cached: LLMEngine, plain: LLMEngine | None, args) -> dict:
         previous = 0
         for t in range(args.turns):
             prompt = prompt + tokens(args.message_len, args.vocab, 5000 + 100 * c + t)
-            ttft, out = first_token(cached, f"chat{c}-{t}", prompt, max_tokens=args.reply_len)
+            ttft, out, work = first_token(cached, f"chat{c}-{t}", prompt, args.reply_len)
             row = {"turn": t, "prompt_len": len(prompt), "ttft_s": ttft,
                    "num_cached_tokens": out.num_cached_tokens,
-                   "reused_all_but_one_block": out.num_cached_tokens >= previous - 16}  # fmt: skip
+                   "reused_all_but_one_block": out.num_cached_tokens >= previous - 16,
+                   **work}  # fmt: skip
             if plain is not None and t > 0:
-                cold_s, ref = first_token(plain, f"chat-cold{c}-{t}", prompt, args.reply_len)
+                cold_s, ref, cold_work = first_token(
+                    plain, f"chat-cold{c}-{t}", prompt, args.reply_len
+                )
                 row.update(cold_s=cold_s, same_first_token=ref.outputs[0].token_ids[:1]
-                           == out.outputs[0].token_ids[:1])  # fmt: skip
+                           == out.outputs[0].token_ids[:1],
+                           cold_fla_calls=cold_work["fla_calls"])  # fmt: skip
             rows.append(row)
             prompt = prompt + out.outputs[0].token_ids
             previous = len(prompt) - 1
@@ -109,6 +133,10 @@ def _summary(rows: list[dict], hit_rate: float, miss: float | None = None) -> di
     if hits:
         hit_s = statistics.median(r["ttft_s"] for r in hits)
         cold_s = statistics.median(r["cold_s"] for r in hits)
+        out["fla_calls_hit_vs_cold"] = [
+            statistics.median(r["fla_calls"] for r in hits),
+            statistics.median(r["cold_fla_calls"] for r in hits),
+        ]
         out.update(median_ttft_hit_s=hit_s, median_ttft_cold_s=cold_s,
                    ttft_cold_over_hit=cold_s / hit_s,
                    all_first_tokens_equal=all(r["same_first_token"] for r in hits))  # fmt: skip

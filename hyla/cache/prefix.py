@@ -194,8 +194,12 @@ class PrefixCache:
             self._hashes.setdefault(req.request_id, []), req, self.block_size
         )
 
-    def _num_matching_blocks(self, hashes: list[int], limit: int, in_flight: bool) -> int:
-        j = 0
+    def _num_matching_blocks(
+        self, hashes: list[int], limit: int, in_flight: bool, start: int = 0
+    ) -> int:
+        """Leading blocks (from `start`, all before it known to match) cached, or with
+        `in_flight` also being computed by a running request."""
+        j = start
         while j < limit and (
             self.block_pool.lookup(hashes[j]) is not None
             or (in_flight and hashes[j] in self._in_flight)
@@ -225,7 +229,8 @@ class PrefixCache:
             return None  # no checkpoint can ever make a hit: nothing worth waiting for
         hashes = self.hashes(req)
         limit = min(len(hashes), (req.num_tokens - 1) // self.block_size)
-        reach = self._num_matching_blocks(hashes, limit, in_flight=True) * self.block_size
+        known = min(hit.num_block_tokens // self.block_size, limit)  # `match` just found them
+        reach = self._num_matching_blocks(hashes, limit, True, known) * self.block_size
         g = self.granule
         for end in range(reach // g * g, hit.num_tokens, -g):
             owner = self._in_flight.get(hashes[end // self.block_size - 1])

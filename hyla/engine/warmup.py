@@ -5,8 +5,11 @@ the largest token bucket (a chunk of `max_num_batched_tokens` tokens on a GPU; a
 the CPU, where nothing is compiled), then, for each captured decode batch size b, b one-token
 requests decoding once (the decode graph of the smallest context bucket is captured, the
 Triton/fla kernels of those shapes compiled and autotuned), and with piecewise graphs one
-prefill of each smaller token bucket (its pieces captured). The engine is left idle: every
-block and slot free, prefix-cache counters reset.
+prefill of each smaller token bucket (its pieces captured). With prefix caching on a model with
+linear layers, prefix hits on that prefill follow (`_warm_hits`): restores, a chunk split into
+rounds at a checkpoint inside it, attention over a long cached context from queries of several
+lengths (the H200 paid ~1 s at the first hit of a 2K-token system prompt without them). The
+engine is left idle: every block and slot free, prefix-cache counters reset.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from hyla.request import SamplingParams
 logger = logging.getLogger("hyla.engine")
 
 CPU_PREFILL_TOKENS = 16
+HIT_QUERY_LENS = (3, 16, 33, 65, 129, 257)  # about halving attention splits from one to the next
 
 
-def warm_up(engine: Any) -> float:
+def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
     """Run the warm-up requests on an idle `engine` (an LLMEngine). Returns the seconds spent.
+    `prefill_tokens`: the first prefill's length (default: the token bucket on a GPU, a short
+    one on the CPU).
 
     Raises: RuntimeError when the engine holds requests (warm-up runs before serving)."""
     if engine.has_unfinished_requests():
@@ -32,9 +38,10 @@ def warm_up(engine: Any) -> float:
     start = time.monotonic()
     sched = engine.config.scheduler
     on_gpu = engine.device.type == "cuda"
-    num = sched.max_num_batched_tokens if on_gpu else CPU_PREFILL_TOKENS
+    num = prefill_tokens or (sched.max_num_batched_tokens if on_gpu else CPU_PREFILL_TOKENS)
     num = max(1, min(num, engine.max_model_len - 2))
     _run(engine, [[1] * num])
+    _warm_hits(engine, num)
     graphs = engine.runner.graphs
     for size in graphs.batch_sizes if graphs is not None else ():
         _run(engine, [[1]] * min(size, sched.max_num_seqs))
@@ -47,6 +54,27 @@ def warm_up(engine: Any) -> float:
     seconds = time.monotonic() - start
     logger.info("warmed up in %.2f s", seconds)
     return seconds
+
+
+def _warm_hits(engine: Any, num: int) -> None:
+    """After the prefill of `num` tokens of 1: prompts reusing its checkpoint where its last
+    full block before the last token ends (kept under every policy), with suffixes of
+    `HIT_QUERY_LENS` tokens and one crossing a stride boundary (a chunk in rounds, its last
+    round on the recurrent op). The split-k attention kernel picks its variant from the query
+    length at a long cached context (splits rounded up to a power of two; the context length
+    divisible by 16 or not), which a cold prefill of the same length never reaches. Skipped
+    without prefix caching, without linear layers, or when nothing fits."""
+    prefix = engine.cache.prefix
+    if prefix is None or not prefix.stride:
+        return
+    cached = (num - 1) // prefix.block_size * prefix.block_size
+    room = engine.max_model_len - 2 - cached
+    if cached == 0:
+        return
+    crossing = prefix.stride + prefix.block_size + 1
+    lens = sorted({min(n, room) for n in (*HIT_QUERY_LENS, crossing)} - {0, 1})
+    for i, extra in enumerate(lens):
+        _run(engine, [[1] * cached + [2 + i] * extra])  # each its own suffix: all hit `cached`
 
 
 def _run(engine: Any, prompts: list[list[int]]) -> None:

@@ -18,7 +18,8 @@ import torch
 
 from hyla.forward_batch import ForwardBatch, LayerCache, index_tensor
 from hyla.ops.gpu import triton_runs_on
-from hyla.ops.short_conv import causal_conv1d, conv_states_at
+from hyla.ops.kda.boundaries import plan_rounds
+from hyla.ops.short_conv import causal_conv1d, conv_boundary_rows, conv_states_gather
 
 DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -51,23 +52,43 @@ def short_conv_step(
 
         return kernels.conv_update_slots(mixed, weight, None, pool, batch.state_indices, "silu")
     if varlen_conv_runs(pool, batch) and batch.state_boundaries is None:
-        from hyla.ops.short_conv import varlen_kernels
-
-        has_state = batch.shared(("has_initial_state", pool.device), lambda: index_tensor(
-            [int(h) for h in batch.has_initial_state], pool.device, torch.int32))  # fmt: skip
-        return varlen_kernels.conv_varlen_slots(
-            mixed, weight, None, batch.cu_seqlens, pool, batch.state_indices, has_state, "silu"
-        )
+        return _conv_varlen(mixed, weight, pool, batch)
     state = read_slots(cache, "conv_state", batch)
     if batch.state_boundaries is not None:  # checkpoints inside the chunks
-        W = weight.shape[-1]
-        inside = conv_states_at(mixed, batch.cu_seqlens_host, state, batch.state_boundaries, W)
-        pool.index_copy_(0, batch.boundary_rows, inside.to(pool.dtype))
+        _write_conv_boundaries(mixed, state, weight.shape[-1], pool, batch)
+        if varlen_conv_runs(pool, batch):  # the slots are read before the kernel writes them
+            return _conv_varlen(mixed, weight, pool, batch)
     out, new_state = causal_conv1d(
         mixed, weight, None, batch.cu_seqlens, state, "silu", cu_seqlens_host=batch.cu_seqlens_host
     )
     cache["conv_state"].index_copy_(0, batch.state_indices, new_state)
     return out
+
+
+def _conv_varlen(
+    mixed: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, batch: ForwardBatch
+) -> torch.Tensor:
+    """The Triton short conv of a multi-token step, slots read and written in place."""
+    from hyla.ops.short_conv import varlen_kernels
+
+    has_state = batch.shared(("has_initial_state", pool.device), lambda: index_tensor(
+        [int(h) for h in batch.has_initial_state], pool.device, torch.int32))  # fmt: skip
+    return varlen_kernels.conv_varlen_slots(
+        mixed, weight, None, batch.cu_seqlens, pool, batch.state_indices, has_state, "silu"
+    )
+
+
+def _write_conv_boundaries(
+    mixed: torch.Tensor, state: torch.Tensor, width: int, pool: torch.Tensor, batch: ForwardBatch
+) -> None:
+    """The conv states at `batch.state_boundaries` (from this step's inputs `mixed` [T, C] and
+    the carried `state` [N, C, W-1]) into their checkpoint rows: one gather whose source rows
+    are planned once per step for every layer (`conv_boundary_rows`)."""
+    marks, host = batch.state_boundaries, batch.cu_seqlens_host
+    rows = batch.shared(("conv_boundary_rows", width, pool.device), lambda: index_tensor(
+        conv_boundary_rows(host, marks, width), pool.device))  # fmt: skip
+    inside = conv_states_gather(mixed, state, rows, width)
+    pool.index_copy_(0, batch.boundary_rows, inside.to(pool.dtype))
 
 
 def varlen_conv_runs(pool: torch.Tensor, batch: ForwardBatch) -> bool:
@@ -204,7 +225,7 @@ def delta_rule_step(
             o, final = recurrent_fn(*args, use_qk_l2norm=True, inplace_state=True)
         else:  # the host offsets spare the op a device sync (see `kda.kernels.chunk_kda`)
             host = batch.shared("cu_seqlens_cpu", lambda: torch.tensor(batch.cu_seqlens_host))
-            extra = _boundary_args(batch, inside, range(len(lens)))
+            extra = _boundary_args(batch, inside, tuple(range(len(lens))), batch.cu_seqlens_host)
             o, final = chunk_fn(
                 *args, use_qk_l2norm=True, inplace_state=True, cu_seqlens_cpu=host, **extra
             )
@@ -219,7 +240,7 @@ def delta_rule_step(
         rows, idx = sub.rows, sub.seqs
         extra = {"cu_seqlens_cpu": sub.cu_seqlens_cpu} if fn is chunk_fn else {}
         if fn is chunk_fn:  # only multi-token sequences have boundaries inside their chunk
-            extra.update(_boundary_args(batch, inside, sub.seqs_host))
+            extra.update(_boundary_args(batch, inside, sub.seqs_host, sub.cu_seqlens_cpu))
         args = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub.cu_seqlens, state[idx])
         o_sub, final_sub = fn(*args, use_qk_l2norm=True, **extra)
         o[rows] = o_sub
@@ -238,16 +259,18 @@ def _boundary_buffer(batch: ForwardBatch, pool: torch.Tensor) -> torch.Tensor | 
     return torch.empty(M, *pool.shape[1:], dtype=torch.float32, device=pool.device)
 
 
-def _boundary_args(batch: ForwardBatch, inside: torch.Tensor | None, seqs) -> dict:
+def _boundary_args(
+    batch: ForwardBatch, inside: torch.Tensor | None, seqs: tuple[int, ...], cu_host
+) -> dict:
     """The chunk op's boundary arguments for the batch positions `seqs` (every multi-token
     sequence, in batch order: the others have no boundaries, so all rows of `inside` are
-    theirs)."""
+    theirs), packed by the host offsets `cu_host` (ints or a CPU tensor). The rounds are
+    planned once per step (`boundaries.plan_rounds`, shared by every linear layer)."""
     if inside is None:
         return {}
-    return {
-        "state_boundaries": [batch.state_boundaries[i] for i in seqs],
-        "boundary_states": inside,
-    }
+    plan = batch.shared(("boundary_plan", seqs, inside.device), lambda: plan_rounds(
+        cu_host, [batch.state_boundaries[i] for i in seqs], inside.device))  # fmt: skip
+    return {"state_boundaries": plan, "boundary_states": inside}
 
 
 def _write_boundaries(pool: torch.Tensor, batch: ForwardBatch, inside: torch.Tensor | None) -> None:

@@ -36,3 +36,32 @@ def test_from_path_returns_a_warm_idle_engine(kimi, monkeypatch):
     engine = LLMEngine.from_path(str(path), device="cpu", max_model_len=128)
     assert calls == [engine]
     assert_all_free(engine)
+
+
+def test_warm_up_runs_prefix_hits_and_leaves_them_harmless(kimi):
+    """With prefix caching on a model with linear layers the warm-up also serves hits on its
+    prefill (restores, a chunk split at a checkpoint inside it, a long cached context with
+    queries of several lengths); afterwards the engine is idle and a request's greedy tokens and
+    logprobs equal those of an engine with prefix caching off (the oracle)."""
+    model, path = kimi
+    engine = make_engine(model, path, enable_prefix_caching=True, state_checkpoint_stride=32)
+    hits = []
+    start = engine.cache.start
+    engine.cache.start = lambda req, hit: (
+        hits.append((hit.num_tokens, hit.checkpoint_id)) or (start(req, hit))
+    )
+    assert warm_up(engine, prefill_tokens=80) >= 0
+    reused = [(n, c is not None) for n, c in hits if n]
+    assert reused == [(64, True)] * 7  # HIT_QUERY_LENS and one crossing a stride boundary
+    assert_all_free(engine)
+    assert engine.get_stats().prefix_cache_queries == 0
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1)
+    prompt = [1] * 64 + [7, 8, 9, 10, 11]
+    engine.add_request("x", prompt, params)
+    got = run_all(engine)["x"]
+    plain = make_engine(model, path, enable_prefix_caching=False)
+    plain.add_request("x", prompt, params)
+    want = run_all(plain)["x"]
+    assert got.num_cached_tokens == 64
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    assert abs(got.outputs[0].cumulative_logprob - want.outputs[0].cumulative_logprob) < 1e-4

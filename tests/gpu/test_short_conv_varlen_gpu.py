@@ -78,3 +78,40 @@ def test_conv_varlen_no_bias_sigmoid_width_3() -> None:
     y_err, pool_err = check_conv_varlen([3, 1, 6], [False, True, False], 130, 3, torch.float32,
                                         "cuda", activation="sigmoid", has_bias=False)  # fmt: skip
     assert y_err <= 1e-5 and pool_err == 0.0
+
+
+def check_step_with_boundaries(device, monkeypatch) -> tuple[float, float]:
+    """`state_slots.short_conv_step` of a step with checkpoints inside its chunks on the Triton
+    varlen path vs the same step on the PyTorch path (`varlen_conv_runs` forced either way):
+    (max |y - want|, max |pool - want pool|); the checkpoint rows equal `conv_states_at`."""
+    from hyla.forward_batch import build_forward_batch, index_tensor
+    from hyla.layers import state_slots
+    from hyla.ops.short_conv import conv_states_at
+
+    gen = torch.Generator().manual_seed(1)
+    lens, ctx, C, W = [40, 1, 9], [16, 5, 0], 140, 4
+    marks, rows = [[2, 17, 39], [], [8]], [7, 8, 9, 10]
+    pool = torch.randn(12, C, W - 1, generator=gen)
+    x = torch.randn(sum(lens), C, generator=gen)
+    weight = torch.randn(C, W, generator=gen) / W**0.5
+    results = []
+    for triton_path in (False, True):
+        cache = {"conv_state": pool.clone().to(device)}
+        tables = [[1 + 4 * i + j for j in range(4)] for i in range(3)]
+        batch = build_forward_batch(lens, ctx, tables, [3, 1, 5], 16, [cache], device)
+        batch.state_boundaries = marks
+        batch.boundary_rows = index_tensor(rows, device)
+        monkeypatch.setattr(state_slots, "varlen_conv_runs", lambda p, b, t=triton_path: t)
+        y = state_slots.short_conv_step(x.to(device), weight.to(device), cache, batch)
+        results.append((y.float().cpu(), cache["conv_state"].float().cpu()))
+    (want_y, want_pool), (y, got_pool) = results
+    old = pool[[3, 1, 5]].clone()
+    old[2] = 0  # no context: never read
+    inside = conv_states_at(x, [0, 40, 41, 50], old, marks, W)
+    assert torch.equal(want_pool[rows], inside) and torch.equal(got_pool[rows], inside)
+    return float((y - want_y).abs().max()), float((got_pool - want_pool).abs().max())
+
+
+def test_step_with_boundaries(monkeypatch) -> None:
+    y_err, pool_err = check_step_with_boundaries("cuda", monkeypatch)
+    assert y_err <= 1e-5 and pool_err == 0.0

@@ -23,3 +23,10 @@ def test_conv_varlen_no_bias_sigmoid_width_3() -> None:
     y_err, pool_err = check_conv_varlen([3, 1, 6], [False, True, False], 130, 3, torch.float32,
                                         "cpu", activation="sigmoid", has_bias=False)  # fmt: skip
     assert y_err <= 1e-5 and pool_err == 0.0
+
+
+def test_step_with_boundaries(monkeypatch) -> None:
+    from tests.gpu.test_short_conv_varlen_gpu import check_step_with_boundaries
+
+    y_err, pool_err = check_step_with_boundaries("cpu", monkeypatch)
+    assert y_err <= 1e-5 and pool_err == 0.0

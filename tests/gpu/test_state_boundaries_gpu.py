@@ -24,9 +24,13 @@ OPS = {
     "kda": (kda.chunk_kda, kda_reference.recurrent_kda, True),
     "gdn": (gdn.chunk_gated_delta_rule, gdn_reference.recurrent_gated_delta_rule, False),
 }
-# a 2,048-token chunk with every 256-multiple, one starting mid-stride, one without boundaries
-LENS = [2048, 700, 5]
-MARKS = [[256 * j for j in range(1, 8)], [60, 316, 572], []]
+# a 2,048-token chunk with every 256-multiple, one starting mid-stride, one without boundaries;
+# "short": a last round of at most 16 tokens per sequence (`SHORT_ROUND_TOKENS`), which runs
+# fla's fused recurrent kernel instead of the chunk pipeline (a prompt's last block)
+CASES = {
+    "long": ([2048, 700, 5], [[256 * j for j in range(1, 8)], [60, 316, 572], []]),
+    "short": ([2048, 40], [[1792, 2032], [24]]),
+}
 
 
 def _cu(lens: list[int], device: str = "cpu") -> torch.Tensor:
@@ -40,30 +44,32 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert rms < RMS and (err.max() / scale).item() < MAX, (rms, (err.max() / scale).item())
 
 
+@pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("op", OPS)
-def test_boundary_states_match_recurrence_over_prefix(op: str) -> None:
+def test_boundary_states_match_recurrence_over_prefix(op: str, case: str) -> None:
     chunk_fn, recurrent_fn, per_channel = OPS[op]
+    lens, marks = CASES[case]
     gen = torch.Generator().manual_seed(0)
-    T, H, HV, K, V = sum(LENS), 2, 4, 64, 64
+    T, H, HV, K, V = sum(lens), 2, 4, 64, 64
     q, k = (torch.randn(T, H, K, generator=gen) for _ in range(2))
     v = torch.randn(T, HV, V, generator=gen)
     A = torch.rand(HV, 1, generator=gen) * 2.7
     g = -A.exp() * torch.nn.functional.softplus(torch.randn(T, HV, K, generator=gen) - 3)
     g = g if per_channel else g[..., 0]
     beta = torch.rand(T, HV, generator=gen)
-    s0 = torch.randn(len(LENS), HV, K, V, generator=gen) * 0.3
-    M = sum(len(m) for m in MARKS)
+    s0 = torch.randn(len(lens), HV, K, V, generator=gen) * 0.3
+    M = sum(len(m) for m in marks)
     out = torch.full((M, HV, K, V), float("nan"), device="cuda")
     dev = [x.cuda() for x in (q, k, v, g, beta)]
     o, final = chunk_fn(
-        *dev, _cu(LENS, "cuda"), s0.cuda(), use_qk_l2norm=True, cu_seqlens_cpu=_cu(LENS),
-        state_boundaries=MARKS, boundary_states=out,
+        *dev, _cu(lens, "cuda"), s0.cuda(), use_qk_l2norm=True, cu_seqlens_cpu=_cu(lens),
+        state_boundaries=marks, boundary_states=out,
     )  # fmt: skip
-    o_ref, final_ref = recurrent_fn(q, k, v, g, beta, _cu(LENS), s0, use_qk_l2norm=True)
+    o_ref, final_ref = recurrent_fn(q, k, v, g, beta, _cu(lens), s0, use_qk_l2norm=True)
     _close(o, o_ref)
     _close(final, final_ref)
-    starts, row = _cu(LENS).tolist(), 0
-    for i, bs in enumerate(MARKS):
+    starts, row = _cu(lens).tolist(), 0
+    for i, bs in enumerate(marks):
         for b in bs:
             rows = slice(starts[i], starts[i] + b)
             pre = (q[rows], k[rows], v[rows], g[rows], beta[rows])

@@ -88,6 +88,7 @@ def chunk_gated_delta_rule(
             chunk_gated_delta_rule, q, k, v, g, beta, cu_seqlens, initial_state, scale,
             use_qk_l2norm, state_boundaries=state_boundaries, boundary_states=boundary_states,
             inplace_state=inplace_state, cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size,
+            recurrent_fn=recurrent_gated_delta_rule,
         )  # fmt: skip
     inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
     fla_chunk_size = chunk_size if chunk_size in FLA_GDN_CHUNK_SIZES else 64

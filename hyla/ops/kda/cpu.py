@@ -132,7 +132,7 @@ def chunk_kda(
         return split_at_boundaries(
             chunk_kda, q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm,
             state_boundaries=state_boundaries, boundary_states=boundary_states,
-            inplace_state=inplace_state, chunk_size=chunk_size,
+            inplace_state=inplace_state, chunk_size=chunk_size, recurrent_fn=recurrent_kda,
         )  # fmt: skip
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=3)
     if chunk_size < 1:

@@ -390,6 +390,7 @@ def chunk_kda(
             chunk_kda, q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm,
             state_boundaries=state_boundaries, boundary_states=boundary_states,
             inplace_state=inplace_state, cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size,
+            recurrent_fn=recurrent_kda,
         )  # fmt: skip
     inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
     fla_chunk_size = chunk_size if chunk_size in FLA_KDA_CHUNK_SIZES else 64

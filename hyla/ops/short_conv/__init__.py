@@ -6,7 +6,7 @@ triton."""
 
 from __future__ import annotations
 
-from hyla.ops.short_conv.cpu import causal_conv1d
+from hyla.ops.short_conv.cpu import causal_conv1d, conv_boundary_rows, conv_states_gather
 from hyla.ops.short_conv.reference import conv_states_at
 
-__all__ = ["causal_conv1d", "conv_states_at"]
+__all__ = ["causal_conv1d", "conv_boundary_rows", "conv_states_at", "conv_states_gather"]

@@ -16,6 +16,8 @@ follows the tensor's size, can round a last bit differently.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from hyla.ops.short_conv.reference import ACTIVATIONS, check_conv_inputs
@@ -115,3 +117,34 @@ def _window_rows(
         e += tap
         rows.append(i * (W - 1) + e if e < W - 1 else N * (W - 1) + bounds[i] + e - (W - 1))
     return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def conv_boundary_rows(
+    cu_seqlens_host: list[int], state_boundaries: Sequence[Sequence[int]], width: int
+) -> list[int]:
+    """Rows of the table [N*(W-1) carried-state rows (oldest first) ; T packed tokens] that make
+    the conv state after b new tokens of sequence i (window elements b .. b+W-2 of
+    state_i ++ x_i), for every b of `state_boundaries[i]`, sequence-major: M*(W-1) ints."""
+    N, W = len(cu_seqlens_host) - 1, width
+    bounds = list(cu_seqlens_host)
+    return [
+        i * (W - 1) + e if e < W - 1 else N * (W - 1) + bounds[i] + e - (W - 1)
+        for i in range(N)
+        for b in state_boundaries[i]
+        for e in range(b, b + W - 1)
+    ]
+
+
+def conv_states_gather(
+    x: torch.Tensor, conv_state: torch.Tensor, rows: torch.Tensor, width: int
+) -> torch.Tensor:
+    """`reference.conv_states_at` as one gather: x [T, C], conv_state [N, C, W-1] (zeros for a
+    sequence without history), rows [M*(W-1)] int64 from `conv_boundary_rows`, on x's device.
+    Returns [M, C, W-1] in conv_state's dtype, equal to the reference (copies only)."""
+    C, W, N = x.shape[1], width, conv_state.shape[0]
+    M = rows.numel() // (W - 1) if W > 1 else 0
+    if M == 0:
+        return x.new_zeros(0, C, W - 1, dtype=conv_state.dtype)
+    head = conv_state.to(x.dtype).transpose(1, 2).reshape(N * (W - 1), C)
+    picked = torch.cat([head, x]).index_select(0, rows)
+    return picked.view(M, W - 1, C).transpose(1, 2).to(conv_state.dtype).contiguous()
