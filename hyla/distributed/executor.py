@@ -1,0 +1,200 @@
+"""The engine's side of the process boundary: start the ranks, call their `Worker` methods,
+send each step's plan, watch their health.
+
+    Executor (interface)   collective_rpc(method, *args) on every rank, rank 0's result;
+                           check_health(); shutdown(); `failed` once it cannot go on
+    MultiprocExecutor      rank 0 in the engine process (the driver worker), ranks 1..N-1
+                           spawned processes on this host; a Ray executor would start the
+                           same `worker_main` as actors and keep the rest
+    DriverRunner           what the engine calls `runner`: sends the step's plan, then runs
+                           rank 0's ModelRunner (sampling stays in the engine process)
+
+Any exception during a collective call is fatal (`ExecutorError`): the ranks' collectives no
+longer line up and their caches may disagree. A rank that dies or hangs past the collective
+timeout (`HYLA_COLLECTIVE_TIMEOUT`, seconds, default 60) ends the step with that error.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyla.config import ConfigError, EngineConfig, ModelConfig
+from hyla.distributed.groups import ExecutorError, destroy_tp_group, free_port, init_tp_group
+from hyla.distributed.loader import load_rank_model
+from hyla.distributed.sharding import check_parallel
+from hyla.distributed.worker import Worker, make_step_plan, worker_main
+from hyla.engine.memory import CachePlan
+from hyla.engine.model_runner import ModelRunner, RunnerOutput
+
+logger = logging.getLogger("hyla.distributed")
+
+DEFAULT_TIMEOUT_S = 60.0
+JOIN_TIMEOUT_S = 10.0
+
+
+class Executor(ABC):
+    """Runs `Worker` methods on every rank of the TP group."""
+
+    driver: Worker
+    failed: ExecutorError | None = None
+
+    @abstractmethod
+    def collective_rpc(self, method: str, *args: Any) -> Any:
+        """Call `Worker.<method>(*args)` on every rank; rank 0's result.
+        Raises: ExecutorError (the executor is failed from then on)."""
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise ExecutorError when a rank is gone."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop every rank (idempotent)."""
+
+
+def check_devices(config: EngineConfig) -> None:
+    """More ranks than GPUs: ConfigError naming the field and the count (before any load)."""
+    n = config.tensor_parallel_size
+    if str(config.device).startswith("cuda"):
+        count = torch.cuda.device_count()
+        if n > count:
+            raise ConfigError(
+                f"tensor_parallel_size: {n} ranks need {n} GPUs, this host has {count}"
+            )
+
+
+class MultiprocExecutor(Executor):
+    """Rank 0 here, ranks 1..N-1 spawned (`torch.multiprocessing`, spawn).
+
+    Args:
+        path: the checkpoint directory every rank reads its slices from.
+        model_config: the full model's config (dtype and cache dtypes applied).
+        config: the engine options (`tensor_parallel_size`, `enable_expert_parallel`, device).
+    Raises: ConfigError (bad TP size, too few devices) before any process starts.
+    """
+
+    def __init__(self, path: str | Path, model_config: ModelConfig, config: EngineConfig) -> None:
+        n, ep = config.tensor_parallel_size, config.enable_expert_parallel
+        check_parallel(model_config, n, ep)
+        check_devices(config)
+        self.timeout_s = float(os.environ.get("HYLA_COLLECTIVE_TIMEOUT", DEFAULT_TIMEOUT_S))
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        ctx = multiprocessing.get_context("spawn")
+        self.procs = []
+        for rank in range(1, n):
+            args = (rank, n, init_method, str(path), model_config, config, self.timeout_s)
+            proc = ctx.Process(target=worker_main, args=args, daemon=True, name=f"hyla-tp{rank}")
+            proc.start()
+            logger.info("tensor-parallel rank %d: pid %d", rank, proc.pid)
+            self.procs.append(proc)
+        device = config.device
+        if device.startswith("cuda") and n > 1:
+            device = "cuda:0"
+            torch.cuda.set_device(device)
+        self.tp = init_tp_group(0, n, init_method, device, self.timeout_s)
+        self.is_shut_down = False
+        try:
+            model = load_rank_model(path, model_config, self.tp, ep, device)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.driver = Worker(self.tp, model, config)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def collective_rpc(self, method: str, *args: Any) -> Any:
+        self.check_health()
+        try:
+            self.tp.broadcast_object((method, args))
+            return getattr(self.driver, method)(*args)
+        except Exception as e:
+            self.failed = ExecutorError(f"tensor-parallel {method} failed: {type(e).__name__}: {e}")
+            raise self.failed from e
+
+    def check_health(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+        for rank, proc in enumerate(self.procs, start=1):
+            if not proc.is_alive():
+                self.failed = ExecutorError(
+                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
+                )
+                raise self.failed
+
+    def shutdown(self) -> None:
+        if getattr(self, "is_shut_down", False):
+            return
+        self.is_shut_down = True
+        if self.failed is None and all(p.is_alive() for p in self.procs):
+            try:
+                self.tp.broadcast_object(("shutdown", ()))
+            except Exception:  # noqa: BLE001 - the ranks are killed below anyway
+                logger.exception("shutdown message failed")
+        for proc in self.procs:
+            proc.join(JOIN_TIMEOUT_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(JOIN_TIMEOUT_S)
+        destroy_tp_group(self.tp)
+
+
+class DriverRunner:
+    """The engine's runner under an executor: `execute` sends the step's plan to every rank
+    and runs rank 0's part; other attributes are rank 0's ModelRunner's."""
+
+    def __init__(self, executor: Executor, runner: ModelRunner) -> None:
+        self.executor, self.runner = executor, runner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def execute(self, out, requests, cache, plp=None, device_tokens=None) -> RunnerOutput:  # noqa: ANN001
+        """As `ModelRunner.execute`. Raises: ExecutorError for any failure."""
+        executor = self.executor
+        executor.check_health()
+        try:
+            executor.tp.broadcast_object(("execute", (make_step_plan(out, requests, cache, plp),)))
+            return self.runner.execute(out, requests, cache, plp, device_tokens)
+        except Exception as e:
+            executor.failed = ExecutorError(f"tensor-parallel step failed: {type(e).__name__}: {e}")
+            raise executor.failed from e
+
+
+def start_runner(
+    executor: Executor, plan: CachePlan, graph_batch_sizes: tuple[int, ...], max_model_len: int
+) -> DriverRunner:
+    """Every rank's ModelRunner (CUDA graphs only with one rank: captured collectives are
+    future work); the engine's runner."""
+    sizes = graph_batch_sizes if executor.driver.tp.world_size == 1 else ()
+    runner = executor.collective_rpc("start_runner", plan, sizes, max_model_len)
+    return DriverRunner(executor, runner)
+
+
+def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) -> Executor:
+    """The executor of `config` over checkpoint `path` (every rank started, weights loaded).
+
+    Raises: ConfigError naming the field (TP size, devices, dtype, quantization) before any
+    process starts or any weight is read; CheckpointError for tensors that do not fit."""
+    from hyla.models.loader import DTYPES, load_config
+
+    model_config = load_config(path)
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        model_config = model_config.replace(dtype=dtype)
+    if config.quantization is not None:
+        raise ConfigError("quantization: not supported with tensor_parallel_size > 1 yet")
+    cache = config.cache
+    changes = {"kv_cache_dtype": cache.kv_cache_dtype,
+               "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype}  # fmt: skip
+    model_config = model_config.replace(**{k: v for k, v in changes.items() if v is not None})
+    return MultiprocExecutor(path, model_config, config)
