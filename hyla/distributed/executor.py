@@ -4,7 +4,7 @@ send each step's plan, watch their health.
     Executor (interface)   collective_rpc(method, *args) on every rank, rank 0's result;
                            check_health(); shutdown(); `failed` once it cannot go on
     MultiprocExecutor      rank 0 in the engine process (the driver worker), ranks 1..N-1
-                           spawned processes on this host; a Ray executor would start the
+                           processes on this host (forkserver); a Ray executor would start the
                            same `worker_main` as actors and keep the rest
     DriverRunner           what the engine calls `runner`: sends the step's plan, then runs
                            rank 0's ModelRunner (sampling stays in the engine process)
@@ -32,10 +32,17 @@ from hyla.distributed.sharding import check_parallel
 from hyla.distributed.worker import Worker, make_step_plan, worker_main
 from hyla.engine.memory import CachePlan
 from hyla.engine.model_runner import ModelRunner, RunnerOutput
+from hyla.models.hybrid import FFNS, MIXERS
 
 logger = logging.getLogger("hyla.distributed")
 
 DEFAULT_TIMEOUT_S = 60.0
+# imported once by the fork server: the ranks forked from it import nothing (the layer
+# modules are imported lazily by the model otherwise, ~2 s per rank on a busy CPU)
+PRELOAD = sorted(
+    {"hyla.distributed.worker", "hyla.distributed.loader"}
+    | {path.split(":")[0] for path in (*MIXERS.values(), *FFNS.values())}
+)
 JOIN_TIMEOUT_S = 10.0
 
 
@@ -71,7 +78,7 @@ def check_devices(config: EngineConfig) -> None:
 
 
 class MultiprocExecutor(Executor):
-    """Rank 0 here, ranks 1..N-1 spawned (`torch.multiprocessing`, spawn).
+    """Rank 0 here, ranks 1..N-1 started by `multiprocessing` (forkserver).
 
     Args:
         path: the checkpoint directory every rank reads its slices from.
@@ -86,7 +93,11 @@ class MultiprocExecutor(Executor):
         check_devices(config)
         self.timeout_s = float(os.environ.get("HYLA_COLLECTIVE_TIMEOUT", DEFAULT_TIMEOUT_S))
         init_method = f"tcp://127.0.0.1:{free_port()}"
-        ctx = multiprocessing.get_context("spawn")
+        # forkserver: the first engine pays torch's import in the server once; every rank
+        # after it (of this engine or a later one) is a fork of that server, which holds no
+        # CUDA context and no threads (so forking it is safe, unlike forking this process)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
         self.procs = []
         for rank in range(1, n):
             args = (rank, n, init_method, str(path), model_config, config, self.timeout_s)

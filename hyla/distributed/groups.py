@@ -70,6 +70,14 @@ class TPGroup:
         dist.broadcast_object_list(box, src=0, group=self.cpu_group)
         return box[0]
 
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` in rank order on rank 0 (None on the others)."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.cpu_group)
+        return out
+
     def min_ints(self, values: list[int]) -> list[int]:
         """Element-wise minimum of `values` over the ranks (CPU group)."""
         if self.world_size == 1:

@@ -129,6 +129,11 @@ class Worker:
         self.runner = ModelRunner(self.model, plan, graph_batch_sizes, max_model_len)
         return self.runner
 
+    def cache_shapes(self) -> list[list[dict[str, tuple[int, ...]]]] | None:
+        """Every rank's cache tensor shapes per layer, in rank order (rank 0 gets them)."""
+        shapes = [{k: tuple(t.shape) for k, t in layer.items()} for layer in self.runner.caches]
+        return self.tp.gather_objects(shapes)
+
     def execute(self, plan: StepPlan) -> RunnerOutput:
         """The forward of `plan` on this rank (rank 0 runs it through the engine instead)."""
         requests = {rid: _PlannedRequest(p) for rid, p in plan.requests.items()}
