@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ PRELOAD = sorted(
     | {path.split(":")[0] for path in (*MIXERS.values(), *FFNS.values())}
 )
 JOIN_TIMEOUT_S = 10.0
+DEATH_REPORT_S = 1.0  # after a failed collective: how long to wait for a rank's exit code
 
 
 class Executor(ABC):
@@ -56,6 +58,10 @@ class Executor(ABC):
     def collective_rpc(self, method: str, *args: Any) -> Any:
         """Call `Worker.<method>(*args)` on every rank; rank 0's result.
         Raises: ExecutorError (the executor is failed from then on)."""
+
+    @abstractmethod
+    def fail(self, what: str, error: Exception) -> ExecutorError:
+        """Mark the executor failed by `error`, raised during `what`; the error to raise."""
 
     @abstractmethod
     def check_health(self) -> None:
@@ -113,6 +119,7 @@ class MultiprocExecutor(Executor):
         self.is_shut_down = False
         try:
             model = load_rank_model(path, model_config, self.tp, ep, device)
+            self.tp.wait_until_ready()
         except BaseException:
             self.shutdown()
             raise
@@ -128,8 +135,24 @@ class MultiprocExecutor(Executor):
             self.tp.broadcast_object((method, args))
             return getattr(self.driver, method)(*args)
         except Exception as e:
-            self.failed = ExecutorError(f"tensor-parallel {method} failed: {type(e).__name__}: {e}")
-            raise self.failed from e
+            raise self.fail(method, e) from e
+
+    def fail(self, what: str, error: Exception) -> ExecutorError:
+        """Mark the executor failed by `error` (during `what`); names a rank that exited."""
+        deadline = time.monotonic() + DEATH_REPORT_S  # a peer's death shows first as a
+        while time.monotonic() < deadline:  # closed connection; its exit code follows
+            dead = [(r, p) for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+            if dead:
+                rank, proc = dead[0]
+                self.failed = ExecutorError(
+                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code "
+                    f"{proc.exitcode} during {what}"
+                )
+                return self.failed
+            time.sleep(0.05)
+        why = f"{type(error).__name__}: {error}"
+        self.failed = ExecutorError(f"tensor-parallel {what} failed: {why}")
+        return self.failed
 
     def check_health(self) -> None:
         if self.failed is not None:
@@ -151,7 +174,7 @@ class MultiprocExecutor(Executor):
             except Exception:  # noqa: BLE001 - the ranks are killed below anyway
                 logger.exception("shutdown message failed")
         for proc in self.procs:
-            proc.join(JOIN_TIMEOUT_S)
+            proc.join(JOIN_TIMEOUT_S if self.failed is None else 0)
             if proc.is_alive():
                 proc.kill()
                 proc.join(JOIN_TIMEOUT_S)
@@ -176,8 +199,7 @@ class DriverRunner:
             executor.tp.broadcast_object(("execute", (make_step_plan(out, requests, cache, plp),)))
             return self.runner.execute(out, requests, cache, plp, device_tokens)
         except Exception as e:
-            executor.failed = ExecutorError(f"tensor-parallel step failed: {type(e).__name__}: {e}")
-            raise executor.failed from e
+            raise executor.fail("step", e) from e
 
 
 def start_runner(

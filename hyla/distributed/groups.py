@@ -37,6 +37,7 @@ class TPGroup:
     world_size: int
     group: Any = None
     cpu_group: Any = None
+    ready_group: Any = None
 
     @property
     def is_driver(self) -> bool:
@@ -78,6 +79,12 @@ class TPGroup:
         dist.gather_object(obj, out, dst=0, group=self.cpu_group)
         return out
 
+    def wait_until_ready(self) -> None:
+        """Wait for every rank to get here (after loading its weights: minutes for a large
+        model, so without the step timeout); a rank that died meanwhile raises."""
+        if self.world_size > 1:
+            dist.barrier(group=self.ready_group)
+
     def min_ints(self, values: list[int]) -> list[int]:
         """Element-wise minimum of `values` over the ranks (CPU group)."""
         if self.world_size == 1:
@@ -107,11 +114,13 @@ def init_tp_group(
         backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
     )
     ranks = list(range(world_size))
-    # the plan's group waits as long as the engine idles; the device group's timeout catches
-    # a rank that hangs inside a step
-    cpu_group = dist.new_group(ranks, backend="gloo", timeout=IDLE_TIMEOUT)
+    # a timeout is each rank's own: ranks 1..N-1 wait for the next plan as long as the engine
+    # idles; rank 0's sends of it fail after `timeout_s` when a rank hangs
+    cpu_timeout = timeout if rank == 0 else IDLE_TIMEOUT
+    cpu_group = dist.new_group(ranks, backend="gloo", timeout=cpu_timeout)
+    ready_group = dist.new_group(ranks, backend="gloo", timeout=IDLE_TIMEOUT)
     group = dist.group.WORLD if backend == "gloo" else dist.new_group(ranks, timeout=timeout)
-    return TPGroup(rank, world_size, group, cpu_group)
+    return TPGroup(rank, world_size, group, cpu_group, ready_group)
 
 
 def destroy_tp_group(tp: TPGroup) -> None:

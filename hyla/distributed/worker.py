@@ -174,6 +174,7 @@ def worker_main(
     try:
         model = load_rank_model(path, model_config, tp, config.enable_expert_parallel, device)
         worker = Worker(tp, model, config)
+        tp.wait_until_ready()
         while True:
             method, args = tp.broadcast_object()
             if method == "shutdown":

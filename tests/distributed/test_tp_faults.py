@@ -1,0 +1,88 @@
+"""Bad tensor-parallel configurations fail before any process starts or any weight is read;
+a rank that hangs fails the engine's step within the collective timeout.
+
+Oracles: the error names the field and the limit; no child process was started; the clock.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+
+from hyla.config import ConfigError, EngineConfig
+from hyla.distributed.executor import check_devices
+from hyla.distributed.groups import ExecutorError
+from hyla.distributed.sharding import check_parallel
+from hyla.models.loader import load_config
+from hyla.request import SamplingParams
+from tests.distributed.tp_util import engine
+from tests.hf_tiny import save_tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3_next")
+    save_tiny_hf_model("qwen3_next", path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "tp,ep,field",
+    [(3, False, "linear.num_k_heads=2"), (4, False, "linear.num_k_heads=2"),
+     (2, True, None), (0, False, ">= 1")],
+)  # fmt: skip
+def test_bad_sizes_name_the_field_before_any_process(qwen, tp, ep, field, monkeypatch):
+    def no_weights(*args, **kwargs):
+        raise AssertionError("a weight was read")
+
+    monkeypatch.setattr("safetensors.safe_open", no_weights)
+    if field is None:  # a valid configuration: check_parallel passes
+        check_parallel(load_config(qwen), tp, ep)
+        return
+    with pytest.raises(ConfigError, match="tensor_parallel_size") as e:
+        engine(qwen, tensor_parallel_size=tp, enable_expert_parallel=ep)
+    assert field in str(e.value)
+    assert not multiprocessing.active_children()
+
+
+def test_experts_not_divisible_names_num_experts(qwen):
+    config = load_config(qwen)
+    moe = config.moe.__class__(**{**config.moe.__dict__, "num_experts": 5})
+    with pytest.raises(ConfigError, match=r"moe.num_experts=5"):
+        check_parallel(config.replace(moe=moe), 2, True)
+
+
+def test_more_ranks_than_gpus_names_the_count():
+    config = EngineConfig.from_kwargs(tensor_parallel_size=64, device="cuda")
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size: 64 ranks need 64 GPUs"):
+        check_devices(config)
+
+
+def test_uni_backend_refuses_more_ranks():
+    with pytest.raises(ConfigError, match="distributed_executor_backend"):
+        EngineConfig.from_kwargs(tensor_parallel_size=2, distributed_executor_backend="uni")
+
+
+def test_hung_rank_fails_the_step_within_the_timeout(qwen, monkeypatch):
+    monkeypatch.setenv("HYLA_COLLECTIVE_TIMEOUT", "3")
+    eng = engine(qwen, tensor_parallel_size=2)
+    (pid,) = eng.executor.worker_pids
+    try:
+        eng.add_request("a", list(range(3, 20)), SamplingParams(temperature=0, max_tokens=4))
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(ExecutorError):
+            for _ in range(10):
+                eng.step()
+        took = time.monotonic() - start
+        with pytest.raises(ExecutorError):  # failed for good: no step runs any more
+            eng.step()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        eng.shutdown()
+    assert took < 3 + 10
+    assert not multiprocessing.active_children()
