@@ -79,3 +79,18 @@ def _assert_rank_caches(shapes, eng, config, tp: int) -> None:
             for name, shape in layer.items():
                 if name in ("latent", "k", "v", "index_keys"):
                     assert shape[0] == plan.num_blocks, (i, name)
+
+
+@pytest.mark.parametrize("family", ["kimi_linear", "deepseek_v32", "qwen3_next"])
+def test_world_size_one_through_the_executor(reference, family):
+    """The distributed path with one rank (executor, per-step plan, driver runner; no process
+    started) is the plain engine bit for bit."""
+    path, ref = reference(family)
+    eng = engine(path, distributed_executor_backend="mp")
+    try:
+        assert eng.executor is not None and not eng.executor.worker_pids
+        got = run_scenario(eng)
+    finally:
+        eng.shutdown()
+    assert got.tokens == ref.tokens
+    assert all(bool((a == b).all()) for a, b in zip(ref.logits, got.logits, strict=True))
