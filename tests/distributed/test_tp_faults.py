@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,8 @@ from hyla.models.loader import load_config
 from hyla.request import SamplingParams
 from tests.distributed.tp_util import engine
 from tests.hf_tiny import save_tiny_hf_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +89,30 @@ def test_hung_rank_fails_the_step_within_the_timeout(qwen, monkeypatch):
         eng.shutdown()
     assert took < 3 + 10
     assert not multiprocessing.active_children()
+
+
+def test_llm_with_a_config_refuses_tensor_parallel():
+    from hyla import LLM
+
+    with pytest.raises(ConfigError, match="tensor_parallel_size: each rank reads"):
+        LLM(load_config(ROOT / "hyla" / "assets" / "default_model"), tensor_parallel_size=2)
+
+
+def test_inspect_prints_bytes_per_rank(qwen):
+    """Oracle: the full model's figures from the same command; linear state and the GQA cache
+    split in two (2 KV heads over 2 ranks)."""
+    from typer.testing import CliRunner
+
+    from hyla.cli import app
+
+    runner = CliRunner()
+    full = runner.invoke(app, ["inspect", str(qwen)])
+    both = runner.invoke(app, ["inspect", str(qwen), "--tensor-parallel-size", "2"])
+    assert full.exit_code == both.exit_code == 0, both.output
+    assert both.output.startswith(full.output)
+    per_rank = both.output[len(full.output) :]
+    assert "per rank (tensor parallel 2)" in per_rank
+    assert "linear state  8.25 KiB per sequence" in per_rank and "16.50 KiB per seq" in full.output
+    assert "kv cache      128 B per token" in per_rank and "256 B per token" in full.output
+    bad = runner.invoke(app, ["inspect", str(qwen), "--tensor-parallel-size", "3"])
+    assert bad.exit_code == 2 and "linear.num_k_heads=2" in bad.output

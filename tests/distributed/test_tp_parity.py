@@ -56,12 +56,28 @@ def test_tp_matches_single_process(reference, family, tp, ep):
     assert ref.aborted == got.aborted == ["d"]
     assert ref.prefix_hit_tokens > 0 and got.prefix_hit_tokens == ref.prefix_hit_tokens
     assert got.tokens == ref.tokens
-    assert all(len(ref.tokens[r]) == 32 for r in "abce")
+    assert all(len(ref.tokens[r]) == 32 for r in "abce") and len(ref.tokens["f"]) == 4
     assert len(got.logits) == len(ref.logits)
     diff = max((a - b).abs().max().item() for a, b in zip(ref.logits, got.logits, strict=True))
     print(f"{family} tp={tp} ep={ep}: max |logit diff| {diff:.2e} over {len(ref.logits)} steps")
     assert diff <= LOGIT_ATOL
     _assert_rank_caches(shapes, eng, load_config(path), tp)
+    _assert_same_logprobs(ref.logprobs["f"], got.logprobs["f"])
+
+
+def _assert_same_logprobs(ref: list, got: list) -> None:
+    """Prompt and sampled top logprobs: the same token ids, values within LOGIT_ATOL."""
+    flat_ref = [d for part in ref for d in part if d]
+    flat_got = [d for part in got for d in part if d]
+    assert len(flat_ref) == len(flat_got) > 10
+    for a, b in zip(flat_ref, flat_got, strict=True):
+        assert a.keys() == b.keys()
+        for t in a:
+            assert abs(_value(a[t]) - _value(b[t])) <= LOGIT_ATOL
+
+
+def _value(entry) -> float:
+    return entry if isinstance(entry, float) else entry.logprob
 
 
 def _assert_rank_caches(shapes, eng, config, tp: int) -> None:

@@ -17,6 +17,8 @@ from hyla.request import SamplingParams
 from tests.engine.engine_util import prompt_ids
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+LOGPROBS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3,
+                          prompt_logprobs=3)  # fmt: skip
 OPTIONS = dict(
     max_model_len=256, block_size=16, max_num_seqs=8, max_num_batched_tokens=32,
     dtype="float32", device="cpu", state_checkpoint_stride=16,
@@ -29,6 +31,7 @@ class Run:
     logits: list[torch.Tensor] = field(default_factory=list)  # sampled rows, step by step
     prefix_hit_tokens: int = 0
     aborted: list[str] = field(default_factory=list)
+    logprobs: dict[str, list] = field(default_factory=dict)  # prompt + sampled top logprobs
 
 
 def engine(path, **overrides) -> LLMEngine:
@@ -50,6 +53,7 @@ def run_scenario(engine: LLMEngine) -> Run:
     long_prompt = prompt_ids(70, seed=1)
     engine.add_request("a", long_prompt, GREEDY)  # 70 tokens: 3 chunks of <= 32
     engine.add_request("b", prompt_ids(9, seed=2), GREEDY)
+    engine.add_request("f", prompt_ids(12, seed=6), LOGPROBS)  # every prompt row's logits
     for i in range(40):
         if i == 3:
             engine.add_request("c", prompt_ids(40, seed=3), GREEDY)  # prefill beside decodes
@@ -70,6 +74,8 @@ def _collect(outputs, run: Run) -> None:
     for out in outputs:
         if out.finished:
             run.tokens[out.request_id] = list(out.outputs[0].token_ids)
+            if out.prompt_logprobs is not None:
+                run.logprobs[out.request_id] = [out.prompt_logprobs, out.outputs[0].logprobs]
             if out.outputs[0].finish_reason == "abort":
                 run.aborted.append(out.request_id)
 
