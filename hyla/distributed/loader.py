@@ -46,13 +46,13 @@ def build_rank_model(
             if expert_parallel and hasattr(layer.mlp, "experts"):
                 moe = config.moe
                 num_local = moe.num_experts // n
-                layer.mlp.experts = ExpertParallelExperts(
+                experts = ExpertParallelExperts(
                     config.hidden_size, moe.moe_intermediate_size, num_local, tp.rank * num_local
                 )
+                layer.mlp.experts = experts.to(dtype)
     local.embed_tokens.to(dtype)
     local.lm_head.to(dtype)
     for layer in local.layers:
-        layer.mlp.to(dtype) if expert_parallel else None
         for module in (layer.mixer, layer.mlp):
             module.register_forward_hook(_all_reduce_output(tp))
     return local

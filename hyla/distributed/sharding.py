@@ -104,7 +104,7 @@ def _divisible_fields(config: ModelConfig, expert_parallel: bool) -> list[tuple[
         else:
             out.append(("moe.moe_intermediate_size", moe.moe_intermediate_size))
         if shared_width(moe):
-            out.append(("moe shared expert width", shared_width(moe)))
+            out.append(("moe.shared_intermediate_size", shared_width(moe)))
     return out
 
 

@@ -79,14 +79,21 @@ class _Window:
         return self.ids[s.start - self.start : s.stop - self.start]
 
 
+@dataclass(frozen=True)
+class _Params:
+    prompt_logprobs: int | None
+
+
 class _PlannedRequest:
+    """The fields of `Request` that `ModelRunner.execute` reads, from a `RequestPlan`."""
+
     def __init__(self, p: RequestPlan) -> None:
         self.num_computed_tokens = p.num_computed_tokens
         self.all_token_ids = _Window(p.num_computed_tokens, p.input_ids)
         self.num_tokens = p.num_tokens
         self.prompt_token_ids = p.prompt_token_ids
         self.num_prompt_tokens = len(p.prompt_token_ids)
-        self.params = type("Params", (), {"prompt_logprobs": p.num_prompt_logprobs})
+        self.params = _Params(p.num_prompt_logprobs)
 
 
 class _PlannedCache:
