@@ -73,14 +73,19 @@ class Executor(ABC):
 
 
 def check_devices(config: EngineConfig) -> None:
-    """More ranks than GPUs: ConfigError naming the field and the count (before any load)."""
+    """More ranks than GPUs, or GPUs of different kinds: ConfigError naming the field and the
+    limit (before any process starts or any weight is read)."""
     n = config.tensor_parallel_size
-    if str(config.device).startswith("cuda"):
-        count = torch.cuda.device_count()
-        if n > count:
-            raise ConfigError(
-                f"tensor_parallel_size: {n} ranks need {n} GPUs, this host has {count}"
-            )
+    if not str(config.device).startswith("cuda"):
+        return
+    count = torch.cuda.device_count()
+    if n > count:
+        raise ConfigError(f"tensor_parallel_size: {n} ranks need {n} GPUs, this host has {count}")
+    kinds = sorted({torch.cuda.get_device_name(i) for i in range(n)})
+    if len(kinds) > 1:
+        raise ConfigError(
+            f"tensor_parallel_size: ranks 0..{n - 1} need GPUs of one kind, found {kinds}"
+        )
 
 
 class MultiprocExecutor(Executor):

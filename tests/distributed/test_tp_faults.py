@@ -65,6 +65,14 @@ def test_more_ranks_than_gpus_names_the_count():
         check_devices(config)
 
 
+def test_mismatched_gpus_name_the_kinds(monkeypatch):
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda i: ["H200", "A100"][i])
+    config = EngineConfig.from_kwargs(tensor_parallel_size=2, device="cuda")
+    with pytest.raises(ConfigError, match=r"GPUs of one kind, found \['A100', 'H200'\]"):
+        check_devices(config)
+
+
 def test_uni_backend_refuses_more_ranks():
     with pytest.raises(ConfigError, match="distributed_executor_backend"):
         EngineConfig.from_kwargs(tensor_parallel_size=2, distributed_executor_backend="uni")
