@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 IDLE_TIMEOUT = timedelta(days=30)
+START_TIMEOUT = timedelta(minutes=5)  # every rank started and joined (imports, no weights)
 
 
 class ExecutorError(RuntimeError):
@@ -111,7 +112,7 @@ def init_tp_group(
     backend = "nccl" if device.startswith("cuda") else "gloo"
     timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=START_TIMEOUT
     )
     ranks = list(range(world_size))
     # a timeout is each rank's own: ranks 1..N-1 wait for the next plan as long as the engine
@@ -119,7 +120,7 @@ def init_tp_group(
     cpu_timeout = timeout if rank == 0 else IDLE_TIMEOUT
     cpu_group = dist.new_group(ranks, backend="gloo", timeout=cpu_timeout)
     ready_group = dist.new_group(ranks, backend="gloo", timeout=IDLE_TIMEOUT)
-    group = dist.group.WORLD if backend == "gloo" else dist.new_group(ranks, timeout=timeout)
+    group = dist.new_group(ranks, backend=backend, timeout=timeout)
     return TPGroup(rank, world_size, group, cpu_group, ready_group)
 
 
