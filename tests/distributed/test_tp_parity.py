@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from hyla.cache.spec import conv_dim
 from hyla.models.loader import load_config
 from tests.distributed.tp_util import engine, run_scenario
 from tests.hf_tiny import save_tiny_hf_model
@@ -81,7 +82,8 @@ def _value(entry) -> float:
 
 
 def _assert_rank_caches(shapes, eng, config, tp: int) -> None:
-    """Same pools on every rank; linear layers' state holds HV / N heads."""
+    """Same pools on every rank; linear layers' state and GQA's cache hold the rank's heads;
+    MLA/DSA latents are replicated."""
     plan = eng.cache_plan
     assert len(shapes) == tp
     for rank_shapes in shapes:
@@ -92,6 +94,12 @@ def _assert_rank_caches(shapes, eng, config, tp: int) -> None:
                     plan.num_slots + plan.num_checkpoints,
                     config.linear.num_v_heads // tp,
                 )
+            if "conv_state" in layer:  # q | k | v channels of the rank's heads
+                assert layer["conv_state"][1] * tp == conv_dim(config)
+            if "k" in layer:  # GQA: KV heads split, one each when fewer than the ranks
+                assert layer["k"][2] == max(config.gqa.num_kv_heads // tp, 1)
+            if "latent" in layer:  # MLA/DSA: the per-token latent, whole on every rank
+                assert layer["latent"][2] == config.mla.latent_dim
             for name, shape in layer.items():
                 if name in ("latent", "k", "v", "index_keys"):
                     assert shape[0] == plan.num_blocks, (i, name)
