@@ -22,6 +22,7 @@ from hyla.config import EngineConfig, ModelConfig
 from hyla.distributed.groups import TPGroup, destroy_tp_group, init_tp_group
 from hyla.engine.memory import CachePlan, memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner, RunnerOutput
+from hyla.engine.startup import cpu_threads
 from hyla.models.hybrid import HybridModel
 from hyla.scheduler import SchedulerOutput
 
@@ -177,6 +178,10 @@ def worker_main(
     if device.startswith("cuda"):
         device = f"cuda:{rank}"
         torch.cuda.set_device(device)
+    else:  # the thread count rank 0 takes (`hyla.engine.startup`): small models, one thread
+        chosen = cpu_threads(model_config.hidden_size)
+        if chosen is not None and torch.get_num_threads() > chosen:
+            torch.set_num_threads(chosen)
     tp = init_tp_group(rank, world_size, init_method, device, timeout_s)
     try:
         model = load_rank_model(path, model_config, tp, config.enable_expert_parallel, device)
