@@ -124,3 +124,23 @@ def test_inspect_prints_bytes_per_rank(qwen):
     assert "kv cache      128 B per token" in per_rank and "256 B per token" in full.output
     bad = runner.invoke(app, ["inspect", str(qwen), "--tensor-parallel-size", "3"])
     assert bad.exit_code == 2 and "linear.num_k_heads=2" in bad.output
+
+
+def test_ranks_agree_on_the_smallest_pools():
+    """`TPGroup.min_ints` (what `Worker.plan_cache` takes over the ranks' own plans): every rank
+    gets the element-wise minimum of what each offered."""
+    from hyla.distributed.groups import free_port
+    from tests.distributed.tp_util import min_ints_rank
+
+    ctx = multiprocessing.get_context("forkserver")  # the executor's: warm after its tests
+    queue = ctx.Queue()
+    offers = [[120, 9, 40], [100, 9, 44], [130, 7, 50]]
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=min_ints_rank, args=(r, 3, init, v, queue)) for r, v in
+             enumerate(offers)]  # fmt: skip
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert got == {r: [100, 7, 40] for r in range(3)}

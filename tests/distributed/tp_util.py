@@ -95,3 +95,12 @@ def _assert_i4(engine: LLMEngine) -> None:
     assert not engine.cache.block_tables and not engine.cache.state_slots
     prefix = engine.cache.prefix
     assert prefix is None or not any(prefix.checkpoints.ref_counts)
+
+
+def min_ints_rank(rank: int, world: int, init_method: str, values: list[int], queue) -> None:
+    """A process of `test_ranks_agree_on_the_smallest_pools`: rank `rank` offers `values`."""
+    from hyla.distributed.groups import destroy_tp_group, init_tp_group
+
+    tp = init_tp_group(rank, world, init_method, "cpu", 30.0)
+    queue.put((rank, tp.min_ints(values)))
+    destroy_tp_group(tp)
