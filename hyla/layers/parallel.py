@@ -5,8 +5,9 @@
                             there), then a masked lookup and one all-reduce
     ParallelLMHead          the same rows of the head: local logits [n, Vp], all-gathered
                             over the ranks into [n, V] (only the sampled rows reach it)
-    ExpertParallelExperts   E / N whole experts: a token's expert on another rank weighs 0 here
-                            (its output comes in the FFN's all-reduce)
+    ExpertParallelExperts   E / N whole experts: only the (token, expert) pairs routed to them
+                            (on CUDA, without a host sync: the others weigh 0); the other
+                            ranks' pairs come in the FFN's all-reduce
 
 Parameter names are those of the single-device modules, so the loader's names do not change.
 """
@@ -72,7 +73,16 @@ class ExpertParallelExperts(nn.Module):
         """As `Experts.forward` (global ids [T, k]); this rank's part of the sum [T, D]."""
         local = topk_ids - self.first
         outside = (local < 0) | (local >= self.num_local)
-        # a pair routed elsewhere runs on local expert 0 with weight 0: exact, and no host sync
+        if not hidden_states.is_cuda:  # only this rank's (token, expert) pairs, one row each
+            token, slot = (~outside).nonzero(as_tuple=True)
+            y = moe_experts(
+                hidden_states.index_select(0, token), self.gate_up_proj, self.down_proj,
+                topk_weights[token, slot][:, None], local[token, slot][:, None],
+                packed=self.packed,
+            )  # fmt: skip
+            return torch.zeros_like(hidden_states).index_add_(0, token, y)
+        # CUDA, no host sync (graphs): a pair routed elsewhere runs on local expert 0 with
+        # weight 0 (exact; costs expert 0 those rows)
         weights = topk_weights.masked_fill(outside, 0)
         return moe_experts(
             hidden_states, self.gate_up_proj, self.down_proj, weights,
