@@ -6,6 +6,6 @@
     worker.py    one rank: its model shard, caches and ModelRunner; the loop of ranks 1..N-1
     executor.py  the engine side: spawns the workers, sends each step's plan, checks health
 
-The engine process is rank 0 (the driver worker); ranks 1..N-1 are spawned processes. The
-scheduler and the cache bookkeeping live only in the engine process.
+The engine process is rank 0 (the driver worker); ranks 1..N-1 are processes forked from a
+forkserver. The scheduler and the cache bookkeeping live only in the engine process.
 """

@@ -27,7 +27,13 @@ from typing import Any
 import torch
 
 from hyla.config import ConfigError, EngineConfig, ModelConfig
-from hyla.distributed.groups import ExecutorError, destroy_tp_group, free_port, init_tp_group
+from hyla.distributed.groups import (
+    ExecutorError,
+    TPGroup,
+    destroy_tp_group,
+    free_port,
+    init_tp_group,
+)
 from hyla.distributed.loader import load_rank_model
 from hyla.distributed.sharding import check_parallel
 from hyla.distributed.worker import Worker, make_step_plan, worker_main
@@ -120,13 +126,15 @@ class MultiprocExecutor(Executor):
         if device.startswith("cuda") and n > 1:
             device = "cuda:0"
             torch.cuda.set_device(device)
-        self.tp = init_tp_group(0, n, init_method, device, self.timeout_s)
+        self.tp = TPGroup(0, 1)
         self.is_shut_down = False
         try:
+            self.tp = init_tp_group(0, n, init_method, device, self.timeout_s)
             model = load_rank_model(path, model_config, self.tp, ep, device)
             self.tp.wait_until_ready()
-        except BaseException:
-            self.shutdown()
+        except BaseException as e:
+            self.failed = ExecutorError(f"tensor-parallel start-up failed: {e}")
+            self.shutdown()  # the ranks are killed: they may wait for this one
             raise
         self.driver = Worker(self.tp, model, config)
 

@@ -168,7 +168,7 @@ def worker_main(
     config: EngineConfig,
     timeout_s: float,
 ) -> None:
-    """A spawned rank: join the group, load its shard, then run the methods rank 0 broadcasts
+    """Rank 1..N-1: join the group, load its shard, then run the methods rank 0 broadcasts
     until "shutdown". Any failure exits non-zero (the other ranks' collectives then fail)."""
     from hyla.distributed.loader import load_rank_model
 
