@@ -34,7 +34,7 @@ from hyla.distributed.groups import (
     free_port,
     init_tp_group,
 )
-from hyla.distributed.loader import load_rank_model
+from hyla.distributed.loader import check_checkpoint, load_rank_model
 from hyla.distributed.sharding import check_parallel
 from hyla.distributed.worker import Worker, make_step_plan, worker_main
 from hyla.engine.memory import CachePlan
@@ -101,13 +101,15 @@ class MultiprocExecutor(Executor):
         path: the checkpoint directory every rank reads its slices from.
         model_config: the full model's config (dtype and cache dtypes applied).
         config: the engine options (`tensor_parallel_size`, `enable_expert_parallel`, device).
-    Raises: ConfigError (bad TP size, too few devices) before any process starts.
+    Raises: ConfigError (bad TP size, too few devices) and CheckpointError (tensors that do
+        not fit) before any process starts.
     """
 
     def __init__(self, path: str | Path, model_config: ModelConfig, config: EngineConfig) -> None:
         n, ep = config.tensor_parallel_size, config.enable_expert_parallel
         check_parallel(model_config, n, ep)
         check_devices(config)
+        check_checkpoint(path, model_config)  # names and shapes, before any rank starts
         self.timeout_s = float(os.environ.get("HYLA_COLLECTIVE_TIMEOUT", DEFAULT_TIMEOUT_S))
         init_method = f"tcp://127.0.0.1:{free_port()}"
         # forkserver: the first engine pays torch's import in the server once; every rank

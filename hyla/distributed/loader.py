@@ -80,11 +80,7 @@ def load_rank_model(
     not fit the model), both before any weight is read.
     """
     check_parallel(config, tp.world_size, expert_parallel)
-    files = checkpoint_files(path)
-    with torch.device("meta"):
-        full = HybridModel(config)
-    full_targets, full_aliases = targets_of(full)
-    entries = plan_checkpoint(config, full_targets, full_aliases, files)
+    files, full_targets, entries = check_checkpoint(path, config)
     model = build_rank_model(config, tp, expert_parallel, device)
     targets, _ = targets_of(model)
     specs = {
@@ -98,6 +94,18 @@ def load_rank_model(
             for entry in (e for e in entries if e.file == file):
                 _copy_entry(entry, f, full_targets, targets, specs)
     return model.eval()
+
+
+def check_checkpoint(
+    path: str | Path, config: ModelConfig
+) -> tuple[list[Path], dict[str, torch.Tensor], list[Entry]]:
+    """The checkpoint's files, the full model's tensors (meta) and every stored tensor's
+    destinations, from the headers alone. Raises CheckpointError listing every problem."""
+    files = checkpoint_files(path)
+    with torch.device("meta"):
+        full = HybridModel(config)
+    full_targets, full_aliases = targets_of(full)
+    return files, full_targets, plan_checkpoint(config, full_targets, full_aliases, files)
 
 
 def _copy_entry(

@@ -52,6 +52,20 @@ def test_bad_sizes_name_the_field_before_any_process(qwen, tp, ep, field, monkey
     assert not multiprocessing.active_children()
 
 
+def test_bad_checkpoint_fails_before_any_process(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from hyla.models.checkpoint import CheckpointError
+
+    save_tiny_hf_model("qwen3_next", tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.0.linear_attn.out_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="out_proj"):
+        engine(tmp_path, tensor_parallel_size=2)
+    assert not multiprocessing.active_children()
+
+
 def test_experts_not_divisible_names_num_experts(qwen):
     config = load_config(qwen)
     moe = config.moe.__class__(**{**config.moe.__dict__, "num_experts": 5})
