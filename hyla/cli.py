@@ -258,6 +258,10 @@ def inspect(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory to describe."),
     gaps: bool = typer.Option(False, "--gaps", help="List which modules map to hyla's ops and "
                               "which are missing (works for unsupported architectures too)."),
+    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="Also print "
+                                             "the weight, cache and state bytes of one rank."),
+    enable_expert_parallel: bool = typer.Option(False, "--enable-expert-parallel",
+                                                help="Ranks hold whole experts (with TP > 1)."),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
     _check_config_file(path)
@@ -274,7 +278,15 @@ def inspect(
     except ImportError as e:
         _fail(f"inspect is unavailable: {e}")
     try:
-        typer.echo(format_report(inspect_model(path)))
+        report = inspect_model(path)
+        typer.echo(format_report(report))
+        if tensor_parallel_size > 1:
+            from hyla.distributed.inspect import format_rank_report, rank_report
+            from hyla.models.inspect import _bytes
+
+            ranks = rank_report(report.config, report.weight_bytes, tensor_parallel_size,
+                                enable_expert_parallel)  # fmt: skip
+            typer.echo(format_rank_report(ranks, _bytes))
     except (FileNotFoundError, ValueError) as e:
         hint = " (`hyla inspect --gaps` lists what is missing)" if "unsupported" in str(e) else ""
         _fail(f"{e}{hint}")

@@ -763,6 +763,20 @@ class EngineConfig:
         metadata={"help": "Replay mixed prefill+decode steps from CUDA graphs too: norms and "
                   "MLP/MoE captured per token bucket, mixers eager (experimental; default off)."},
     )  # fmt: skip
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata={"help": "Ranks (processes, one GPU each) the model is sharded over."},
+    )
+    enable_expert_parallel: bool = field(
+        default=False,
+        metadata={"help": "Split MoE experts whole across the tensor-parallel ranks (default: "
+                  "every rank holds a slice of every expert)."},
+    )  # fmt: skip
+    distributed_executor_backend: str | None = field(
+        default=None,
+        metadata={"help": "mp (worker processes; also with one rank) or uni (in process, one "
+                  "rank only); default: mp when tensor_parallel_size > 1, else uni."},
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_queue_len"):
@@ -787,6 +801,23 @@ class EngineConfig:
         _require(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", "integer")
         if self.request_timeout is not None:
             _require(self.request_timeout > 0, "request_timeout", "must be > 0 seconds")
+        _require(
+            isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+            "tensor_parallel_size", f"must be an integer >= 1, got {self.tensor_parallel_size!r}",
+        )  # fmt: skip
+        _require(self.distributed_executor_backend in (None, "mp", "uni"),
+                 "distributed_executor_backend",
+                 f"must be mp|uni, got {self.distributed_executor_backend!r}")  # fmt: skip
+        _require(
+            self.distributed_executor_backend != "uni" or self.tensor_parallel_size == 1,
+            "distributed_executor_backend", "uni runs one rank: tensor_parallel_size must be 1",
+        )  # fmt: skip
+
+    @property
+    def uses_executor(self) -> bool:
+        """Whether the model runs behind worker processes (`hyla.distributed`)."""
+        backend = self.distributed_executor_backend
+        return backend == "mp" or (backend is None and self.tensor_parallel_size > 1)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

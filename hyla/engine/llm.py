@@ -83,6 +83,9 @@ def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> 
         config = resolve_device(EngineConfig.from_kwargs(**overrides))
         if config.quantization is not None:
             raise ConfigError("quantization: applies to a checkpoint's weights (pass a path)")
+        if config.uses_executor:
+            raise ConfigError("tensor_parallel_size: each rank reads its slices of a checkpoint "
+                              "(pass a path)")  # fmt: skip
         cache = {"kv_cache_dtype": config.cache.kv_cache_dtype,
                  "mamba_ssm_cache_dtype": config.cache.mamba_ssm_cache_dtype}  # fmt: skip
         model = model.replace(**{k: v for k, v in cache.items() if v is not None})

@@ -32,6 +32,7 @@ import torch
 
 from hyla.cache.manager import CacheManager
 from hyla.config import ConfigError, EngineConfig, ModelConfig
+from hyla.distributed.groups import ExecutorError
 from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
@@ -112,6 +113,8 @@ class LLMEngine:
         tokenizer: a transformers tokenizer or None (token-id prompts only).
         engine_config: cache, scheduler and engine options.
         multimodal: the vision side of a multimodal checkpoint (None: text only).
+        executor: runs the model on the tensor-parallel ranks (`hyla.distributed`; `model` is
+            rank 0's shard); None: in this process, as it is.
     Raises:
         ConfigError: the cache budget cannot hold one full-length sequence.
     """
@@ -122,8 +125,10 @@ class LLMEngine:
         tokenizer: Any,
         engine_config: EngineConfig,
         multimodal: MultimodalRuntime | None = None,
+        executor: Any = None,
     ) -> None:
         self.model = model.eval()
+        self.executor = executor
         self.tokenizer = tokenizer
         self.config = engine_config
         self.model_config: ModelConfig = model.config
@@ -132,10 +137,14 @@ class LLMEngine:
         self.max_model_len = engine_config.max_model_len or self.model_config.max_context_len
         device = next(model.parameters()).device
         sched = engine_config.scheduler
-        budget = memory_budget(engine_config.cache, device)
-        plan = plan_cache(
-            self.model_config, engine_config.cache, self.max_model_len, sched.max_num_seqs, budget
-        )
+        if executor is None:
+            budget = memory_budget(engine_config.cache, device)
+            plan = plan_cache(
+                self.model_config, engine_config.cache, self.max_model_len, sched.max_num_seqs,
+                budget,
+            )  # fmt: skip
+        else:  # each rank's own pools, then the minimum over the ranks
+            plan = executor.collective_rpc("plan_cache", self.max_model_len, sched.max_num_seqs)
         self.cache_plan = plan
         has_state = plan.bytes_per_slot > 0  # linear layers: prefix hits need checkpoints
         self.cache = CacheManager(
@@ -163,9 +172,14 @@ class LLMEngine:
                     buckets = token_buckets(sched.max_num_batched_tokens)
             else:
                 logger.warning("no CUDA graphs: triton or fla-core is missing")
-        if device.type == "cuda":  # one matmul per projection group (one kernel, not n + 1)
-            self.model.stack_projections()
-        self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len, buckets)
+        if executor is not None:
+            from hyla.distributed.executor import start_runner
+
+            self.runner = start_runner(executor, plan, sizes, self.max_model_len)
+        else:
+            if device.type == "cuda":  # one matmul per projection group (one kernel, not n + 1)
+                self.model.stack_projections()
+            self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len, buckets)
         self.runner.multimodal = multimodal
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
@@ -202,18 +216,28 @@ class LLMEngine:
             raise ConfigError(
                 f"tokenizer: no tokenizer.json or tokenizer_config.json in {config.tokenizer}"
             )
-        model = load_model(
-            str(directory), dtype=_load_dtype(config), device=config.device,
-            quantization=config.quantization, kv_cache_dtype=config.cache.kv_cache_dtype,
-            mamba_ssm_cache_dtype=config.cache.mamba_ssm_cache_dtype,
-        )  # fmt: skip
-        limits = ImageLimits(config.limit_mm_per_prompt, config.max_image_pixels)
-        engine = cls(
-            model, tokenizer, config, MultimodalRuntime.from_path(directory, model, limits)
-        )
+        if config.uses_executor:  # tensor parallel: every rank loads its own slices
+            from hyla.distributed.executor import start_executor
+
+            executor = start_executor(directory, config, _load_dtype(config))
+            engine = cls(executor.driver.model, tokenizer, config, executor=executor)
+        else:
+            model = load_model(
+                str(directory), dtype=_load_dtype(config), device=config.device,
+                quantization=config.quantization, kv_cache_dtype=config.cache.kv_cache_dtype,
+                mamba_ssm_cache_dtype=config.cache.mamba_ssm_cache_dtype,
+            )  # fmt: skip
+            limits = ImageLimits(config.limit_mm_per_prompt, config.max_image_pixels)
+            multimodal = MultimodalRuntime.from_path(directory, model, limits)
+            engine = cls(model, tokenizer, config, multimodal)
         engine.model_name = "default" if path is None else directory.name
         warm_up(engine)  # before it serves: the first requests compile nothing
         return engine
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (the engine cannot step afterwards)."""
+        if self.executor is not None:
+            self.executor.shutdown()
 
     def _eos_token_ids(self) -> tuple[int, ...]:
         ids = list(self.model_config.eos_token_ids)
@@ -475,6 +499,8 @@ class LLMEngine:
             if rows:
                 pending = self._pending_tokens(result.sample_ids, rows)
                 sample = self.sampler.launch(result.logits, rows, pending)
+        except ExecutorError:  # a rank died or hung: the engine cannot go on
+            raise
         except Exception as e:  # noqa: BLE001 - any failure of a step ends only its requests
             self._step_failed(out, e)
             return None

@@ -12,6 +12,10 @@ Shutdown sequence (first signal):
      `os._exit`, skipping asyncio's and the interpreter's teardown (waits for busy worker
      threads; seconds of garbage collection over the model's objects).
 A second signal exits at once with code 1 (streams are cut).
+
+A tensor-parallel rank that dies or hangs (`hyla.distributed`) fails the requests in flight with
+an error (the engine's step raises); the process then exits with code 1, at most
+`EXECUTOR_FAILURE_GRACE` seconds later (its ranks end with it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ logger = logging.getLogger("hyla.server")
 # After the drain, seconds uvicorn lets the remaining connections finish writing (the final
 # SSE events, a 503) before it cancels them.
 CLOSE_TIMEOUT = 5
+# After a tensor-parallel rank failed: seconds the error events get to reach the clients.
+EXECUTOR_FAILURE_GRACE = 2.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -51,6 +57,7 @@ class DrainingServer(uvicorn.Server):
         self.drain_timeout = drain_timeout
         self.drain_started: float | None = None
         self.is_aborting = False
+        self.executor_failed_at: float | None = None
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         """`serve()` on a fresh event loop, left as it is when it returns: the process exits
@@ -80,6 +87,7 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if self.drain_started is not None and not self.should_exit:
             self._advance_drain()
+        self._check_executor()
         return await super().on_tick(counter)
 
     def _advance_drain(self) -> None:
@@ -97,6 +105,27 @@ class DrainingServer(uvicorn.Server):
             )
             self.is_aborting = True
             self.async_engine.abort_all()
+
+    def _check_executor(self) -> None:
+        """Exit 1 once a tensor-parallel rank is gone and the in-flight requests have their
+        errors (or `EXECUTOR_FAILURE_GRACE` seconds passed)."""
+        executor = getattr(getattr(self.async_engine, "engine", None), "executor", None)
+        if executor is None:
+            return
+        now = time.monotonic()
+        if self.executor_failed_at is None:
+            try:
+                executor.check_health()
+                return
+            except Exception as e:  # noqa: BLE001 - ExecutorError; any other failure too
+                logger.error("tensor-parallel executor failed: %s; exiting", e)
+                self.executor_failed_at = now
+                self.async_engine.begin_drain()  # new requests get 503 meanwhile
+        waited = now - self.executor_failed_at
+        if waited >= EXECUTOR_FAILURE_GRACE or (
+            waited >= EXECUTOR_FAILURE_GRACE / 4 and self.async_engine.num_in_flight() == 0
+        ):
+            exit_now(1)
 
 
 def exit_now(code: int) -> None:

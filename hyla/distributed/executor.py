@@ -1,0 +1,256 @@
+"""The engine's side of the process boundary: start the ranks, call their `Worker` methods,
+send each step's plan, watch their health.
+
+    Executor (interface)   collective_rpc(method, *args) on every rank, rank 0's result;
+                           check_health(); shutdown(); `failed` once it cannot go on
+    MultiprocExecutor      rank 0 in the engine process (the driver worker), ranks 1..N-1
+                           processes on this host (forkserver); a Ray executor would start the
+                           same `worker_main` as actors and keep the rest
+    DriverRunner           what the engine calls `runner`: sends the step's plan, then runs
+                           rank 0's ModelRunner (sampling stays in the engine process)
+
+Any exception during a collective call is fatal (`ExecutorError`): the ranks' collectives no
+longer line up and their caches may disagree. A rank that dies or hangs past the collective
+timeout (`HYLA_COLLECTIVE_TIMEOUT`, seconds, default 60) ends the step with that error.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hyla.config import ConfigError, EngineConfig, ModelConfig
+from hyla.distributed.groups import (
+    ExecutorError,
+    TPGroup,
+    destroy_tp_group,
+    free_port,
+    init_tp_group,
+)
+from hyla.distributed.loader import check_checkpoint, load_rank_model
+from hyla.distributed.sharding import check_parallel
+from hyla.distributed.worker import Worker, make_step_plan, worker_main
+from hyla.engine.memory import CachePlan
+from hyla.engine.model_runner import ModelRunner, RunnerOutput
+from hyla.models.hybrid import FFNS, MIXERS
+
+logger = logging.getLogger("hyla.distributed")
+
+DEFAULT_TIMEOUT_S = 60.0
+# imported once by the fork server: the ranks forked from it import nothing (the layer
+# modules are imported lazily by the model otherwise, ~2 s per rank on a busy CPU)
+PRELOAD = sorted(
+    {"hyla.distributed.worker", "hyla.distributed.loader"}
+    | {path.split(":")[0] for path in (*MIXERS.values(), *FFNS.values())}
+)
+JOIN_TIMEOUT_S = 10.0
+DEATH_REPORT_S = 1.0  # after a failed collective: how long to wait for a rank's exit code
+
+
+class Executor(ABC):
+    """Runs `Worker` methods on every rank of the TP group."""
+
+    driver: Worker
+    failed: ExecutorError | None = None
+
+    @abstractmethod
+    def collective_rpc(self, method: str, *args: Any) -> Any:
+        """Call `Worker.<method>(*args)` on every rank; rank 0's result.
+        Raises: ExecutorError (the executor is failed from then on)."""
+
+    @abstractmethod
+    def fail(self, what: str, error: Exception) -> ExecutorError:
+        """Mark the executor failed by `error`, raised during `what`; the error to raise."""
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise ExecutorError when a rank is gone."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop every rank (idempotent)."""
+
+
+def check_devices(config: EngineConfig) -> None:
+    """More ranks than GPUs, or GPUs of different kinds: ConfigError naming the field and the
+    limit (before any process starts or any weight is read)."""
+    n = config.tensor_parallel_size
+    if not str(config.device).startswith("cuda"):
+        return
+    count = torch.cuda.device_count()
+    if n > count:
+        raise ConfigError(f"tensor_parallel_size: {n} ranks need {n} GPUs, this host has {count}")
+    kinds = sorted({torch.cuda.get_device_name(i) for i in range(n)})
+    if len(kinds) > 1:
+        raise ConfigError(
+            f"tensor_parallel_size: ranks 0..{n - 1} need GPUs of one kind, found {kinds}"
+        )
+
+
+class MultiprocExecutor(Executor):
+    """Rank 0 here, ranks 1..N-1 started by `multiprocessing` (forkserver).
+
+    Args:
+        path: the checkpoint directory every rank reads its slices from.
+        model_config: the full model's config (dtype and cache dtypes applied).
+        config: the engine options (`tensor_parallel_size`, `enable_expert_parallel`, device).
+    Raises: ConfigError (bad TP size, too few devices) and CheckpointError (tensors that do
+        not fit) before any process starts.
+    """
+
+    def __init__(self, path: str | Path, model_config: ModelConfig, config: EngineConfig) -> None:
+        n, ep = config.tensor_parallel_size, config.enable_expert_parallel
+        check_parallel(model_config, n, ep)
+        check_devices(config)
+        check_checkpoint(path, model_config)  # names and shapes, before any rank starts
+        self.timeout_s = float(os.environ.get("HYLA_COLLECTIVE_TIMEOUT", DEFAULT_TIMEOUT_S))
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        # forkserver: the first engine pays torch's import in the server once; every rank
+        # after it (of this engine or a later one) is a fork of that server, which holds no
+        # CUDA context and no threads (so forking it is safe, unlike forking this process)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        self.procs = []
+        for rank in range(1, n):
+            args = (rank, n, init_method, str(path), model_config, config, self.timeout_s)
+            proc = ctx.Process(target=worker_main, args=args, daemon=True, name=f"hyla-tp{rank}")
+            proc.start()
+            logger.info("tensor-parallel rank %d: pid %d", rank, proc.pid)
+            self.procs.append(proc)
+        device = config.device
+        if device.startswith("cuda") and n > 1:
+            device = "cuda:0"
+            torch.cuda.set_device(device)
+        self.tp = TPGroup(0, 1)
+        self.is_shut_down = False
+        try:
+            self.tp = init_tp_group(0, n, init_method, device, self.timeout_s)
+            model = load_rank_model(path, model_config, self.tp, ep, device)
+            self.tp.wait_until_ready()
+        except BaseException as e:
+            self.failed = ExecutorError(f"tensor-parallel start-up failed: {e}")
+            self.shutdown()  # the ranks are killed: they may wait for this one
+            raise
+        self.driver = Worker(self.tp, model, config)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def collective_rpc(self, method: str, *args: Any) -> Any:
+        self.check_health()
+        try:
+            self.tp.broadcast_object((method, args))
+            return getattr(self.driver, method)(*args)
+        except Exception as e:
+            raise self.fail(method, e) from e
+
+    def fail(self, what: str, error: Exception) -> ExecutorError:
+        """Mark the executor failed by `error` (during `what`); names a rank that exited."""
+        deadline = time.monotonic() + DEATH_REPORT_S  # a peer's death shows first as a
+        while time.monotonic() < deadline:  # closed connection; its exit code follows
+            dead = [(r, p) for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+            if dead:
+                rank, proc = dead[0]
+                self.failed = ExecutorError(
+                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code "
+                    f"{proc.exitcode} during {what}"
+                )
+                return self.failed
+            time.sleep(0.05)
+        why = f"{type(error).__name__}: {error}"
+        self.failed = ExecutorError(f"tensor-parallel {what} failed: {why}")
+        return self.failed
+
+    def check_health(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+        for rank, proc in enumerate(self.procs, start=1):
+            if not proc.is_alive():
+                self.failed = ExecutorError(
+                    f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}"
+                )
+                raise self.failed
+
+    def shutdown(self) -> None:
+        if getattr(self, "is_shut_down", False):
+            return
+        self.is_shut_down = True
+        if self.failed is None and all(p.is_alive() for p in self.procs):
+            try:
+                self.tp.broadcast_object(("shutdown", ()))
+            except Exception:  # noqa: BLE001 - the ranks are killed below anyway
+                logger.exception("shutdown message failed")
+        for proc in self.procs:
+            proc.join(JOIN_TIMEOUT_S if self.failed is None else 0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(JOIN_TIMEOUT_S)
+        destroy_tp_group(self.tp)
+
+
+class DriverRunner:
+    """The engine's runner under an executor: `execute` sends the step's plan to every rank
+    and runs rank 0's part; other attributes are rank 0's ModelRunner's."""
+
+    def __init__(self, executor: Executor, runner: ModelRunner) -> None:
+        self.executor, self.runner = executor, runner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def execute(self, out, requests, cache, plp=None, device_tokens=None) -> RunnerOutput:  # noqa: ANN001
+        """As `ModelRunner.execute`. Raises: ExecutorError for any failure."""
+        executor = self.executor
+        executor.check_health()
+        try:
+            executor.tp.broadcast_object(("execute", (make_step_plan(out, requests, cache, plp),)))
+            return self.runner.execute(out, requests, cache, plp, device_tokens)
+        except Exception as e:
+            raise executor.fail("step", e) from e
+
+
+def start_runner(
+    executor: Executor, plan: CachePlan, graph_batch_sizes: tuple[int, ...], max_model_len: int
+) -> DriverRunner:
+    """Every rank's ModelRunner (CUDA graphs only with one rank: captured collectives are
+    future work); the engine's runner."""
+    sizes = graph_batch_sizes if executor.driver.tp.world_size == 1 else ()
+    runner = executor.collective_rpc("start_runner", plan, sizes, max_model_len)
+    return DriverRunner(executor, runner)
+
+
+def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) -> Executor:
+    """The executor of `config` over checkpoint `path` (every rank started, weights loaded).
+
+    Raises: ConfigError naming the field (TP size, devices, dtype, quantization) before any
+    process starts or any weight is read; CheckpointError for tensors that do not fit."""
+    from hyla.models.loader import DTYPES, load_config
+    from hyla.multimodal.inputs import read_config
+
+    model_config = load_config(path)
+    if dtype is not None:
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        model_config = model_config.replace(dtype=dtype)
+    if config.quantization is not None:
+        raise ConfigError("quantization: not supported with tensor_parallel_size > 1 yet")
+    if config.piecewise_cuda_graphs:
+        raise ConfigError("piecewise_cuda_graphs: not supported with the mp executor yet")
+    if "vision_config" in read_config(path):
+        raise ConfigError(
+            "tensor_parallel_size: image inputs (the checkpoint's vision_config) are not "
+            "supported with the mp executor yet; serve this model with tensor_parallel_size 1"
+        )
+    cache = config.cache
+    changes = {"kv_cache_dtype": cache.kv_cache_dtype,
+               "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype}  # fmt: skip
+    model_config = model_config.replace(**{k: v for k, v in changes.items() if v is not None})
+    return MultiprocExecutor(path, model_config, config)

@@ -1,0 +1,90 @@
+"""Layers that talk to the other ranks of a tensor-parallel group (`hyla.distributed`).
+
+    VocabParallelEmbedding  rows [r * Vp, (r + 1) * Vp) of the table, Vp = ceil(V / N);
+                            rank 0's input ids first (the pipeline's device tokens live
+                            there), then a masked lookup and one all-reduce
+    ParallelLMHead          the same rows of the head: local logits [n, Vp], all-gathered
+                            over the ranks into [n, V] (only the sampled rows reach it)
+    ExpertParallelExperts   E / N whole experts: only the (token, expert) pairs routed to them
+                            (on CUDA, without a host sync: the others weigh 0); the other
+                            ranks' pairs come in the FFN's all-reduce
+
+Parameter names are those of the single-device modules, so the loader's names do not change.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyla.distributed.groups import TPGroup
+from hyla.ops.linear import Prepacked
+from hyla.ops.moe import moe_experts
+
+
+class VocabParallelEmbedding(nn.Module):
+    """`weight [Vp, D]`: this rank's rows of the embedding table (zero padded)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.rows = -(-vocab_size // tp.world_size)
+        self.first = tp.rank * self.rows
+        self.weight = nn.Parameter(torch.empty(self.rows, hidden_size))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] (rank 0's are used) -> [T, D]."""
+        ids = self.tp.broadcast_(input_ids) - self.first
+        outside = (ids < 0) | (ids >= self.rows)
+        out = F.embedding(ids.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside[:, None], 0)
+        return self.tp.all_reduce(out)
+
+
+class ParallelLMHead(nn.Module):
+    """`weight [Vp, D]`: this rank's rows of the output head; `forward(h [n, D]) -> [n, V]`."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.weight = nn.Parameter(torch.empty(-(-vocab_size // tp.world_size), hidden_size))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        local = F.linear(hidden_states, self.weight)
+        return self.tp.all_gather_last(local)[..., : self.vocab_size]
+
+
+class ExpertParallelExperts(nn.Module):
+    """Experts [first, first + E_local) of E: `gate_up_proj [E_local, 2I, D]`,
+    `down_proj [E_local, D, I]` (the layout of `hyla.layers.moe.Experts`)."""
+
+    def __init__(self, hidden_size: int, intermediate: int, num_local: int, first: int) -> None:
+        super().__init__()
+        self.first, self.num_local = first, num_local
+        self.gate_up_proj = nn.Parameter(torch.empty(num_local, 2 * intermediate, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_local, hidden_size, intermediate))
+        self.packed = (Prepacked(), Prepacked())
+
+    def forward(
+        self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """As `Experts.forward` (global ids [T, k]); this rank's part of the sum [T, D]."""
+        local = topk_ids - self.first
+        outside = (local < 0) | (local >= self.num_local)
+        if not hidden_states.is_cuda:  # only this rank's (token, expert) pairs, one row each
+            token, slot = (~outside).nonzero(as_tuple=True)
+            y = moe_experts(
+                hidden_states.index_select(0, token), self.gate_up_proj, self.down_proj,
+                topk_weights[token, slot][:, None], local[token, slot][:, None],
+                packed=self.packed,
+            )  # fmt: skip
+            return torch.zeros_like(hidden_states).index_add_(0, token, y)
+        # CUDA, no host sync (graphs): a pair routed elsewhere runs on local expert 0 with
+        # weight 0 (exact; costs expert 0 those rows)
+        weights = topk_weights.masked_fill(outside, 0)
+        return moe_experts(
+            hidden_states, self.gate_up_proj, self.down_proj, weights,
+            local.masked_fill(outside, 0), packed=self.packed,
+        )  # fmt: skip
