@@ -18,6 +18,11 @@ import torch
 from hyla.models.loader import load_model
 from hyla.models.runner import SequenceRunner
 from tests.glm_tiny import save_tiny_glm
+from tests.models.parity import (
+    assert_chunked_equals_whole,
+    assert_greedy_matches_generate,
+    assert_prefill_matches,
+)
 
 PROMPT_LENS = (1, 3, 4, 5, 9, 40, 67)
 LOGIT_ATOL = 1e-4
@@ -48,52 +53,25 @@ def test_config_maps_every_glm_feature(pair):
     assert model.layers[2].mixer.indexer is None  # shared: no indexer weights, no index cache
 
 
-@torch.no_grad()
 def test_prefill_logits_match_transformers(pair):
     hf, model = pair
     prompts = _prompts(model.config.vocab_size)
-    runner = SequenceRunner(model, num_seqs=len(prompts), max_len=128, block_size=8)
-    got = runner.step(dict(enumerate(prompts)), all_logits=True)  # one mixed-length batch
-    worst = 0.0
-    for i, ids in enumerate(prompts):
-        ref = hf(torch.tensor([ids])).logits[0].float()
-        err = (got[i] - ref).abs().max().item()
-        worst = max(worst, err)
-        assert err <= LOGIT_ATOL, f"len={len(ids)} max abs logit error {err:.3e}"
-    print(f"glm5_next: max abs prefill logit error {worst:.3e}")
+    assert_prefill_matches(hf, model, prompts, LOGIT_ATOL, "glm5_next", max_len=128, block_size=8)
 
 
-@torch.no_grad()
 def test_greedy_decode_matches_transformers_generate(pair):
     hf, model = pair
     prompts = [p for p in _prompts(model.config.vocab_size) if len(p) in (1, 5, 40)]
-    runner = SequenceRunner(model, num_seqs=len(prompts), max_len=128, block_size=8)
-    logits = runner.step(dict(enumerate(prompts)))
-    outs: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    for _ in range(NUM_GREEDY):
-        nxt = {i: int(logits[i].argmax()) for i in outs}
-        for i, t in nxt.items():
-            outs[i].append(t)
-        logits = runner.step({i: [t] for i, t in nxt.items()})
-    for i, ids in enumerate(prompts):
-        ref = hf.generate(
-            torch.tensor([ids]), max_new_tokens=NUM_GREEDY, do_sample=False, pad_token_id=0,
-            eos_token_id=None,
-        )[0, len(ids) :].tolist()  # fmt: skip
-        assert outs[i] == ref, f"len={len(ids)}: {outs[i]} != {ref}"
+    assert_greedy_matches_generate(
+        hf, model, prompts, NUM_GREEDY, "glm5_next", stop_at_eos=False, max_len=128, block_size=8
+    )
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 4, 7, 16])
-@torch.no_grad()
 def test_chunked_prefill_equals_one_prefill(pair, chunk):
     """I1 split: pools completed across chunk boundaries are compressed from cached keys."""
     _, model = pair
-    ids = _prompts(model.config.vocab_size)[-1]  # 67 tokens
-    whole = SequenceRunner(model, 1, 128, block_size=8).step({0: ids}, all_logits=True)[0]
-    runner = SequenceRunner(model, 1, 128, block_size=8, seed=3)
-    parts = [runner.step({0: ids[s : s + chunk]}, all_logits=True)[0]
-             for s in range(0, len(ids), chunk)]  # fmt: skip
-    assert torch.allclose(torch.cat(parts), whole, atol=1e-5, rtol=0)
+    assert_chunked_equals_whole(model, _prompts(model.config.vocab_size)[-1], chunk)  # 67 tokens
 
 
 @torch.no_grad()
