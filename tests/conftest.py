@@ -21,11 +21,17 @@ except ImportError:  # bookkeeping-only environments
     pass
 
 
-@pytest.fixture(autouse=True)
-def _triton_interpreter_only_where_asked(request, monkeypatch):
+@pytest.fixture(autouse=True, scope="module")
+def _triton_interpreter_only_where_asked(request):
     """tests/gpu/interpreter.py sets TRITON_INTERPRET=1 when it is imported, at collection, so
     with triton installed every later CPU engine test of the same process would run its short
-    conv through the (slow) Triton interpreter: only the files that import it keep the flag."""
+    conv through the (slow) Triton interpreter: only the files that import it keep the flag.
+    Module scope: an autouse fixture of the widest scope is set up first, so the flag is gone
+    before any module-scoped fixture (a reference model run) computes with it."""
     from_interpreter = getattr(request.module, "interpreter", None)
-    if "TRITON_INTERPRET" in os.environ and getattr(from_interpreter, "marks", None) is None:
-        monkeypatch.delenv("TRITON_INTERPRET")
+    if "TRITON_INTERPRET" not in os.environ or getattr(from_interpreter, "marks", None) is not None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("TRITON_INTERPRET")
+        yield
