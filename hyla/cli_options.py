@@ -81,7 +81,7 @@ def config_options(*classes: type, exclude: tuple[str, ...] = ()) -> list[Option
     for cls in classes:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            kind = _scalar_type(hints[f.name])
+            kind = f.metadata.get("cli_type") or _scalar_type(hints[f.name])
             if kind is None or f.name in specs or f.name in exclude:
                 continue
             default = _default_of(f)

@@ -35,6 +35,27 @@ def _require(cond: bool, field_name: str, msg: str) -> None:
         raise ConfigError(f"{field_name}: {msg}")
 
 
+def images_per_prompt(value: Any) -> int:
+    """`limit_mm_per_prompt` in vLLM's forms -> the image count: an int (or its string), or a
+    mapping / JSON object of modality -> count in which only "image" may be non-zero (the
+    engine takes no video or audio; a limit for them is refused, not ignored)."""
+    name = "limit_mm_per_prompt"
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{name}: expected an integer or a JSON object such as "
+                              f'{{"image": 4}}, got {value!r}') from None  # fmt: skip
+    if isinstance(value, dict):
+        unknown = {k: v for k, v in value.items() if k != "image" and v != 0}
+        _require(not unknown, name, f"only images are supported (a count for "
+                 f"{sorted(unknown)} must be 0), got {value!r}")  # fmt: skip
+        value = value.get("image", 0)
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name,
+             f"must be an integer >= 0, got {value!r}")  # fmt: skip
+    return value
+
+
 def _positive(obj: Any, prefix: str, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -745,8 +766,10 @@ class EngineConfig:
         metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
     )
     limit_mm_per_prompt: int = field(
-        default=4, metadata={"help": "Most images per prompt (multimodal models)."}
-    )
+        default=4,
+        metadata={"help": 'Most images per prompt (multimodal models): a count, or vLLM\'s JSON '
+                  'form \'{"image": 4}\' (other modalities only at 0).', "cli_type": str},
+    )  # fmt: skip
     max_image_pixels: int = field(
         default=4096 * 4096, metadata={"help": "Most pixels (width x height) of one image."}
     )
@@ -783,11 +806,7 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 _positive(self, "", name)
         _positive(self, "", "max_image_pixels", "max_image_bytes")
-        _require(
-            isinstance(self.limit_mm_per_prompt, int) and self.limit_mm_per_prompt >= 0,
-            "limit_mm_per_prompt",
-            f"must be an integer >= 0, got {self.limit_mm_per_prompt!r}",
-        )
+        object.__setattr__(self, "limit_mm_per_prompt", images_per_prompt(self.limit_mm_per_prompt))
         if self.dtype in DTYPE_ALIASES:  # vLLM's spellings
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.dtype is not None:

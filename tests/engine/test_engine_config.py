@@ -40,3 +40,27 @@ def test_from_kwargs_accepts_whole_subconfigs_and_merges():
 def test_invalid_options_name_the_field(kw, field):
     with pytest.raises(ConfigError, match=field):
         EngineConfig.from_kwargs(**kw)
+
+
+@pytest.mark.parametrize(
+    "value,want",
+    [(3, 3), ("3", 3), ({"image": 2}, 2), ('{"image": 2, "video": 0}', 2), ({"video": 0}, 0)],
+)
+def test_limit_mm_per_prompt_takes_vllms_forms(value, want):
+    """vLLM takes `--limit-mm-per-prompt '{"image": 2}'` (and a dict in `LLM(...)`); a count
+    works too. The CLI hands the string over as it is (the option is typed str)."""
+    from hyla.cli_options import config_options
+
+    assert EngineConfig.from_kwargs(limit_mm_per_prompt=value).limit_mm_per_prompt == want
+    spec = next(s for s in config_options(EngineConfig) if s.name == "limit_mm_per_prompt")
+    assert spec.type is str and spec.default == 4
+
+
+@pytest.mark.parametrize(
+    "value,says",
+    [({"video": 1}, "only images"), ('{"audio": 2}', "only images"), ("two", "JSON object"),
+     (-1, ">= 0"), ({"image": -2}, ">= 0"), ({"image": "2"}, "integer"), (True, "integer")],
+)
+def test_limit_mm_per_prompt_refuses_what_it_cannot_honour(value, says):
+    with pytest.raises(ConfigError, match=f"limit_mm_per_prompt.*{says}"):
+        EngineConfig.from_kwargs(limit_mm_per_prompt=value)
