@@ -4,6 +4,7 @@
 Scenarios, each after a warm-up pass of the same shapes:
 
     prefill    8 prompts x 1024 tokens in one 8192-token step (what a burst of arrivals costs)
+    prefill_pc the same with prefix caching on, as `hyla serve` runs (checkpoint rounds)
     mixed      64 decoding requests + one 512-token prefill chunk (the steady state under load)
     decode     the same 64 requests, decode only (CUDA graphs: the ceiling the mixed step misses)
 
@@ -46,11 +47,11 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _engine(path: str) -> LLMEngine:
+def _engine(path: str, prefix_caching: bool = False) -> LLMEngine:
     return LLMEngine.from_path(
         path, device=DEVICE, dtype="float32" if SMOKE else "bfloat16", max_num_seqs=128,
-        max_num_batched_tokens=8192,
-        max_model_len=4096, enable_prefix_caching=False, kv_cache_memory=8 << 30,
+        max_num_batched_tokens=8192, max_model_len=4096,
+        enable_prefix_caching=prefix_caching, kv_cache_memory=8 << 30,
     )  # fmt: skip
 
 
@@ -91,7 +92,7 @@ def _profile(engine: LLMEngine, steps: int, name: str, out_dir: Path, wall_ms: f
     return {"step_ms": wall_ms, "kernel_ms": kernel_ms, "host_share": 1 - kernel_ms / wall_ms}
 
 
-def prefill(engine: LLMEngine, out_dir: Path, vocab: int) -> dict:
+def prefill(engine: LLMEngine, out_dir: Path, vocab: int, name: str = "prefill") -> dict:
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     for rep in range(3):  # two warm-up passes, then the measured one
         for i, p in enumerate(random_prompts(8, 1024, vocab, seed=rep)):
@@ -102,7 +103,7 @@ def prefill(engine: LLMEngine, out_dir: Path, vocab: int) -> dict:
     _drain(engine)
     for i, p in enumerate(random_prompts(8, 1024, vocab, seed=9)):
         engine.add_request(f"pfp-{i}", p, params)
-    row = _profile(engine, 1, "prefill", out_dir, wall)
+    row = _profile(engine, 1, name, out_dir, wall)
     _drain(engine)
     return row
 
@@ -157,8 +158,13 @@ def main() -> None:
         hf.save_pretrained(tmp, safe_serialization=True)
         del hf
         engine = _engine(tmp)
-    rows = {"prefill": prefill(engine, out_dir, args.vocab)}
-    rows.update(mixed_and_decode(engine, out_dir, args.vocab))
+        rows = {"prefill": prefill(engine, out_dir, args.vocab)}
+        rows.update(mixed_and_decode(engine, out_dir, args.vocab))
+        del engine
+        # the serving default: prefix caching on, a linear-state checkpoint at every stride
+        # boundary (policy "all"), each one more round of the chunked linear-attention kernels
+        engine = _engine(tmp, prefix_caching=True)
+        rows["prefill_prefix_caching"] = prefill(engine, out_dir, args.vocab, "prefill_pc")
     command = " ".join(["python3"] + sys.argv)
     result = {"command": command, "commit": git_commit(), **environment(DEVICE), "rows": rows}
     (out_dir / "gpu_profile_mixed.json").write_text(json.dumps(result, indent=2))
