@@ -73,15 +73,23 @@ def scenarios(args: argparse.Namespace) -> list[Scenario]:
     ]
     for rate in args.rates:
         rows.append(Scenario(f"rate{rate:g}", 128, n(192, 96), 512, 128, rate))
+    if args.scenarios:
+        rows = [r for r in rows if r.name in args.scenarios]
     return rows
 
 
 def engine_options(args: argparse.Namespace) -> dict:
-    return dict(
+    """The server's and the offline engine's options: the bench's, then `--engine-option`s."""
+    options = dict(
         device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.chunk, max_model_len=args.max_model_len,
         kv_cache_memory=args.kv_cache_gib << 30,
     )  # fmt: skip
+    for item in args.engine_option:
+        key, _, value = item.partition("=")
+        options[key.replace("-", "_")] = json.loads(value) if value[:1] in "0123456789tf[{-" \
+            else value  # fmt: skip
+    return options
 
 
 def build_checkpoint(args: argparse.Namespace, path: Path) -> int:
@@ -119,7 +127,11 @@ def start_server(args: argparse.Namespace, path: Path, log: Path) -> tuple[subpr
     import httpx
 
     port = free_port()
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in engine_options(args).items()]
+    flags = []
+    for key, value in engine_options(args).items():
+        flag = key.replace("_", "-")
+        flags.append(f"--{'' if value else 'no-'}{flag}" if isinstance(value, bool)
+                     else f"--{flag}={value}")  # fmt: skip
     cmd = cli("serve", str(path), "--port", str(port), "--log-level", "warning", *flags)
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env())
@@ -291,6 +303,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "results" / "gpu_serve_h200.json"))
     p.add_argument("--out-dir", default=None, help="also copy the JSON here (e.g. $OUT)")
     p.add_argument("--no-save", action="store_true")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an EngineConfig field for both sides (e.g. enable_prefix_caching=false)")
+    p.add_argument("--scenarios", type=lambda v: v.split(","), default=None,
+                   help="only these scenarios (names as in the JSON), comma list")
     own, rest = p.parse_known_args(argv)
     model = gpu_e2e.parse_args(["--vocab", "8192", *rest, *(["--smoke"] if own.smoke else [])])
     for key, value in vars(own).items():
