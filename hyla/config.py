@@ -56,6 +56,18 @@ def images_per_prompt(value: Any) -> int:
     return value
 
 
+def media_domains(value: Any) -> tuple[str, ...]:
+    """`allowed_media_domains` as given (a comma- or space-separated string, or a list) -> a
+    tuple of lower-case host names."""
+    items = value.replace(",", " ").split() if isinstance(value, str) else value
+    _require(isinstance(items, (list, tuple)) and all(isinstance(d, str) and d for d in items),
+             "allowed_media_domains", f"expected host names, got {value!r}")  # fmt: skip
+    bad = [d for d in items if "/" in d or ":" in d or "*" in d]
+    _require(not bad, "allowed_media_domains", f"exact host names only (no scheme, port, path "
+             f"or wildcard), got {bad}")  # fmt: skip
+    return tuple(d.lower() for d in items)
+
+
 def _positive(obj: Any, prefix: str, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -778,8 +790,16 @@ class EngineConfig:
     )
     allowed_local_media_path: str | None = field(
         default=None,
-        metadata={"help": "Directory whose files a file:// image URL may read (default: none; "
-                  "http(s) image URLs are never fetched)."},
+        metadata={"help": "Directory whose files a file:// image URL may read (default: none)."},
+    )
+    allowed_media_domains: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Hosts http(s) image URLs may be fetched from, comma-separated, "
+                  "exact names (default: none: remote images are refused).", "cli_type": str},
+    )  # fmt: skip
+    media_fetch_timeout: float = field(
+        default=5.0,
+        metadata={"help": "Seconds one remote image fetch may take, redirects included."},
     )
     piecewise_cuda_graphs: bool = field(
         default=False,
@@ -807,6 +827,10 @@ class EngineConfig:
                 _positive(self, "", name)
         _positive(self, "", "max_image_pixels", "max_image_bytes")
         object.__setattr__(self, "limit_mm_per_prompt", images_per_prompt(self.limit_mm_per_prompt))
+        object.__setattr__(self, "allowed_media_domains", media_domains(self.allowed_media_domains))
+        timeout = self.media_fetch_timeout
+        _require(isinstance(timeout, (int, float)) and timeout > 0, "media_fetch_timeout",
+                 f"must be > 0 seconds, got {timeout!r}")  # fmt: skip
         if self.dtype in DTYPE_ALIASES:  # vLLM's spellings
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.dtype is not None:

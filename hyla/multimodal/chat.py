@@ -89,8 +89,9 @@ def chat_images(engine: Any, tokenizer: Any) -> ChatImages | None:
         return None
     config = engine.config
     options = MediaOptions(
-        config.max_image_bytes, config.max_image_pixels, config.allowed_local_media_path
-    )
+        config.max_image_bytes, config.max_image_pixels, config.allowed_local_media_path,
+        config.allowed_media_domains, config.media_fetch_timeout,
+    )  # fmt: skip
     return ChatImages(runtime, tokenizer, options)
 
 

@@ -1,8 +1,8 @@
-"""Image URLs of OpenAI content parts -> PIL images, with no network access.
+"""Image URLs of OpenAI content parts -> PIL images; no network access unless allowed.
 
     data:image/png;base64,....   decoded here (size checked before decoding)
     file:///dir/cat.png          only under `allowed_local_media_path` (off by default)
-    http(s)://...                refused: the server never fetches remote media
+    http(s)://host/...           only from `allowed_media_domains` (off by default; remote.py)
 
 Errors name the field (`messages[0].content[1].image_url`) and the limit; an encoded image over
 `max_image_bytes` is a `MediaTooLargeError` (HTTP 413).
@@ -30,10 +30,12 @@ class MediaOptions:
     max_image_bytes: int = 20 * 2**20
     max_image_pixels: int = 4096 * 4096
     allowed_local_media_path: str | None = None
+    allowed_media_domains: tuple[str, ...] = ()
+    media_fetch_timeout: float = 5.0
 
 
 def load_image_url(url: str, field: str, options: MediaOptions) -> Any:
-    """The PIL image at `url` (data: or an allowed file:// URL), decoded and checked.
+    """The PIL image at `url` (data:, an allowed file:// or http(s) URL), decoded and checked.
 
     Raises: InvalidRequestError(field) for another scheme, a malformed URL or an undecodable
         image; MediaTooLargeError over `max_image_bytes`."""
@@ -45,11 +47,10 @@ def load_image_url(url: str, field: str, options: MediaOptions) -> Any:
     elif scheme == "file":
         raw = _local_file_bytes(url, field, options)
     elif scheme in ("http", "https"):
-        raise InvalidRequestError(
-            field,
-            "remote image fetch is disabled on this server; send "
-            "the image inline as a data:image/...;base64 URL",
-        )
+        from hyla.multimodal.remote import fetch_image_bytes
+
+        raw = fetch_image_bytes(url, field, options.allowed_media_domains,
+                                options.max_image_bytes, options.media_fetch_timeout)  # fmt: skip
     else:
         raise InvalidRequestError(
             field, f"unsupported URL scheme {scheme!r}; expected a data:image/...;base64 URL"

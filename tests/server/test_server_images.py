@@ -26,7 +26,8 @@ def live(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3_5_server")
     hf = save_mm_checkpoint(FAMILY, path)
     engine = LLMEngine.from_path(str(path), device="cpu", max_model_len=512, block_size=8,
-                                 limit_mm_per_prompt=2, max_image_bytes=4096)  # fmt: skip
+                                 limit_mm_per_prompt=2, max_image_bytes=4096,
+                                 allowed_media_domains="127.0.0.1")  # fmt: skip
     engine.model_name = MODEL
     server = start_server(engine)
     yield hf, server
@@ -94,7 +95,8 @@ def test_bad_images_are_refused_naming_the_field_and_limit(live):
     small = data_url(random_images([(8, 8)])[0])
     field = "messages[0].content[0].image_url"
     cases = [
-        ([image_part("https://example.com/cat.png")], 400, field, "remote image fetch is disabled"),
+        ([image_part("https://example.com/cat.png")], 400, field,
+         "host 'example.com' is not in the allowed media domains"),
         ([image_part("file:///etc/passwd")], 400, field, "--allowed-local-media-path"),
         ([image_part("data:image/png;base64," + base64.b64encode(b"not a png").decode())],
          400, field, "undecodable"),
@@ -119,3 +121,37 @@ def test_a_text_only_model_refuses_an_image(make_server):
     err = _error(server, [image_part(data_url(random_images([(8, 8)])[0]))])
     assert err.status_code == 400
     assert err.body["param"] == "messages[0].content[0]" and "no images" in err.body["message"]
+
+
+def test_an_image_from_an_allowed_host_equals_the_same_image_inline(live):
+    """`--allowed-media-domains 127.0.0.1`: an http image URL (a local server) gives the same
+    tokens as the same bytes sent as a data URL."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    _, server = live
+    url = data_url(random_images([(20, 28)], seed=3)[0])
+    png = base64.b64decode(url.split(",", 1)[1])
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+    media = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=media.serve_forever, daemon=True).start()
+    try:
+        text = {"type": "text", "text": "hello world"}
+        remote = f"http://127.0.0.1:{media.server_address[1]}/a.png"
+        outs = [chat(server, [image_part(u), text], extra_body={"ignore_eos": True})
+                for u in (url, remote)]  # fmt: skip
+    finally:
+        media.shutdown()
+        media.server_close()
+    assert outs[0].choices[0].message.content == outs[1].choices[0].message.content
+    assert outs[0].usage == outs[1].usage

@@ -1,0 +1,92 @@
+"""http(s) image URLs, fetched only from the hosts the operator listed (`--allowed-media-domains`,
+vLLM's flag): exact host names, no wildcards, each redirect hop checked the same way. The body is
+streamed and cut at `max_image_bytes` (413); the whole fetch, redirects included, must finish in
+`media_fetch_timeout` seconds. Any failure is a 400 naming the field: the request fails, the
+server does not.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urljoin, urlparse
+
+from hyla.request import InvalidRequestError
+
+MAX_REDIRECTS = 3
+
+
+class _Limits:
+    def __init__(self, field: str, max_bytes: int, timeout: float) -> None:
+        self.field, self.max_bytes, self.timeout = field, max_bytes, timeout
+        self.deadline = time.monotonic() + timeout
+
+    def left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise InvalidRequestError(
+                self.field, f"image fetch took longer than {self.timeout:g} s (media_fetch_timeout)"
+            )
+        return left
+
+
+def check_host(url: str, field: str, allowed: tuple[str, ...]) -> None:
+    """Raise InvalidRequestError(field) unless `url` is http(s) to a host in `allowed`."""
+    parsed = urlparse(url)
+    host = (parsed.hostname or "").lower()
+    if parsed.scheme not in ("http", "https") or not host:
+        raise InvalidRequestError(field, f"not an http(s) URL with a host: {url[:200]!r}")
+    if not allowed:
+        raise InvalidRequestError(
+            field,
+            "remote image fetch is disabled on this server (no --allowed-media-domains); send "
+            "the image inline as a data:image/...;base64 URL",
+        )
+    if host not in allowed:
+        raise InvalidRequestError(
+            field, f"host {host!r} is not in the allowed media domains {list(allowed)}"
+        )
+
+
+def fetch_image_bytes(
+    url: str, field: str, allowed: tuple[str, ...], max_bytes: int, timeout: float
+) -> bytes:
+    """The body at `url` (at most `max_bytes`), following at most MAX_REDIRECTS redirects to
+    allowed hosts. Raises InvalidRequestError / MediaTooLargeError naming `field`."""
+    import httpx
+
+    limits = _Limits(field, max_bytes, timeout)
+    for _ in range(MAX_REDIRECTS + 1):
+        check_host(url, field, allowed)
+        try:
+            with httpx.Client(follow_redirects=False, trust_env=False) as client:
+                with client.stream("GET", url, timeout=limits.left()) as response:
+                    if response.is_redirect and "location" in response.headers:
+                        url = urljoin(url, response.headers["location"])
+                        continue
+                    if response.status_code != 200:
+                        raise InvalidRequestError(
+                            field, f"image fetch failed: HTTP {response.status_code}"
+                        )
+                    return _read_body(response, limits)
+        except httpx.TimeoutException:
+            limits.left()  # names the limit when the deadline passed
+            raise InvalidRequestError(field, "image fetch timed out") from None
+        except httpx.HTTPError as e:
+            raise InvalidRequestError(field, f"image fetch failed: {type(e).__name__}") from None
+    raise InvalidRequestError(field, f"more than {MAX_REDIRECTS} redirects")
+
+
+def _read_body(response, limits: _Limits) -> bytes:
+    from hyla.multimodal.media import MediaTooLargeError
+
+    declared = response.headers.get("content-length")
+    over = f"the image is over the limit of {limits.max_bytes} bytes (max_image_bytes)"
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+        raise MediaTooLargeError(limits.field, over)
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > limits.max_bytes:
+            raise MediaTooLargeError(limits.field, over)
+        limits.left()
+    return bytes(body)

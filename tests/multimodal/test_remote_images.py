@@ -1,0 +1,128 @@
+"""http(s) image URLs under `allowed_media_domains`, against a local HTTP server (127.0.0.1; no
+outside network): fetched from a listed host only, redirects checked hop by hop, the body cut
+at max_image_bytes (413), the whole fetch bounded by media_fetch_timeout, failures a 400 naming
+the field. Oracle: the same PNG decoded from its bytes directly."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from hyla.config import ConfigError, EngineConfig
+from hyla.multimodal.media import MediaOptions, MediaTooLargeError, load_image_url
+from hyla.request import InvalidRequestError
+
+
+def _png(size=(8, 6), seed=0) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+PNG, BIG = _png(), _png((64, 64), seed=1)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # keep the test output clean
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        routes = {
+            "/cat.png": lambda: self._send(200, PNG),
+            "/big.png": lambda: self._send(200, BIG),
+            "/chunked-big": lambda: self._send(200, BIG, length=False),
+            "/missing.png": lambda: self._send(404, b"no"),
+            "/hop": lambda: self._redirect("/cat.png"),
+            "/away": lambda: self._redirect("http://localhost:1/cat.png"),
+            "/loop": lambda: self._redirect("/loop"),
+            "/slow": self._slow,
+        }
+        routes.get(self.path, lambda: self._send(404, b""))()
+
+    def _send(self, status: int, body: bytes, length: bool = True) -> None:
+        self.send_response(status)
+        if length:
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _redirect(self, where: str) -> None:
+        self.send_response(302)
+        self.send_header("Location", where)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _slow(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PNG)))
+        self.end_headers()
+        try:
+            for i in range(0, len(PNG), 16):  # trickles for ~2 s
+                self.wfile.write(PNG[i : i + 16])
+                self.wfile.flush()
+                time.sleep(2.0 * 16 / len(PNG))
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up: expected
+            pass
+
+
+@pytest.fixture(scope="module")
+def base():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _opts(domains=("127.0.0.1",), max_bytes=2000, timeout=5.0) -> MediaOptions:
+    return MediaOptions(max_bytes, 10_000, None, tuple(domains), timeout)
+
+
+def test_an_allowed_host_is_fetched_and_decoded(base):
+    from PIL import Image
+
+    got = load_image_url(f"{base}/cat.png", "f", _opts())
+    want = Image.open(io.BytesIO(PNG))
+    assert got.size == want.size and np.array_equal(np.asarray(got), np.asarray(want))
+    assert load_image_url(f"{base}/hop", "f", _opts()).size == want.size  # same-host redirect
+
+
+@pytest.mark.parametrize(
+    "path,opts,error,says",
+    [
+        ("/cat.png", _opts(domains=()), InvalidRequestError, "remote image fetch is disabled"),
+        ("/cat.png", _opts(domains=("example.com",)), InvalidRequestError, "not in the allowed"),
+        ("/away", _opts(), InvalidRequestError, "'localhost' is not in the allowed"),
+        ("/loop", _opts(), InvalidRequestError, "more than 3 redirects"),
+        ("/missing.png", _opts(), InvalidRequestError, "HTTP 404"),
+        ("/big.png", _opts(), MediaTooLargeError, "max_image_bytes"),
+        ("/chunked-big", _opts(), MediaTooLargeError, "max_image_bytes"),
+        ("/slow", _opts(timeout=0.5), InvalidRequestError, "media_fetch_timeout|timed out"),
+    ],
+)
+def test_refusals_name_the_field_and_the_limit(base, path, opts, error, says):
+    t0 = time.monotonic()
+    with pytest.raises(error, match=says) as e:
+        load_image_url(f"{base}{path}", "messages[0].content[1].image_url", opts)
+    assert e.value.field == "messages[0].content[1].image_url"
+    assert time.monotonic() - t0 < 3.0  # the slow body is cut, not waited for
+
+
+def test_domains_option_forms():
+    assert EngineConfig(allowed_media_domains="A.example, b.example").allowed_media_domains == (
+        "a.example", "b.example")  # fmt: skip
+    assert EngineConfig(allowed_media_domains=["x.org"]).allowed_media_domains == ("x.org",)
+    for bad in ("https://x.org", "x.org:8080", "*.x.org"):
+        with pytest.raises(ConfigError, match="allowed_media_domains"):
+            EngineConfig(allowed_media_domains=bad)
+    with pytest.raises(ConfigError, match="media_fetch_timeout"):
+        EngineConfig(media_fetch_timeout=0)
