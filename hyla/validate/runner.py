@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyla.validate.result import CheckResult, skipped
+from hyla.validate.result import CheckResult
 
 CHECK_NAMES = ("precision", "long_context", "throughput", "service", "vision")
 
@@ -44,6 +44,7 @@ class Context:
             options = {"device": self.device, "dtype": self.dtype, **self.engine_options}
             if self.quick:
                 options.setdefault("max_num_batched_tokens", 32)  # several prefill chunks
+                options.setdefault("max_num_encoder_input_tokens", 4096)  # whole images
             self._llm = LLM(str(self.model), **options)
         return self._llm
 
@@ -57,26 +58,12 @@ class Context:
         return precision_samples(self.llm.tokenizer, self.vocab_size, max_tokens)
 
 
-def run_vision(ctx: Context, progress: Any) -> CheckResult:
-    import json
-
-    config = json.loads((ctx.model / "config.json").read_text())
-    progress.update(1)
-    if config.get("vision_config") is not None:
-        return skipped(
-            "vision",
-            "Image path",
-            "skipped: `hyla validate` has no image check yet (the image path is tested "
-            "against transformers in CI: tests/multimodal)",
-        )
-    return skipped("vision", "Image path", "skipped: no vision (text-only model)")
-
-
 def _checks() -> dict[str, Callable[[Context, Any], CheckResult]]:
     from hyla.validate.long_context import run_long_context
     from hyla.validate.precision import run_precision
     from hyla.validate.service import run_service
     from hyla.validate.throughput import run_throughput
+    from hyla.validate.vision import run_vision
 
     return {
         "precision": run_precision,
