@@ -121,7 +121,7 @@ def _compare(ctx: Any, config: dict[str, Any]) -> CheckResult:
     parts: list[Errors] = []
     if low is not None:
         parts = [ref_self_errors(low.logprobs(q, inp), r, q)
-                 for q, (_, inp), r in zip(seqs, prepared, strict=True)]  # fmt: skip
+                 for q, (_, inp), r in zip(seqs, prepared, ref_lps, strict=True)]  # fmt: skip
     own = pooled(parts) if parts else None
     lp_bound = bounds(ctx.dtype, own)[0]
     rows, series = [], {}
