@@ -17,7 +17,10 @@ public `LLM.generate` with vLLM's {"prompt_token_ids", "multi_modal_data"} promp
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from hyla.validate.precision import (
     TOP_K,
@@ -32,39 +35,105 @@ from hyla.validate.precision import (
 from hyla.validate.result import CheckResult, skipped
 
 TITLE = "Image path"
+BOUND = ("; placeholders as the processor's grid; image B's logprobs break the bound against "
+         "image A's reference; a repeated request hits the prefix cache through its image, same "
+         "tokens")  # fmt: skip
+
+
+@dataclass
+class _Run:
+    """One sample on both sides: `prompt` expanded by the reference, `seq` = prompt + the
+    reference's greedy continuation, `ref_lp` [T, V] over `seq`; then hyla's outputs."""
+
+    name: str
+    ids: list[int]  # one image token per image, as hyla takes them
+    images: list
+    prompt: list[int]
+    inputs: dict[str, torch.Tensor]
+    seq: list[int]
+    ref_lp: torch.Tensor
+    own: Errors | None = None
+    scored: Any = None  # hyla's RequestOutput of `seq` with prompt_logprobs
+    greedy: list[int] | None = None
+
+    @property
+    def matches(self) -> bool:
+        return list(self.scored.prompt_token_ids) == self.seq
 
 
 def _prompt(ids: list[int], images: list) -> dict[str, Any]:
     return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
 
 
-def _image_effect(result: CheckResult, names, seqs, scored, ref_lps, bound: float) -> list:
+def _reference_runs(ref: Any, low: Any, samples: list, num_greedy: int) -> list[_Run]:
+    runs = []
+    for s in samples:
+        prompt, inputs = ref.prepare(s.ids, s.images)
+        seq = prompt + ref.greedy(prompt, inputs, num_greedy)
+        ref_lp = ref.logprobs(seq, inputs)
+        own = None if low is None else ref_self_errors(low.logprobs(seq, inputs), ref_lp, seq)
+        runs.append(_Run(s.name, s.ids, s.images, prompt, inputs, seq, ref_lp, own))
+    return runs
+
+
+def _hyla_runs(llm: Any, runs: list[_Run], num_greedy: int) -> None:
+    from hyla.request import SamplingParams
+
+    scored = llm.generate([_prompt(r.ids + r.seq[len(r.prompt) :], r.images) for r in runs],
+                          SamplingParams(max_tokens=1, temperature=0.0,
+                                         prompt_logprobs=TOP_K))  # fmt: skip
+    greedy = llm.generate([_prompt(r.ids, r.images) for r in runs], SamplingParams(
+        max_tokens=num_greedy, temperature=0.0, ignore_eos=True))  # fmt: skip
+    for r, out, g in zip(runs, scored, greedy, strict=True):
+        r.scored, r.greedy = out, list(g.outputs[0].token_ids)
+
+
+def _score(result: CheckResult, runs: list[_Run], own: Errors | None, dtype: str, image: int):
+    """Each sample through precision's scoring: (table rows, per-position |logprob diff|)."""
+    rows, series = [], {}
+    for r in runs:
+        if not r.matches:
+            result.fail(f"{r.name}: hyla's expanded prompt ({len(r.scored.prompt_token_ids)} "
+                        f"tokens) is not the reference's ({len(r.seq)}: placeholders from the "
+                        "processor's grid)")  # fmt: skip
+            continue
+        row = check_sample(result, r.name, r.prompt, r.seq, r.scored.prompt_logprobs, r.greedy,
+                           r.ref_lp, own, dtype)  # fmt: skip
+        own_max = max(r.own.logprob) if r.own is not None else "-"
+        rows.append([*row[:2], r.prompt.count(image), *row[2:], own_max])
+        lp = r.scored.prompt_logprobs[1:]
+        series[r.name] = position_errors(r.ref_lp, lp, r.seq, tie=0.0).logprob
+    return rows, series
+
+
+def _image_effect(result: CheckResult, a: _Run, b: _Run, bound: float) -> list[float]:
     """hyla with B's image against the reference with A's, over their shared tokens."""
-    n = next((i for i, (x, y) in enumerate(zip(*seqs, strict=False)) if x != y),
-             min(map(len, seqs)))  # fmt: skip
-    err = position_errors(ref_lps[0][: n - 1], scored[1].prompt_logprobs[1:n], seqs[0][:n], 0.0)
+    if not (a.matches and b.matches):
+        return [float("nan")]
+    n = next((i for i, (x, y) in enumerate(zip(a.seq, b.seq, strict=False)) if x != y),
+             min(len(a.seq), len(b.seq)))  # fmt: skip
+    err = position_errors(a.ref_lp[: n - 1], b.scored.prompt_logprobs[1:n], a.seq[:n], 0.0)
     effect = max(err.logprob)
     if effect <= bound:
-        result.fail(f"image matters: hyla's logprobs with {names[1]}'s image are within the "
-                    f"bound of the reference's with {names[0]}'s ({effect:.3g} <= {bound:.3g}): "
-                    "the check cannot tell the two images apart")  # fmt: skip
+        result.fail(f"image matters: hyla's logprobs with {b.name[:1]}'s image are within the "
+                    f"bound of the reference's with {a.name[:1]}'s ({effect:.3g} <= "
+                    f"{bound:.3g}): the check cannot tell the two images apart")  # fmt: skip
     return err.logprob
 
 
-def _repeat(ctx: Any, result: CheckResult, ids: list[int], images: list, num_greedy: int) -> list:
+def _repeat(ctx: Any, result: CheckResult, run: _Run, num_greedy: int, image: int) -> list:
     """The same request twice; the second must hit the prefix cache through its images."""
     from hyla.request import SamplingParams
 
     engine = ctx.llm.engine
     block = engine.config.cache.block_size
-    ids = ids + ids[-4:] * (block // 4 + 1)  # > one block past the image: the hit covers it
+    ids = run.ids + run.ids[-4:] * (block // 4 + 1)  # > a block past the image: the hit covers it
     params = SamplingParams(max_tokens=num_greedy, temperature=0.0, ignore_eos=True)
-    first = ctx.llm.generate(_prompt(ids, images), params)[0]
+    first = ctx.llm.generate(_prompt(ids, run.images), params)[0]
     encoded = engine.get_stats().num_encoded_images
-    second = ctx.llm.generate(_prompt(ids, images), params)[0]
+    second = ctx.llm.generate(_prompt(ids, run.images), params)[0]
     again = engine.get_stats().num_encoded_images - encoded
-    image_end = max(i for i, t in enumerate(first.prompt_token_ids)
-                    if t == engine.multimodal.spec.image_token_id) + 1  # fmt: skip
+    image_end = len(first.prompt_token_ids) - first.prompt_token_ids[::-1].index(image)
     same = first.outputs[0].token_ids == second.outputs[0].token_ids
     if not engine.config.cache.enable_prefix_caching:
         result.reason += "; repeat: prefix caching is off (hit not checked)"
@@ -85,71 +154,37 @@ def run_vision(ctx: Any, progress: Any) -> CheckResult:
     if config.get("vision_config") is None:
         progress.update(1)
         return skipped("vision", TITLE, "skipped: no vision (text-only model)")
+    result = CheckResult("vision", TITLE)
     if ctx.llm.engine.multimodal is None:
-        progress.update(1)
-        result = CheckResult("vision", TITLE)
-        result.fail(
-            "the checkpoint has a vision_config but the engine loaded no vision "
-            "tower (the log says why: no preprocessor_config.json or tower tensors)"
-        )
-        return result
-    result = _compare(ctx, config)
+        result.fail("the checkpoint has a vision_config but the engine loaded no vision tower "
+                    "(the log says why: no preprocessor_config.json or tower tensors)")  # fmt: skip
+    else:
+        _compare(ctx, config, result)
     progress.update(1)
     return result
 
 
-def _compare(ctx: Any, config: dict[str, Any]) -> CheckResult:
-    from hyla.request import SamplingParams
+def _compare(ctx: Any, config: dict[str, Any], result: CheckResult) -> None:
     from hyla.validate.references import HFImageReference
     from hyla.validate.vision_samples import image_samples
 
-    result = CheckResult("vision", TITLE)
     ref = HFImageReference(ctx.reference, "float32", ctx.device)
     low = None if ctx.dtype == "float32" else HFImageReference(ctx.reference, ctx.dtype, ctx.device)
-    num_greedy = 8 if ctx.quick else 32
+    result.reason = f"reference: {ref.name}" + ("" if low is None else f"; own error: {low.name}")
+    num_greedy, image = (8 if ctx.quick else 32), ref.spec.image_token_id
     samples = image_samples(config, ctx.llm.tokenizer, ctx.vocab_size, ctx.quick)
-    prepared = [ref.prepare(s.ids, s.images) for s in samples]
-    seqs = [full + ref.greedy(full, inputs, num_greedy) for full, inputs in prepared]
-    tails = [seq[len(full) :] for seq, (full, _) in zip(seqs, prepared, strict=True)]
-    scored = ctx.llm.generate([_prompt(s.ids + t, s.images) for s, t in zip(samples, tails,
-                                                                          strict=True)],
-                              SamplingParams(max_tokens=1, temperature=0.0,
-                                             prompt_logprobs=TOP_K))  # fmt: skip
-    greedy = ctx.llm.generate([_prompt(s.ids, s.images) for s in samples], SamplingParams(
-        max_tokens=num_greedy, temperature=0.0, ignore_eos=True))  # fmt: skip
-    ref_lps = [ref.logprobs(seq, inputs) for seq, (_, inputs) in zip(seqs, prepared, strict=True)]
-    parts: list[Errors] = []
-    if low is not None:
-        parts = [ref_self_errors(low.logprobs(q, inp), r, q)
-                 for q, (_, inp), r in zip(seqs, prepared, ref_lps, strict=True)]  # fmt: skip
-    own = pooled(parts) if parts else None
+    runs = _reference_runs(ref, low, samples, num_greedy)
+    _hyla_runs(ctx.llm, runs, num_greedy)
+    own = pooled([r.own for r in runs]) if low is not None else None  # type: ignore[misc]
     lp_bound = bounds(ctx.dtype, own)[0]
-    rows, series = [], {}
-    for i, (s, seq, out, g) in enumerate(zip(samples, seqs, scored, greedy, strict=True)):
-        full = prepared[i][0]
-        if list(out.prompt_token_ids) != seq:
-            result.fail(f"{s.name}: hyla's expanded prompt ({len(out.prompt_token_ids)} tokens) "
-                        f"is not the reference's ({len(seq)}: placeholders from the processor's "
-                        "grid)")  # fmt: skip
-            continue
-        row = check_sample(result, s.name, full, seq, out.prompt_logprobs,
-                           list(g.outputs[0].token_ids), ref_lps[i], own, ctx.dtype)  # fmt: skip
-        num_image = sum(t == ref.spec.image_token_id for t in full)
-        rows.append([*row[:2], num_image, *row[2:], max(parts[i].logprob) if parts else "-"])
-        series[s.name] = position_errors(ref_lps[i], out.prompt_logprobs[1:], seq, 0.0).logprob
-    swapped = _image_effect(result, [s.name[:1] for s in samples[:2]], seqs[:2], scored[:2],
-                           ref_lps[:2], lp_bound)  # fmt: skip
-    repeat = _repeat(ctx, result, samples[0].ids, samples[0].images, num_greedy)
-    series["B's image vs A's reference"] = swapped
-    _report(ctx, result, ref.name, rows, series, lp_bound, max(swapped), repeat, low is not None)
-    return result
+    rows, series = _score(result, runs, own, ctx.dtype, image)
+    series["B's image vs A's reference"] = _image_effect(result, runs[0], runs[1], lp_bound)
+    repeat = _repeat(ctx, result, runs[0], num_greedy, image)
+    result.bound = bound_text(ctx.dtype, low is not None) + BOUND
+    _report(ctx, result, rows, series, lp_bound, repeat)
 
 
-def _report(ctx, result, ref_name, rows, series, lp_bound, effect, repeat, has_low) -> None:
-    result.bound = (bound_text(ctx.dtype, has_low) + "; placeholders as the processor's grid; "
-                    "image B's logprobs break the bound against image A's reference; a repeated "
-                    "request hits the prefix cache through its image, same tokens")  # fmt: skip
-    result.reason = f"reference: {ref_name}"
+def _report(ctx: Any, result: CheckResult, rows, series, lp_bound: float, repeat: list) -> None:
     result.tables.append(("per sample", ["sample", "tokens", "image tokens", "max |logprob diff|",
                                          "max KL", "top-1 agreement", "greedy divergence",
                                          "reference's own max diff"], rows))  # fmt: skip
@@ -160,6 +195,7 @@ def _report(ctx, result, ref_name, rows, series, lp_bound, effect, repeat, has_l
         result.metrics = {"max_logprob_diff": max(r[3] for r in rows),
                           "max_kl": max(r[4] for r in rows),
                           "min_top1_agreement": min(r[5] for r in rows)}  # fmt: skip
+    effect = max(series["B's image vs A's reference"])
     result.metrics.update(image_effect=effect, repeat_cached_tokens=repeat[2])
     if importlib.util.find_spec("matplotlib") is None:
         result.reason += " (no plot: matplotlib is not installed)"

@@ -135,3 +135,12 @@ def test_image_pair_has_one_size_and_other_pixels():
     assert two.sizes == [(24, 24), (19, 31)]  # square; not a multiple of the patch
     assert a.ids.count(image) == 1 and two.ids.count(image) == 2 and 251 not in two.ids
     assert image_samples(config, None, 256, quick=True)[2].ids == two.ids  # deterministic
+
+
+def test_bf16_is_bounded_by_the_references_own_bf16_error(tmp_path):
+    save_mm_checkpoint("qwen3_5", tmp_path / "m")
+    result, vision = _validate(tmp_path / "m", tmp_path / "r", "--dtype", "bfloat16")
+    assert result.exit_code == 0, result.output
+    assert vision["bound"].startswith("bfloat16: <= 1.5x the reference's own")
+    assert "own error: transformers image-text model (bfloat16)" in vision["reason"]
+    assert 1e-4 < vision["metrics"]["max_logprob_diff"] < 0.2  # bf16 error, not fp32's
