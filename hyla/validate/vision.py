@@ -12,11 +12,16 @@ public `LLM.generate` with vLLM's {"prompt_token_ids", "multi_modal_data"} promp
                  ignored is worthless (an engine ignoring images gives B's logprobs == A's)
   repeat         the same image request twice: the second is served from the prefix cache
                  through the end of its image (no image encoded again), same greedy tokens
+  preprocessing  the engine's image preparation (processor, hash, placeholder expansion: what
+                 the server runs in worker threads) per image, alone and from 4 threads at
+                 once; measured, not bounded
 """
 
 from __future__ import annotations
 
 import importlib.util
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +151,21 @@ def _repeat(ctx: Any, result: CheckResult, run: _Run, num_greedy: int, image: in
     return [len(first.prompt_token_ids), image_end, second.num_cached_tokens, again, same]
 
 
+def _preprocessing(engine: Any, runs: list[_Run], num_threads: int = 4) -> list[list]:
+    """Rows (threads, images, wall ms, wall ms / images) of `prepare`, one thread and many."""
+    jobs = [(r.ids, r.images) for r in runs]
+    engine.multimodal.prepare(*jobs[0])  # warm-up: first-call costs are not preprocessing
+    rows = []
+    for threads, batch in ((1, jobs), (num_threads, jobs * num_threads)):
+        start = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda job: engine.multimodal.prepare(*job), batch))
+        wall = 1e3 * (time.perf_counter() - start)
+        num_images = sum(len(images) for _, images in batch)
+        rows.append([threads, num_images, wall, wall / num_images])
+    return rows
+
+
 def run_vision(ctx: Any, progress: Any) -> CheckResult:
     """Check (e); `ctx` is the validate run (`hyla.validate.runner.Context`)."""
     from hyla.multimodal.inputs import read_config
@@ -180,23 +200,28 @@ def _compare(ctx: Any, config: dict[str, Any], result: CheckResult) -> None:
     rows, series = _score(result, runs, own, ctx.dtype, image)
     series["B's image vs A's reference"] = _image_effect(result, runs[0], runs[1], lp_bound)
     repeat = _repeat(ctx, result, runs[0], num_greedy, image)
+    timing = _preprocessing(ctx.llm.engine, runs)
     result.bound = bound_text(ctx.dtype, low is not None) + BOUND
-    _report(ctx, result, rows, series, lp_bound, repeat)
+    _report(ctx, result, rows, series, lp_bound, repeat, timing)
 
 
-def _report(ctx: Any, result: CheckResult, rows, series, lp_bound: float, repeat: list) -> None:
+def _report(ctx: Any, result: CheckResult, rows, series, lp_bound, repeat, timing) -> None:
     result.tables.append(("per sample", ["sample", "tokens", "image tokens", "max |logprob diff|",
                                          "max KL", "top-1 agreement", "greedy divergence",
                                          "reference's own max diff"], rows))  # fmt: skip
     result.tables.append(("repeated request", ["prompt tokens", "image end", "cached tokens",
                                                "images encoded again", "same tokens"],
                           [repeat]))  # fmt: skip
+    result.tables.append(("image preprocessing (processor, hash, placeholders)",
+                          ["threads", "images", "wall ms", "ms per image"], timing))  # fmt: skip
     if rows:
         result.metrics = {"max_logprob_diff": max(r[3] for r in rows),
                           "max_kl": max(r[4] for r in rows),
                           "min_top1_agreement": min(r[5] for r in rows)}  # fmt: skip
     effect = max(series["B's image vs A's reference"])
-    result.metrics.update(image_effect=effect, repeat_cached_tokens=repeat[2])
+    result.metrics.update(image_effect=effect, repeat_cached_tokens=repeat[2],
+                          preprocess_ms_per_image=timing[0][3],
+                          preprocess_ms_per_image_concurrent=timing[1][3])  # fmt: skip
     if importlib.util.find_spec("matplotlib") is None:
         result.reason += " (no plot: matplotlib is not installed)"
         return

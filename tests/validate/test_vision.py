@@ -43,6 +43,9 @@ def test_tiny_multimodal_family_passes_against_transformers(checkpoint, tmp_path
     assert metrics["max_logprob_diff"] <= 1e-3 and metrics["min_top1_agreement"] == 1.0
     assert metrics["image_effect"] > 1e-3  # image B against image A's reference breaks the bound
     assert metrics["repeat_cached_tokens"] > 0
+    assert (
+        metrics["preprocess_ms_per_image"] > 0 and metrics["preprocess_ms_per_image_concurrent"] > 0
+    )
     report = (tmp_path / "r" / "report.md").read_text()
     assert report.count("| A: gradient") == 1 and "| two images: checkerboard" in report
     assert (tmp_path / "r" / "vision.png").stat().st_size > 0
