@@ -147,3 +147,17 @@ def test_bf16_is_bounded_by_the_references_own_bf16_error(tmp_path):
     assert vision["bound"].startswith("bfloat16: <= 1.5x the reference's own")
     assert "own error: transformers image-text model (bfloat16)" in vision["reason"]
     assert 1e-4 < vision["metrics"]["max_logprob_diff"] < 0.2  # bf16 error, not fp32's
+
+
+def test_image_requests_missing_the_prefix_cache_fail_the_repeat_check(monkeypatch, tmp_path):
+    """An engine whose image requests never hit the prefix cache (every match a miss): the
+    outputs still equal the reference's, so only the repeat check can see it."""
+    from hyla.cache.prefix import PrefixCache, PrefixHit
+
+    save_mm_checkpoint("qwen3_5", tmp_path / "m")
+    monkeypatch.setattr(PrefixCache, "match", lambda self, req: PrefixHit())
+    result, vision = _validate(tmp_path / "m", tmp_path / "r")
+    assert result.exit_code == 1 and vision["status"] == "fail"
+    (failure,) = vision["failures"]
+    assert failure.startswith("repeat: the second identical request reused 0 cached tokens")
+    assert failure.endswith("and encoded 1 images again"), failure
