@@ -54,7 +54,6 @@ class _Run:
     ids: list[int]  # one image token per image, as hyla takes them
     images: list
     prompt: list[int]
-    inputs: dict[str, torch.Tensor]
     seq: list[int]
     ref_lp: torch.Tensor
     own: Errors | None = None
@@ -77,7 +76,7 @@ def _reference_runs(ref: Any, low: Any, samples: list, num_greedy: int) -> list[
         seq = prompt + ref.greedy(prompt, inputs, num_greedy)
         ref_lp = ref.logprobs(seq, inputs)
         own = None if low is None else ref_self_errors(low.logprobs(seq, inputs), ref_lp, seq)
-        runs.append(_Run(s.name, s.ids, s.images, prompt, inputs, seq, ref_lp, own))
+        runs.append(_Run(s.name, s.ids, s.images, prompt, seq, ref_lp, own))
     return runs
 
 
