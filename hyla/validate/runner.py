@@ -52,10 +52,22 @@ class Context:
     def vocab_size(self) -> int:
         return self.llm.engine.model_config.vocab_size
 
+    @property
+    def prompt_vocab_size(self) -> int:
+        """Random-id prompts draw below this: the vocabulary, cut before the first image /
+        video / vision special id of a multimodal checkpoint (an image token without an image
+        is refused)."""
+        from hyla.multimodal.inputs import read_config
+
+        config = read_config(self.model) if (self.model / "config.json").exists() else {}
+        special = [v for k, v in config.items() if k.endswith("_token_id") and isinstance(v, int)
+                   and any(w in k for w in ("image", "video", "vision"))]  # fmt: skip
+        return min([self.vocab_size, *special])
+
     def samples(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         from hyla.validate.samples import precision_samples
 
-        return precision_samples(self.llm.tokenizer, self.vocab_size, max_tokens)
+        return precision_samples(self.llm.tokenizer, self.prompt_vocab_size, max_tokens)
 
 
 def _checks() -> dict[str, Callable[[Context, Any], CheckResult]]:

@@ -161,3 +161,17 @@ def test_image_requests_missing_the_prefix_cache_fail_the_repeat_check(monkeypat
     (failure,) = vision["failures"]
     assert failure.startswith("repeat: the second identical request reused 0 cached tokens")
     assert failure.endswith("and encoded 1 images again"), failure
+
+
+def test_text_checks_run_on_a_multimodal_checkpoint(tmp_path):
+    """Their random-id prompts held the image token (id 250 of 256), which the engine refuses
+    without an image: they draw below the first image/video id now."""
+    save_mm_checkpoint("qwen3_5", tmp_path / "m")
+    out = tmp_path / "r"
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "m"), "--checks",
+                                      "precision,long_context,throughput", "--quick", "--device",
+                                      "cpu", "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    checks = json.loads((out / "summary.json").read_text())["checks"]
+    assert {c: v["status"] for c, v in checks.items()} == dict.fromkeys(
+        ("precision", "long_context", "throughput"), "pass")  # fmt: skip
