@@ -97,13 +97,14 @@ def test_text_only_model_is_skipped_without_loading_it(tmp_path):
     assert ctx._llm is None
 
 
-def test_without_an_image_processor_the_check_fails_saying_so(tmp_path):
+def test_without_an_image_processor_the_check_is_skipped_saying_why(tmp_path):
     path = tmp_path / "m"
     save_mm_checkpoint("qwen3_5", path)
     (path / "preprocessor_config.json").unlink()
     result, vision = _validate(path, tmp_path / "r")
-    assert result.exit_code == 1 and vision["status"] == "fail"
-    assert "loaded no vision tower" in vision["failures"][0]
+    assert result.exit_code == 0 and vision["status"] == "skipped"
+    assert vision["reason"].startswith("skipped: no vision tower loaded")
+    assert "preprocessor_config.json" in vision["reason"]
 
 
 def test_identical_images_fail_the_image_matters_check(monkeypatch, tmp_path):
