@@ -5,8 +5,8 @@ engine and the reference each expand it).
 
     A   gradient, 2f x 3f (non-square)         the image-matters pair: the same prompt and
     B   seeded noise, 2f x 3f, A's prompt      size, another image
-    two checkerboard 3f x 3f + noise 2f+3 x 4f-1 (not a patch multiple) in one prompt
-    (full runs add a larger gradient, 6f x 4f)
+    two     checkerboard 3f x 3f + noise 2f+3 x 4f-1 (not a patch multiple) in one prompt
+    three   (full runs) a single pixel, gradient 6f x 4f, checkerboard 2f+1 x 5f
 """
 
 from __future__ import annotations
@@ -104,5 +104,7 @@ def image_samples(
                [checkerboard(3 * f, 3 * f, cell=max(1, f // 2)), noise(2 * f + 3, 4 * f - 1, 1)]),
     ]  # fmt: skip
     if not quick:
-        out.append(sample(f"gradient {6 * f}x{4 * f}", [gradient(6 * f, 4 * f)]))
+        three = [noise(1, 1, seed=2), gradient(6 * f, 4 * f), checkerboard(2 * f + 1, 5 * f, f)]
+        sizes = f"gradient {6 * f}x{4 * f}, checkerboard {2 * f + 1}x{5 * f}"
+        out.append(sample(f"three images: noise 1x1, {sizes}", three))
     return out
