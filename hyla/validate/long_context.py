@@ -113,7 +113,7 @@ def run_long_context(ctx: Any, progress: Any) -> CheckResult:
     block, cache_tok = llm.engine.config.cache.block_size, bytes_per_token(llm.engine.model_config)
     rng, rows = random.Random(5), {}
     for n in lengths:
-        ids = [rng.randrange(3, ctx.vocab_size) for _ in range(n)]
+        ids = [rng.randrange(3, ctx.prompt_vocab_size) for _ in range(n)]
         try:
             rows[n] = _run_one(llm, ids, out, ctx.device)
         except (RuntimeError, ValueError) as e:  # out of memory, or a request refused

@@ -74,7 +74,7 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-def _bounds(dtype: str, own: Errors | None) -> tuple[float, float, float]:
+def bounds(dtype: str, own: Errors | None) -> tuple[float, float, float]:
     """(logprob bound, KL bound, least top-1 agreement)."""
     if dtype == "float32" or own is None:
         return FP32_LOGPROB_BOUND, FP32_KL_BOUND, 1.0
@@ -82,6 +82,19 @@ def _bounds(dtype: str, own: Errors | None) -> tuple[float, float, float]:
     kl = LOW_PRECISION_FACTOR * max(own.kl) + LOW_PRECISION_SLACK
     agree = sum(own.top1) / len(own.top1) - 0.02
     return lp, kl, agree
+
+
+def pooled(parts: list[Errors]) -> Errors:
+    """Every sample's positions in one `Errors` (the low-precision bound is over all samples)."""
+    return Errors(*(sum((getattr(p, f) for p in parts), []) for f in ("logprob", "kl", "top1")))
+
+
+def bound_text(dtype: str, has_low_reference: bool) -> str:
+    if not has_low_reference:
+        return (f"fp32: |logprob diff| <= {FP32_LOGPROB_BOUND:g}, KL <= {FP32_KL_BOUND:g}, "
+                "top-1 agreement 1, identical greedy text")  # fmt: skip
+    return (f"{dtype}: <= {LOW_PRECISION_FACTOR}x the reference's own {dtype}-vs-fp32 error "
+            f"+ {LOW_PRECISION_SLACK:g}")  # fmt: skip
 
 
 def check_sample(
@@ -97,7 +110,7 @@ def check_sample(
 ) -> list[Any]:
     """Score one sample; record failures on `result`; return its table row (without the
     reference's own error, which the caller adds)."""
-    lp_bound, kl_bound, agree_bound = _bounds(dtype, own)
+    lp_bound, kl_bound, agree_bound = bounds(dtype, own)
     err = position_errors(ref_lp, hyla_lp[1:], seq, tie=lp_bound)
     bad = next((j for j, e in enumerate(err.logprob) if e > lp_bound), None)
     if bad is not None:
@@ -147,7 +160,7 @@ def run_precision(ctx: Any, progress: Any) -> CheckResult:
     parts, own = [], None
     if low is not None:  # the reference's own error, pooled over every sample's positions
         parts = [ref_self_errors(low.logprobs(q), r, q) for q, r in zip(seqs, ref_lps, strict=True)]
-        own = Errors(*(sum((getattr(p, f) for p in parts), []) for f in ("logprob", "kl", "top1")))
+        own = pooled(parts)
     rows, series = [], {}
     for i, ((name, ids), seq, out, g) in enumerate(zip(samples, seqs, scored, greedy, strict=True)):
         got = list(g.outputs[0].token_ids)
@@ -155,11 +168,8 @@ def run_precision(ctx: Any, progress: Any) -> CheckResult:
                            ctx.dtype)  # fmt: skip
         rows.append([*row, max(parts[i].logprob) if parts else "-"])
         series[name] = position_errors(ref_lps[i], out.prompt_logprobs[1:], seq, tie=0.0).logprob
-    lp_bound = _bounds(ctx.dtype, own)[0]
-    result.bound = (f"fp32: |logprob diff| <= {FP32_LOGPROB_BOUND:g}, KL <= {FP32_KL_BOUND:g}, "
-                    "top-1 agreement 1, identical greedy text" if low is None else
-                    f"{ctx.dtype}: <= {LOW_PRECISION_FACTOR}x the reference's own "
-                    f"{ctx.dtype}-vs-fp32 error + {LOW_PRECISION_SLACK:g}")  # fmt: skip
+    lp_bound = bounds(ctx.dtype, own)[0]
+    result.bound = bound_text(ctx.dtype, low is not None)
     result.reason = f"reference: {ref.name}"
     result.tables.append(("per sample", ["sample", "tokens", "max |logprob diff|", "max KL",
                                          "top-1 agreement", "greedy divergence",

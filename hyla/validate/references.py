@@ -71,3 +71,55 @@ def load_reference(path: str | Path, dtype: str, device: str) -> HFReference | N
     if load_config(path).architecture == "hyla":
         return NativeReference(path, dtype, device)
     return HFReference(path, dtype, device)
+
+
+class HFImageReference:
+    """`transformers`' image-text model of a multimodal checkpoint (AutoModelForImageTextToText,
+    eager attention) fed with the checkpoint's own AutoImageProcessor outputs.
+
+    Prompts take one image token per image, as hyla's do; `prepare` expands each into its
+    image's t*h*w / merge^2 placeholder rows from the processor's grid (not from hyla's code).
+    """
+
+    def __init__(self, path: str | Path, dtype: str, device: str) -> None:
+        from transformers import AutoModelForImageTextToText
+
+        from hyla.multimodal.inputs import VisionSpec, load_image_processor, read_config
+
+        self.name = f"transformers image-text model ({dtype})"
+        self.device = device
+        self.spec = VisionSpec.from_hf(read_config(path))
+        self.processor = load_image_processor(path)
+        self.model = AutoModelForImageTextToText.from_pretrained(
+            str(path), dtype=DTYPES[dtype], attn_implementation="eager"
+        ).to(device).eval()  # fmt: skip
+
+    def prepare(self, ids: list[int], images: list) -> tuple[list[int], dict[str, torch.Tensor]]:
+        """(expanded ids, pixel_values / image_grid_thw) of a prompt with one image token per
+        image."""
+        inputs = self.processor(images=[i.convert("RGB") for i in images], return_tensors="pt")
+        grid = inputs["image_grid_thw"]
+        counts = iter((grid.prod(-1) // self.spec.merge_size**2).tolist())
+        image = self.spec.image_token_id
+        full = [t for i in ids for t in ([image] * next(counts) if i == image else [i])]
+        return full, {"pixel_values": inputs["pixel_values"], "image_grid_thw": grid}
+
+    @torch.no_grad()
+    def logprobs(self, ids: list[int], images: dict[str, torch.Tensor]) -> torch.Tensor:
+        """log-softmax float32 `[T, V]` of expanded `ids` with `images` from `prepare`."""
+        types = torch.tensor([[int(t == self.spec.image_token_id) for t in ids]])
+        kw = {k: v.to(self.device) for k, v in images.items()}
+        logits = self.model(torch.tensor([ids], device=self.device),
+                            mm_token_type_ids=types.to(self.device), **kw).logits[0]  # fmt: skip
+        return torch.log_softmax(logits.float(), dim=-1).cpu()
+
+    def greedy(self, ids: list[int], images: dict[str, torch.Tensor], num_tokens: int) -> list:
+        """Greedy continuation without an EOS stop; it ends early before an image token (a
+        prompt may not hold more image tokens than images)."""
+        out = list(ids)
+        for _ in range(num_tokens):
+            token = int(self.logprobs(out, images)[-1].argmax())
+            if token == self.spec.image_token_id:
+                break
+            out.append(token)
+        return out[len(ids) :]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyla.validate.result import CheckResult, skipped
+from hyla.validate.result import CheckResult
 
 CHECK_NAMES = ("precision", "long_context", "throughput", "service", "vision")
 
@@ -44,6 +44,7 @@ class Context:
             options = {"device": self.device, "dtype": self.dtype, **self.engine_options}
             if self.quick:
                 options.setdefault("max_num_batched_tokens", 32)  # several prefill chunks
+                options.setdefault("max_num_encoder_input_tokens", 4096)  # whole images
             self._llm = LLM(str(self.model), **options)
         return self._llm
 
@@ -51,25 +52,22 @@ class Context:
     def vocab_size(self) -> int:
         return self.llm.engine.model_config.vocab_size
 
+    @property
+    def prompt_vocab_size(self) -> int:
+        """Random-id prompts draw below this: the vocabulary, cut before the first image /
+        video / vision special id of a multimodal checkpoint (an image token without an image
+        is refused)."""
+        from hyla.multimodal.inputs import read_config
+
+        config = read_config(self.model) if (self.model / "config.json").exists() else {}
+        special = [v for k, v in config.items() if k.endswith("_token_id") and isinstance(v, int)
+                   and any(w in k for w in ("image", "video", "vision"))]  # fmt: skip
+        return min([self.vocab_size, *special])
+
     def samples(self, max_tokens: int) -> list[tuple[str, list[int]]]:
         from hyla.validate.samples import precision_samples
 
-        return precision_samples(self.llm.tokenizer, self.vocab_size, max_tokens)
-
-
-def run_vision(ctx: Context, progress: Any) -> CheckResult:
-    import json
-
-    config = json.loads((ctx.model / "config.json").read_text())
-    progress.update(1)
-    if config.get("vision_config") is not None:
-        return skipped(
-            "vision",
-            "Image path",
-            "skipped: `hyla validate` has no image check yet (the image path is tested "
-            "against transformers in CI: tests/multimodal)",
-        )
-    return skipped("vision", "Image path", "skipped: no vision (text-only model)")
+        return precision_samples(self.llm.tokenizer, self.prompt_vocab_size, max_tokens)
 
 
 def _checks() -> dict[str, Callable[[Context, Any], CheckResult]]:
@@ -77,6 +75,7 @@ def _checks() -> dict[str, Callable[[Context, Any], CheckResult]]:
     from hyla.validate.precision import run_precision
     from hyla.validate.service import run_service
     from hyla.validate.throughput import run_throughput
+    from hyla.validate.vision import run_vision
 
     return {
         "precision": run_precision,

@@ -65,7 +65,7 @@ def run_throughput(ctx: Any, progress: Any) -> CheckResult:
     for b in batches:
         for n in lengths:
             try:
-                grid[(b, n)] = _cell(ctx.llm, b, n, out, ctx.vocab_size)
+                grid[(b, n)] = _cell(ctx.llm, b, n, out, ctx.prompt_vocab_size)
             except (RuntimeError, ValueError) as e:  # OOM, or a request the engine refuses
                 result.fail(f"batch {b} x length {n}: {type(e).__name__}: {str(e)[:200]}")
         progress.update(1 / len(batches))
