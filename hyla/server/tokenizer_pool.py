@@ -120,8 +120,9 @@ class TokenizerPool:
         procs = [p for e in executors for p in (getattr(e, "_processes", None) or {}).values()]
         return [p.pid for p in procs if p.is_alive()]
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Cancel queued work and end every worker (killed after `timeout` seconds)."""
+    def close(self, timeout: float = 1.0) -> None:
+        """Cancel queued work and end every worker: an idle one exits at once, a busy one (its
+        request is not admitted any more) is killed after `timeout` seconds."""
         executors = [*self._retired, *([self._executor] if self._executor else [])]
         self._executor, self._retired = None, []
         for executor in executors:
