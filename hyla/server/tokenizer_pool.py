@@ -23,8 +23,8 @@ it would have rendered: every check and error happens in the same order, with th
 
 A worker that dies (killed, out of memory) fails the requests it was serving with 503
 `tokenizer_pool_failed` (retryable) and the pool is replaced; `close()` (app shutdown) ends the
-workers. Vision models keep the in-process path (images are fetched and processed beside the
-engine).
+workers, and a worker ends with the server process if that is killed. Vision models keep the
+in-process path (images are fetched and processed beside the engine).
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
+import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -172,6 +175,14 @@ def swap_in_stub(data: dict, field: str) -> None:
 def _init_worker(tokenizer: Any) -> None:
     global _tokenizer
     _tokenizer = tokenizer
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # a server killed by SIGKILL closes no pool: end with it anyway
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+
+
+def _exit_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(0)
 
 
 def prepare_chat(body: bytes, vocab_size: int | None) -> Outcome:
