@@ -189,11 +189,17 @@ async def _prepare_in_pool(ctx: Context, request: Request, data: Any,
     if not pool.wants(len(body)):
         return None
     prepare = pool.prepare_chat if field == "messages" else pool.prepare_completion
-    outcome = await prepare(body, _vocab_size(ctx.engine))
+    outcome = await prepare(body, _vocab_size(ctx.engine), _block_size(ctx.engine))
     if outcome.errors is not None:
         raise RequestValidationError(outcome.errors)
     swap_in_stub(data, field)
     return outcome
+
+
+def _block_size(engine: AsyncEngine) -> int | None:
+    """The cache's block size when prefix caching is on: the pool hashes prompt blocks too."""
+    cache = getattr(getattr(engine, "engine", None), "cache", None)
+    return cache.block_size if getattr(cache, "prefix", None) is not None else None
 
 
 def _vocab_size(engine: AsyncEngine) -> int | None:

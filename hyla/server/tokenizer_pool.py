@@ -57,14 +57,15 @@ _tokenizer: Any = None  # the worker process's copy, set once by `_init_worker`
 @dataclass(frozen=True)
 class Outcome:
     """What a worker made of one request: pydantic `errors` (FastAPI's 422), an `error` the
-    route raises where it would have rendered (status, message, param, code), or `prompts`:
-    token ids as int64 bytes (`checked`: in the vocabulary) or text, one per prompt."""
+    route raises where it would have rendered (status, message, param, code), or `prompts`, one
+    per prompt: text, token ids outside the vocabulary as a list (the engine refuses them), or
+    (int64 bytes, block_size, block hashes or None) for ids in it."""
 
     errors: list[dict] | None = None
     error: tuple[int, str, str | None, str | None] | None = None
-    prompts: list[tuple[bytes, bool] | str | list] | None = None
+    prompts: list[tuple[bytes, int, list[int] | None] | str | list] | None = None
 
-    def prompt_list(self, vocab_size: int | None) -> list[Any]:
+    def prompt_list(self, vocab_size: int) -> list[Any]:
         """The prompts as the in-process path hands them to the engine. Raises `error`."""
         if self.error is not None:
             status, message, param, code = self.error
@@ -77,12 +78,11 @@ def _decode(prompt: Any, vocab_size: int | None) -> Any:
 
     if not isinstance(prompt, tuple):
         return prompt
-    data, checked = prompt
-    ids = np.frombuffer(data, dtype=np.int64).tolist()
-    if not checked or vocab_size is None:
-        return ids
-    out = TokenIds(ids)  # checked in the worker: the engine does not check them again
-    out.vocab_size = vocab_size
+    data, block_size, block_hashes = prompt
+    out = TokenIds(np.frombuffer(data, dtype=np.int64).tolist())
+    out.vocab_size = vocab_size  # checked in the worker: the engine does not check them again
+    if block_hashes is not None:  # hashed in the worker: the engine thread hashes nothing
+        out.block_size, out.block_hashes = block_size, block_hashes
     return out
 
 
@@ -111,11 +111,15 @@ class TokenizerPool:
         for _ in range(self.size):
             executor.submit(int)
 
-    async def prepare_chat(self, body: bytes, vocab_size: int | None) -> Outcome:
-        return await self._run(prepare_chat, body, vocab_size)
+    async def prepare_chat(
+        self, body: bytes, vocab_size: int | None, block_size: int | None = None
+    ) -> Outcome:
+        return await self._run(prepare_chat, body, vocab_size, block_size)
 
-    async def prepare_completion(self, body: bytes, vocab_size: int | None) -> Outcome:
-        return await self._run(prepare_completion, body, vocab_size)
+    async def prepare_completion(
+        self, body: bytes, vocab_size: int | None, block_size: int | None = None
+    ) -> Outcome:
+        return await self._run(prepare_completion, body, vocab_size, block_size)
 
     def worker_pids(self) -> list[int]:
         """Pids of the live workers (for tests and logs)."""
@@ -185,23 +189,26 @@ def _exit_with(sentinel: int) -> None:
     os._exit(0)
 
 
-def prepare_chat(body: bytes, vocab_size: int | None) -> Outcome:
-    """A chat body validated, rendered and tokenized as `api.create_chat_completion` does."""
+def prepare_chat(body: bytes, vocab_size: int | None, block_size: int | None = None) -> Outcome:
+    """A chat body validated, rendered and tokenized as `api.create_chat_completion` does;
+    `block_size` (prefix caching on): the prompt's block hashes too."""
     from hyla.server import convert
     from hyla.server.protocol import ChatCompletionRequest
 
     return _prepare(body, ChatCompletionRequest, lambda req: [
-        _encode(convert.chat_prompt_ids(_tokenizer, req), vocab_size)])  # fmt: skip
+        _encode(convert.chat_prompt_ids(_tokenizer, req), vocab_size, block_size)])  # fmt: skip
 
 
-def prepare_completion(body: bytes, vocab_size: int | None) -> Outcome:
+def prepare_completion(
+    body: bytes, vocab_size: int | None, block_size: int | None = None
+) -> Outcome:
     """A completion body validated and its prompts normalized as `api.create_completion` does
     (text stays text: the engine tokenizes it in a thread, mostly without the GIL)."""
     from hyla.server import convert
     from hyla.server.protocol import CompletionRequest
 
     return _prepare(body, CompletionRequest, lambda req: [
-        p if isinstance(p, str) else _encode(p, vocab_size)
+        p if isinstance(p, str) else _encode(p, vocab_size, block_size)
         for p in convert.normalize_prompts(req.prompt)
     ])  # fmt: skip
 
@@ -222,9 +229,13 @@ def _prepare(body: bytes, model: Any, make_prompts: Any) -> Outcome:
         return Outcome(error=(500, f"internal error: {type(e).__name__}", None, "internal_error"))
 
 
-def _encode(ids: list[Any], vocab_size: int | None) -> tuple[bytes, bool] | list:
-    """Token ids as int64 bytes, `checked` when they are in [0, vocab_size); ids that are not
-    go back as they are, for the engine to refuse with its own error."""
+def _encode(
+    ids: list[Any], vocab_size: int | None, block_size: int | None
+) -> tuple[bytes, int, list[int] | None] | list:
+    """Token ids in [0, vocab_size) as int64 bytes with their block hashes (`block_size`
+    None: none); ids that are not go back as they are, for the engine to refuse with its own
+    error."""
+    from hyla.cache.prefix import extend_block_hashes
     from hyla.engine.validate import prompt_token_ids
     from hyla.request import InvalidRequestError
 
@@ -234,7 +245,8 @@ def _encode(ids: list[Any], vocab_size: int | None) -> tuple[bytes, bool] | list
         prompt_token_ids(ids, None, vocab_size)
     except InvalidRequestError:
         return list(ids)
-    return np.asarray(ids, dtype=np.int64).tobytes(), True
+    hashes = extend_block_hashes([], ids, block_size) if block_size else None
+    return np.asarray(ids, dtype=np.int64).tobytes(), block_size or 0, hashes
 
 
 def _plain_error(error: dict) -> dict:

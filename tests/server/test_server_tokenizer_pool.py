@@ -20,12 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
+from hyla.cache.prefix import extend_block_hashes
 from hyla.server import convert
 from hyla.server.errors import APIError
 from hyla.server.protocol import ChatCompletionRequest, CompletionRequest
 from hyla.server.tokenizer_pool import TokenizerPool
 from tests.server.conftest import MODEL
 
+BLOCK = 16
 # A template that reads names, a kwarg and the generation prompt, so each reaches the render.
 TEMPLATE = (
     "{% for m in messages %}<{{ m.role }}{% if m.name %} {{ m.name }}{% endif %}>"
@@ -52,6 +54,7 @@ CHATS = {
         ]
     },
     "developer_role": {"messages": [{"role": "developer", "content": "x"}, USER]},
+    "long": {"messages": [{"role": "user", "content": "many words " * 60}]},
     "image_on_text_model": {
         "messages": [
             {
@@ -70,6 +73,7 @@ CHATS = {
 }
 COMPLETIONS = {
     "ids": [5, 6, 7, 8],
+    "ids_long": list(range(5, 45)),
     "id_batch": [[5, 6], [7, 8, 9]],
     "text": "Once upon a time",
     "text_batch": ["a", "b c"],
@@ -106,12 +110,14 @@ def test_pooled_chat_equals_in_process(pool, template_tokenizer, name):
     vocab = len(template_tokenizer)
     req = ChatCompletionRequest.model_validate(body)
     expected = _outcome(lambda: convert.chat_prompt_ids(template_tokenizer, req))
-    outcome = asyncio.run(pool.prepare_chat(json.dumps(body).encode(), vocab))
+    outcome = asyncio.run(pool.prepare_chat(json.dumps(body).encode(), vocab, BLOCK))
     assert outcome.errors is None
     got = _outcome(lambda: outcome.prompt_list(vocab)[0])
     assert got == expected
-    if name in ("plain", "multi_turn", "name_and_kwargs", "text_parts", "developer_role"):
+    if name in ("plain", "multi_turn", "name_and_kwargs", "text_parts", "developer_role", "long"):
         assert got[0] == "ok" and len(got[1]) > 3
+        assert got[1].block_hashes == extend_block_hashes([], expected[1], BLOCK)
+        assert len(got[1].block_hashes) == len(got[1]) // BLOCK
 
 
 @pytest.mark.parametrize("name", list(COMPLETIONS))
@@ -120,11 +126,14 @@ def test_pooled_completion_equals_in_process(pool, tokenizer, name):
     vocab = len(tokenizer)
     req = CompletionRequest.model_validate(body)
     expected = _outcome(lambda: convert.normalize_prompts(req.prompt))
-    outcome = asyncio.run(pool.prepare_completion(json.dumps(body).encode(), vocab))
+    outcome = asyncio.run(pool.prepare_completion(json.dumps(body).encode(), vocab, BLOCK))
     got = _outcome(lambda: outcome.prompt_list(vocab))
     assert got == expected
-    if name in ("ids", "id_batch"):  # checked in the worker: the engine skips its check
+    if name in ("ids", "ids_long", "id_batch"):  # checked in the worker: the engine skips it
         assert all(getattr(p, "vocab_size", None) == vocab for p in got[1])
+        assert [p.block_hashes for p in got[1]] == [
+            extend_block_hashes([], p, BLOCK) for p in expected[1]
+        ]
     if name == "id_out_of_vocab":  # not checked: the engine refuses it with its own error
         assert not hasattr(got[1][0], "vocab_size")
 
