@@ -236,9 +236,9 @@ def test_threshold_boundary(pair, monkeypatch):
     calls = []
     real = pool.prepare_chat
 
-    async def spy(body: bytes, vocab: Any) -> Any:
+    async def spy(body: bytes, *args: Any) -> Any:
         calls.append(len(body))
-        return await real(body, vocab)
+        return await real(body, *args)
 
     monkeypatch.setattr(pool, "prepare_chat", spy)
     monkeypatch.setattr(pool, "min_bytes", 300)
