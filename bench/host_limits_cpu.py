@@ -272,6 +272,7 @@ def main() -> None:
         "commit": commit,
         "hardware": f"{platform.processor() or platform.machine()}, "
         f"{len(__import__('os').sched_getaffinity(0))} cpus",
+        "load_average_at_start": __import__("os").getloadavg()[0],
     }
     out = ROOT / "bench" / "results" / "host_limits_cpu.json"
     if args.scenario == "refused":

@@ -5,10 +5,11 @@ calls, timed one after the other in one process (median of --reps).
     in_process    what the server process does without the tokenizer pool
     pool_server   what it still does with the pool (`hyla/server/tokenizer_pool.py`)
     pool_worker   what the worker process does instead (the whole `prepare_*` call)
-    engine        engine-thread work on the new request either way: `add_request`, the block
-                  hashes of its prompt (prefix caching) and the first step that schedules it
-                  (admission: hashes, prefix match, in-flight announcement; plus a 256-token
-                  prefill chunk of the tiny model, and a plain step for comparison)
+    engine        engine-thread work on the new request: `add_request`, the block hashes of its
+                  prompt (prefix caching) and the first step that schedules it (admission:
+                  hashes, prefix match, in-flight announcement; plus a 256-token prefill chunk
+                  of the tiny model, and a plain step for comparison), with the hashes computed
+                  on the engine thread (in-process path) or taken from the pool (`_seeded`)
 
 Whether a phase holds the GIL is noted in the JSON (`gil`): pydantic-core, json, Jinja and the
 id checks do; the Rust tokenizer mostly releases it (a thread ticking every 1 ms saw gaps of
@@ -86,19 +87,22 @@ def ids_phases(vocab: int, body: bytes, t: dict, worker: Callable) -> None:
 
 
 def engine_phases(engine: Any, ids: list[int], t: dict, rep: int) -> None:
-    delta = RequestOutputKind.DELTA
-    checked = prompt_token_ids(ids, None, engine.model_config.vocab_size)
-    timed(t, "engine.plain_step", engine.step)
-    rid = f"big-{rep}"
-    timed(
-        t,
-        "engine.add_request",
-        lambda: engine.add_request(rid, checked, SamplingParams(max_tokens=1, output_kind=delta)),
-    )
-    timed(t, "engine.block_hashes", lambda: extend_block_hashes([], checked, 16))
-    timed(t, "engine.first_step_with_it", engine.step)
-    engine.abort_request(rid)
-    engine.step()
+    """`first_step_with_it`: the step that admits the request, hashing its blocks (in-process
+    path); `first_step_seeded`: the same with the hashes the pool computed (`seed_hashes`)."""
+    params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.DELTA)
+    block = engine.cache.block_size
+    for phase in ("first_step_with_it", "first_step_seeded"):
+        checked = prompt_token_ids(ids, None, engine.model_config.vocab_size)
+        if phase == "first_step_seeded":
+            checked.block_size, checked.block_hashes = block, extend_block_hashes([], ids, block)
+        else:
+            timed(t, "engine.block_hashes", lambda c=checked: extend_block_hashes([], c, block))
+        timed(t, "engine.plain_step", engine.step)
+        rid = f"big-{rep}-{phase}"
+        timed(t, "engine.add_request", lambda r=rid, c=checked: engine.add_request(r, c, params))
+        timed(t, f"engine.{phase}", engine.step)
+        engine.abort_request(rid)
+        engine.step()
 
 
 def measure(reps: int) -> dict:
@@ -139,6 +143,7 @@ def main() -> None:
         "commit": commit,
         "hardware": f"{platform.processor() or platform.machine()}, "
         f"{len(__import__('os').sched_getaffinity(0))} cpus",
+        "load_average_at_start": __import__("os").getloadavg()[0],
         "unit": "ms, median over reps",
         "gil": GIL,
         **measure(args.reps),
