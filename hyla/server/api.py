@@ -100,14 +100,13 @@ def build_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI):  # noqa: ANN202
         engine.start()
-        if ctx.pool is not None:
-            ctx.pool.start()
+        _start_pool(ctx)
         try:
             yield
             await engine.shutdown(drain=True, timeout=drain_timeout)
         finally:
-            if ctx.pool is not None:
-                await asyncio.to_thread(ctx.pool.close)
+            if ctx.pool is not None:  # not in a worker thread: all may be busy tokenizing
+                ctx.pool.close()
 
     app = FastAPI(title="hyla", version="0.1.0", lifespan=lifespan)
     app.state.ctx = ctx
@@ -167,6 +166,18 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
         if body.max_completion_tokens is not None:
             sent["max_tokens"] = "max_completion_tokens"
         return await _guard(create_chat_completion(ctx, body, request, pooled), sent)
+
+
+def _start_pool(ctx: Context) -> None:
+    """Spawn the pool's workers; without them (no processes allowed, ...) serve without a pool."""
+    if ctx.pool is None:
+        return
+    try:
+        ctx.pool.start()
+    except Exception:
+        logger.exception("tokenizer pool did not start; large requests are prepared in-process")
+        ctx.pool.close()
+        ctx.pool = None
 
 
 def _make_pool(engine: AsyncEngine, size: int, min_bytes: int) -> TokenizerPool | None:

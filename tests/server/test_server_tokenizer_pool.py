@@ -297,3 +297,15 @@ def test_server_stop_leaves_no_pool_process(make_server):
     assert pool.worker_pids() == []
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}"), f"pool worker {pid} left behind"
+
+
+def test_a_pool_that_cannot_start_leaves_the_server_without_one(make_server, monkeypatch):
+    def refuse(self: TokenizerPool) -> None:
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(TokenizerPool, "start", refuse)
+    server = make_server(tokenizer_pool_size=1, tokenizer_pool_min_bytes=0)
+    assert server.server.config.app.state.ctx.pool is None
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "messages": [USER], "max_tokens": 2})  # fmt: skip
+    assert r.status_code == 200, r.text
