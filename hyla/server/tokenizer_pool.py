@@ -1,23 +1,22 @@
 """Large requests are validated, rendered and tokenized in worker processes (issue 18).
 
-Host cost of one request on one core (ms), and whether it holds the GIL:
-
-    100k chat messages (3.8 MB)   pydantic 770 (yes), message dicts 130 (yes), Jinja render
-                                  830 (yes), tokenize 1000 (mostly released), id check 14 (yes)
-    500k token ids (3.5 MB)       pydantic 99 (yes), list copy 6, id check 19 (yes)
-
+For a chat request of 100k messages, pydantic validation, Jinja rendering and tokenization take
+about a second each on one core, and the prefix cache's block hashes of a 500k-token prompt
+about 0.1 s; all of it but the tokenization holds the GIL (bench/host_phases_cpu.py).
 In the server's process that work stalls the engine thread, i.e. every running stream, for as
 long as it holds the GIL. A request whose body has `min_bytes` or more goes to a worker process
 instead (`prepare_chat`, `prepare_completion`: the whole body validated by the same pydantic
 model, the conversation rendered by the same chat template, tokenized by a copy of the same
-tokenizer, token ids checked against the vocabulary), and comes back as token ids in one bytes
-object. The server process then swaps the prompt in its parsed body for a stub (`swap_in_stub`)
-so that FastAPI's validation of the rest is cheap, and the route uses the worker's outcome where
-it would have rendered: every check and error happens in the same order, with the same message.
+tokenizer, token ids checked against the vocabulary, block hashes computed), and comes back as
+token ids in one bytes object. The server process then swaps the prompt in its parsed body for
+a stub (`swap_in_stub`) so that FastAPI's validation of the rest is cheap, and the route uses
+the worker's outcome where it would have rendered: every check and error happens in the same
+order, with the same message.
 
     event loop                                worker process (tokenizer unpickled once)
     size gate (limits.py)
-    body >= min_bytes  --- body bytes ----->  json.loads, validate, render, tokenize, check ids
+    body >= min_bytes  --- body bytes ----->  json.loads, validate, render, tokenize, check ids,
+                                              hash blocks
     422 (as FastAPI's) <-- Outcome ---------
     stub prompt; FastAPI validates the rest; the route raises the worker's error or admits its ids
 
@@ -65,7 +64,7 @@ class Outcome:
     error: tuple[int, str, str | None, str | None] | None = None
     prompts: list[tuple[bytes, int, list[int] | None] | str | list] | None = None
 
-    def prompt_list(self, vocab_size: int) -> list[Any]:
+    def prompt_list(self, vocab_size: int | None) -> list[Any]:
         """The prompts as the in-process path hands them to the engine. Raises `error`."""
         if self.error is not None:
             status, message, param, code = self.error
@@ -159,12 +158,16 @@ class TokenizerPool:
             if self._executor is executor:
                 logger.error("tokenizer pool worker died; starting a new pool")
                 self._executor = None
-                self._retired.append(executor)
                 executor.shutdown(wait=False, cancel_futures=True)
+                self._retired = [e for e in [*self._retired, executor] if _has_live_workers(e)]
             raise APIError(
                 503, "the tokenizer pool's worker process died while preparing this request; "
                 "retry it", code="tokenizer_pool_failed", headers={"Retry-After": "1"},
             ) from e  # fmt: skip
+
+
+def _has_live_workers(executor: ProcessPoolExecutor) -> bool:
+    return any(p.is_alive() for p in (getattr(executor, "_processes", None) or {}).values())
 
 
 def swap_in_stub(data: dict, field: str) -> None:
