@@ -169,6 +169,10 @@ def serve(
         None, help="Model name clients send (default: the checkpoint directory's name; "
         "'default' for the embedded model)."),
     max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies get 413."),
+    tokenizer_pool_size: int = typer.Option(
+        1, min=0, help="Worker processes that validate, render and tokenize request bodies of "
+        "64 KiB or more, so a large request does not stall running streams (0: all in the "
+        "server process). Vision models use none."),
     drain_timeout: float = typer.Option(
         30.0, min=0.0, help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
         "them with finish_reason 'abort' (0: at once). A second signal exits at once."),
@@ -190,7 +194,8 @@ def serve(
     async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
     name = served_model_name or engine.model_name
     fastapi_app = build_app(async_engine, name, api_key=api_key,
-                            max_request_bytes=max_request_bytes, drain_timeout=drain_timeout)
+                            max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
+                            tokenizer_pool_size=tokenizer_pool_size)
     typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
                f"http://{host}:{port}/v1", err=True)
     server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout)

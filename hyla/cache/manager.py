@@ -18,7 +18,7 @@ Allocation is all-or-nothing: `allocate` either grants what was asked or changes
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hyla.cache.block_pool import BlockPool, SlotPool
@@ -157,6 +157,10 @@ class CacheManager:
         return request_id in self.state_slots
 
     # -- prefix caching (all no-ops when it is off) ------------------------------------------
+
+    def seed_hashes(self, request_id: str, token_ids: Sequence[int], hashes: Sequence[int]) -> bool:
+        """`PrefixCache.seed_hashes` (False when prefix caching is off)."""
+        return self.prefix is not None and self.prefix.seed_hashes(request_id, token_ids, hashes)
 
     def match(self, req: Request) -> PrefixHit:
         """`req`'s reusable cached prefix (empty when prefix caching is off)."""

@@ -194,6 +194,23 @@ class PrefixCache:
             self._hashes.setdefault(req.request_id, []), req, self.block_size
         )
 
+    def seed_hashes(self, request_id: str, token_ids: Sequence[int], hashes: Sequence[int]) -> bool:
+        """Take `hashes`, the chained hashes of the full blocks of a text prompt `token_ids`
+        computed off the engine thread (`extend_block_hashes`, e.g. by the server's tokenizer
+        pool), as `request_id`'s, so that admitting it hashes nothing. Spot-checked: the first,
+        middle and last block are hashed again from their parents; a mismatch or a wrong count
+        leaves them out (the request hashes its blocks itself). Returns whether they were taken.
+        """
+        num_blocks, size = len(token_ids) // self.block_size, self.block_size
+        if len(hashes) != num_blocks or not num_blocks or request_id in self._hashes:
+            return False
+        for j in {0, num_blocks // 2, num_blocks - 1}:
+            parent = hashes[j - 1] if j else ROOT_HASH
+            if hash_block(parent, token_ids[j * size : (j + 1) * size]) != hashes[j]:
+                return False
+        self._hashes[request_id] = list(hashes)
+        return True
+
     def _num_matching_blocks(
         self, hashes: list[int], limit: int, in_flight: bool, start: int = 0
     ) -> int:

@@ -338,6 +338,10 @@ class LLMEngine:
         text = prompt if isinstance(prompt, str) else None
         group = new_group(request_id, text, ids, params, requests, self.tokenizer, generators)
         self._groups[request_id] = group
+        hashes = getattr(ids, "block_hashes", None)  # computed off this thread (TokenIds)
+        if hashes and mm is None and getattr(ids, "block_size", 0) == self.cache.block_size:
+            for req in requests:
+                self.cache.seed_hashes(req.request_id, ids, hashes)
         for seq in group.sequences:
             self._seq_owner[seq.request.request_id] = group
             self._seq_of[seq.request.request_id] = seq

@@ -14,9 +14,13 @@ from hyla.request import InvalidRequestError, SamplingParams
 
 class TokenIds(list):
     """Token ids already checked against a vocabulary of `vocab_size` (by `prompt_token_ids`),
-    so the engine thread does not check them again."""
+    so the engine thread does not check them again; `block_hashes`, when set, are the chained
+    hashes of their full blocks of `block_size` tokens (`hyla.cache.prefix.extend_block_hashes`),
+    computed off the engine thread (`PrefixCache.seed_hashes`)."""
 
     vocab_size: int = 0
+    block_size: int = 0
+    block_hashes: list[int] | None = None
 
 
 def prompt_token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> TokenIds:

@@ -25,11 +25,13 @@ from hyla.server.protocol import ErrorInfo, ErrorResponse, UsageInfo
 
 @dataclass
 class Context:
-    """What the routes share: the engine, the served name and the metrics."""
+    """What the routes share: the engine, the served name, the metrics and the tokenizer pool
+    (`hyla.server.tokenizer_pool.TokenizerPool`, None: none)."""
 
     engine: AsyncEngine
     model_name: str
     metrics: ServerMetrics
+    pool: Any = None
 
 
 @dataclass

@@ -317,3 +317,57 @@ def test_engine_shutdown_does_not_wait_for_busy_worker_threads():
             await asyncio.gather(*busy)
 
     assert asyncio.run(main()) < 2
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            found.add(int(entry))
+    return found
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes from /proc")
+def test_sigterm_leaves_no_tokenizer_pool_process():
+    """`hyla serve` starts a tokenizer pool worker (and multiprocessing's resource tracker);
+    after SIGTERM the server exits 0 and none of its child processes outlives it."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", str(port), "--max-model-len",
+           "4096", "--log-level", "warning", "--tokenizer-pool-size", "1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        children: set[int] = set()
+        while not children:  # the worker is spawned before /health answers
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    children = _children(proc.pid)
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while any(_is_running(pid) for pid in children):
+            assert time.monotonic() < deadline, f"left behind: {children}"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

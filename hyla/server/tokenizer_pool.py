@@ -1,0 +1,261 @@
+"""Large requests are validated, rendered and tokenized in worker processes (issue 18).
+
+For a chat request of 100k messages, pydantic validation, Jinja rendering and tokenization take
+about a second each on one core, and the prefix cache's block hashes of a 500k-token prompt
+about 0.1 s; all of it but the tokenization holds the GIL (bench/host_phases_cpu.py).
+In the server's process that work stalls the engine thread, i.e. every running stream, for as
+long as it holds the GIL. A request whose body has `min_bytes` or more goes to a worker process
+instead (`prepare_chat`, `prepare_completion`: the whole body validated by the same pydantic
+model, the conversation rendered by the same chat template, tokenized by a copy of the same
+tokenizer, token ids checked against the vocabulary, block hashes computed), and comes back as
+token ids in one bytes object. The server process then swaps the prompt in its parsed body for
+a stub (`swap_in_stub`) so that FastAPI's validation of the rest is cheap, and the route uses
+the worker's outcome where it would have rendered: every check and error happens in the same
+order, with the same message.
+
+    event loop                                worker process (tokenizer unpickled once)
+    size gate (limits.py)
+    body >= min_bytes  --- body bytes ----->  json.loads, validate, render, tokenize, check ids,
+                                              hash blocks
+    422 (as FastAPI's) <-- Outcome ---------
+    stub prompt; FastAPI validates the rest; the route raises the worker's error or admits its ids
+
+A worker that dies (killed, out of memory) fails the requests it was serving with 503
+`tokenizer_pool_failed` (retryable) and the pool is replaced; `close()` (app shutdown) ends the
+workers, and a worker ends with the server process if that is killed. Vision models keep the
+in-process path (images are fetched and processed beside the engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hyla.server.errors import APIError
+
+logger = logging.getLogger("hyla.server")
+
+POOL_MIN_BYTES = 64 << 10  # ~50 ms of host work for a chat body: above that, a worker pays off
+STUB_MESSAGES = [{"role": "user", "content": ""}]
+STUB_PROMPT = [0]
+_SCALARS = (str, int, float, bool, type(None))
+_tokenizer: Any = None  # the worker process's copy, set once by `_init_worker`
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a worker made of one request: pydantic `errors` (FastAPI's 422), an `error` the
+    route raises where it would have rendered (status, message, param, code), or `prompts`, one
+    per prompt: text, token ids outside the vocabulary as a list (the engine refuses them), or
+    (int64 bytes, block_size, block hashes or None) for ids in it."""
+
+    errors: list[dict] | None = None
+    error: tuple[int, str, str | None, str | None] | None = None
+    prompts: list[tuple[bytes, int, list[int] | None] | str | list] | None = None
+
+    def prompt_list(self, vocab_size: int | None) -> list[Any]:
+        """The prompts as the in-process path hands them to the engine. Raises `error`."""
+        if self.error is not None:
+            status, message, param, code = self.error
+            raise APIError(status, message, param=param, code=code)
+        return [_decode(p, vocab_size) for p in self.prompts or []]
+
+
+def _decode(prompt: Any, vocab_size: int | None) -> Any:
+    from hyla.engine.validate import TokenIds
+
+    if not isinstance(prompt, tuple):
+        return prompt
+    data, block_size, block_hashes = prompt
+    out = TokenIds(np.frombuffer(data, dtype=np.int64).tolist())
+    out.vocab_size = vocab_size  # checked in the worker: the engine does not check them again
+    if block_hashes is not None:  # hashed in the worker: the engine thread hashes nothing
+        out.block_size, out.block_hashes = block_size, block_hashes
+    return out
+
+
+class TokenizerPool:
+    """`size` worker processes, each with a copy of `tokenizer` (pickled once per worker).
+
+    Args:
+        tokenizer: the engine's tokenizer (None: a model served by token ids only).
+        size: worker processes (>= 1).
+        min_bytes: bodies of at least this many bytes use the pool (`wants`).
+    """
+
+    def __init__(self, tokenizer: Any, size: int = 1, min_bytes: int = POOL_MIN_BYTES) -> None:
+        if size < 1:
+            raise ValueError(f"tokenizer_pool_size: must be >= 1, got {size}")
+        self.tokenizer, self.size, self.min_bytes = tokenizer, size, min_bytes
+        self._executor: ProcessPoolExecutor | None = None
+        self._retired: list[ProcessPoolExecutor] = []
+
+    def wants(self, num_bytes: int) -> bool:
+        return num_bytes >= self.min_bytes
+
+    def start(self) -> None:
+        """Spawn the workers now (app startup), so the first large request does not wait."""
+        executor = self._current()
+        for _ in range(self.size):
+            executor.submit(int)
+
+    async def prepare_chat(
+        self, body: bytes, vocab_size: int | None, block_size: int | None = None
+    ) -> Outcome:
+        return await self._run(prepare_chat, body, vocab_size, block_size)
+
+    async def prepare_completion(
+        self, body: bytes, vocab_size: int | None, block_size: int | None = None
+    ) -> Outcome:
+        return await self._run(prepare_completion, body, vocab_size, block_size)
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the live workers (for tests and logs)."""
+        executors = [*self._retired, *([self._executor] if self._executor else [])]
+        procs = [p for e in executors for p in (getattr(e, "_processes", None) or {}).values()]
+        return [p.pid for p in procs if p.is_alive()]
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Cancel queued work and end every worker: an idle one exits at once, a busy one (its
+        request is not admitted any more) is killed after `timeout` seconds."""
+        executors = [*self._retired, *([self._executor] if self._executor else [])]
+        self._executor, self._retired = None, []
+        for executor in executors:
+            procs = list((getattr(executor, "_processes", None) or {}).values())
+            executor.shutdown(wait=False, cancel_futures=True)
+            for proc in procs:
+                proc.join(timeout)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(1.0)
+
+    def _current(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            # spawn: the server process has threads (engine, torch), which fork would copy
+            # in whatever state they are in.
+            self._executor = ProcessPoolExecutor(
+                self.size, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker, initargs=(self.tokenizer,),
+            )  # fmt: skip
+        return self._executor
+
+    async def _run(self, fn: Any, *args: Any) -> Outcome:
+        executor = self._current()
+        try:
+            return await asyncio.wrap_future(executor.submit(fn, *args))
+        except BrokenProcessPool as e:
+            if self._executor is executor:
+                logger.error("tokenizer pool worker died; starting a new pool")
+                self._executor = None
+                executor.shutdown(wait=False, cancel_futures=True)
+                self._retired = [e for e in [*self._retired, executor] if _has_live_workers(e)]
+            raise APIError(
+                503, "the tokenizer pool's worker process died while preparing this request; "
+                "retry it", code="tokenizer_pool_failed", headers={"Retry-After": "1"},
+            ) from e  # fmt: skip
+
+
+def _has_live_workers(executor: ProcessPoolExecutor) -> bool:
+    return any(p.is_alive() for p in (getattr(executor, "_processes", None) or {}).values())
+
+
+def swap_in_stub(data: dict, field: str) -> None:
+    """Replace the prompt of a parsed body the worker prepared with a one-item stub, so that
+    FastAPI's validation of the same dict (next) skips it."""
+    data[field] = STUB_MESSAGES if field == "messages" else STUB_PROMPT
+
+
+# -- worker process ---------------------------------------------------------------------------
+
+
+def _init_worker(tokenizer: Any) -> None:
+    global _tokenizer
+    _tokenizer = tokenizer
+    parent = multiprocessing.parent_process()
+    if parent is not None:  # a server killed by SIGKILL closes no pool: end with it anyway
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+
+
+def _exit_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(0)
+
+
+def prepare_chat(body: bytes, vocab_size: int | None, block_size: int | None = None) -> Outcome:
+    """A chat body validated, rendered and tokenized as `api.create_chat_completion` does;
+    `block_size` (prefix caching on): the prompt's block hashes too."""
+    from hyla.server import convert
+    from hyla.server.protocol import ChatCompletionRequest
+
+    return _prepare(body, ChatCompletionRequest, lambda req: [
+        _encode(convert.chat_prompt_ids(_tokenizer, req), vocab_size, block_size)])  # fmt: skip
+
+
+def prepare_completion(
+    body: bytes, vocab_size: int | None, block_size: int | None = None
+) -> Outcome:
+    """A completion body validated and its prompts normalized as `api.create_completion` does
+    (text stays text: the engine tokenizes it in a thread, mostly without the GIL)."""
+    from hyla.server import convert
+    from hyla.server.protocol import CompletionRequest
+
+    return _prepare(body, CompletionRequest, lambda req: [
+        p if isinstance(p, str) else _encode(p, vocab_size, block_size)
+        for p in convert.normalize_prompts(req.prompt)
+    ])  # fmt: skip
+
+
+def _prepare(body: bytes, model: Any, make_prompts: Any) -> Outcome:
+    from pydantic import ValidationError
+
+    try:
+        req = model.model_validate(json.loads(body))
+    except ValidationError as e:
+        return Outcome(errors=[_plain_error(err) for err in e.errors(include_url=False)])
+    try:
+        return Outcome(prompts=make_prompts(req))
+    except APIError as e:
+        return Outcome(error=(e.status, e.message, e.param, e.code))
+    except Exception as e:  # as `errors.to_api_error` answers an unexpected error
+        logger.error("tokenizer pool: unexpected error", exc_info=True)
+        return Outcome(error=(500, f"internal error: {type(e).__name__}", None, "internal_error"))
+
+
+def _encode(
+    ids: list[Any], vocab_size: int | None, block_size: int | None
+) -> tuple[bytes, int, list[int] | None] | list:
+    """Token ids in [0, vocab_size) as int64 bytes with their block hashes (`block_size`
+    None: none); ids that are not go back as they are, for the engine to refuse with its own
+    error."""
+    from hyla.cache.prefix import extend_block_hashes
+    from hyla.engine.validate import prompt_token_ids
+    from hyla.request import InvalidRequestError
+
+    if vocab_size is None:
+        return list(ids)
+    try:
+        prompt_token_ids(ids, None, vocab_size)
+    except InvalidRequestError:
+        return list(ids)
+    hashes = extend_block_hashes([], ids, block_size) if block_size else None
+    return np.asarray(ids, dtype=np.int64).tobytes(), block_size or 0, hashes
+
+
+def _plain_error(error: dict) -> dict:
+    """A pydantic error as FastAPI reports it (under "body"), with picklable context."""
+    ctx = {k: v if isinstance(v, _SCALARS) else str(v) for k, v in error.get("ctx", {}).items()}
+    out = {**error, "loc": ("body", *error["loc"])}
+    if ctx:
+        out["ctx"] = ctx
+    return out

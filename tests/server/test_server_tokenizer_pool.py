@@ -1,0 +1,311 @@
+"""The tokenizer pool (`hyla/server/tokenizer_pool.py`, issue 18 item 4): large bodies are
+validated, rendered and tokenized in a worker process.
+
+Oracle: the in-process path of the same code. Token ids and errors of the pool equal
+`convert.chat_prompt_ids` / `convert.normalize_prompts` run here; a server that sends every body
+to the pool answers as one without a pool (same weights, greedy), errors included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from hyla.cache.prefix import extend_block_hashes
+from hyla.server import convert
+from hyla.server.errors import APIError
+from hyla.server.protocol import ChatCompletionRequest, CompletionRequest
+from hyla.server.tokenizer_pool import TokenizerPool
+from tests.server.conftest import MODEL
+
+BLOCK = 16
+# A template that reads names, a kwarg and the generation prompt, so each reaches the render.
+TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}{% if m.name %} {{ m.name }}{% endif %}>"
+    "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    "{% if brief %} (brief){% endif %}"
+)
+USER = {"role": "user", "content": "Hello there, how are you?"}
+CHATS = {
+    "plain": {"messages": [{"role": "system", "content": "Be brief."}, USER]},
+    "multi_turn": {
+        "messages": [USER, {"role": "assistant", "content": "Fine."}, USER],
+        "add_generation_prompt": False,
+    },
+    "name_and_kwargs": {
+        "messages": [{**USER, "name": "ann"}],
+        "chat_template_kwargs": {"brief": True},
+    },
+    "text_parts": {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "one "}, {"type": "text", "text": "two"}],
+            }
+        ]
+    },
+    "developer_role": {"messages": [{"role": "developer", "content": "x"}, USER]},
+    "long": {"messages": [{"role": "user", "content": "many words " * 60}]},
+    "image_on_text_model": {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                ],
+            }
+        ]
+    },
+    "unknown_role": {"messages": [{"role": "robot", "content": "x"}]},
+    "empty": {"messages": []},
+    "reserved_kwarg": {"messages": [USER], "chat_template_kwargs": {"tokenize": True}},
+    "unread_kwarg": {"messages": [USER], "chat_template_kwargs": {"colour": "red"}},
+    "lone_surrogate": {"messages": [{"role": "user", "content": "a\ud800"}]},
+}
+COMPLETIONS = {
+    "ids": [5, 6, 7, 8],
+    "ids_long": list(range(5, 45)),
+    "id_batch": [[5, 6], [7, 8, 9]],
+    "text": "Once upon a time",
+    "text_batch": ["a", "b c"],
+    "id_out_of_vocab": [5, 10**9],
+    "negative_id": [[5], [-1]],
+    "empty_list": [],
+}
+
+
+def _outcome(fn: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except APIError as e:
+        return "error", (e.status, e.message, e.param, e.code)
+
+
+@pytest.fixture(scope="module")
+def template_tokenizer(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="module")
+def pool(template_tokenizer):
+    pool = TokenizerPool(template_tokenizer, size=1, min_bytes=0)
+    yield pool
+    pool.close()
+
+
+@pytest.mark.parametrize("name", list(CHATS))
+def test_pooled_chat_equals_in_process(pool, template_tokenizer, name):
+    body = {"model": MODEL, **CHATS[name]}
+    vocab = len(template_tokenizer)
+    req = ChatCompletionRequest.model_validate(body)
+    expected = _outcome(lambda: convert.chat_prompt_ids(template_tokenizer, req))
+    outcome = asyncio.run(pool.prepare_chat(json.dumps(body).encode(), vocab, BLOCK))
+    assert outcome.errors is None
+    got = _outcome(lambda: outcome.prompt_list(vocab)[0])
+    assert got == expected
+    if name in ("plain", "multi_turn", "name_and_kwargs", "text_parts", "developer_role", "long"):
+        assert got[0] == "ok" and len(got[1]) > 3
+        assert got[1].block_hashes == extend_block_hashes([], expected[1], BLOCK)
+        assert len(got[1].block_hashes) == len(got[1]) // BLOCK
+
+
+@pytest.mark.parametrize("name", list(COMPLETIONS))
+def test_pooled_completion_equals_in_process(pool, tokenizer, name):
+    body = {"model": MODEL, "prompt": COMPLETIONS[name]}
+    vocab = len(tokenizer)
+    req = CompletionRequest.model_validate(body)
+    expected = _outcome(lambda: convert.normalize_prompts(req.prompt))
+    outcome = asyncio.run(pool.prepare_completion(json.dumps(body).encode(), vocab, BLOCK))
+    got = _outcome(lambda: outcome.prompt_list(vocab))
+    assert got == expected
+    if name in ("ids", "ids_long", "id_batch"):  # checked in the worker: the engine skips it
+        assert all(getattr(p, "vocab_size", None) == vocab for p in got[1])
+        assert [p.block_hashes for p in got[1]] == [
+            extend_block_hashes([], p, BLOCK) for p in expected[1]
+        ]
+    if name == "id_out_of_vocab":  # not checked: the engine refuses it with its own error
+        assert not hasattr(got[1][0], "vocab_size")
+
+
+def test_pooled_validation_errors_equal_fastapis(pool):
+    """The worker's pydantic errors are FastAPI's (under "body"), so the 422/400 is the same."""
+    from pydantic import ValidationError
+
+    body = {
+        "model": MODEL,
+        "messages": [{"role": 3}, {"content": "x", "foo": 1}],
+        "temperature": "hot",
+    }
+    outcome = asyncio.run(pool.prepare_chat(json.dumps(body).encode(), None))
+    with pytest.raises(ValidationError) as e:
+        ChatCompletionRequest.model_validate(body)
+    expected = [{**err, "loc": ("body", *err["loc"])} for err in e.value.errors(include_url=False)]
+    assert outcome.errors == expected
+
+
+# -- the server with a pool against the server without -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(make_server):
+    """(pooled, plain): the same weights; `pooled` sends every body to its pool."""
+    pooled = make_server(tokenizer_pool_size=1, tokenizer_pool_min_bytes=0)
+    plain = make_server()
+    return pooled, plain
+
+
+def _answer(server, path: str, body: dict) -> tuple[int, Any]:
+    r = httpx.post(f"{server.url}{path}", json=body, timeout=60)
+    data = r.json()
+    for key in ("id", "created"):
+        data.pop(key, None)
+    return r.status_code, data
+
+
+LONG = [{"role": "user", "content": "hello world " * 10}] * 30  # > 256 tokens once rendered
+CHAT_BODIES = {
+    "greedy": {
+        "messages": [USER],
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    },
+    "too_long_rendered": {"messages": LONG, "max_tokens": 1},
+    "max_tokens_past_window": {"messages": [USER], "max_completion_tokens": 250},
+    "schema_error": {"messages": [{"role": "user", "content": 5}], "temperature": "hot"},
+    "extra_field": {"messages": [{**USER, "foo": 1}]},
+    "tools": {"messages": [USER], "tools": [{"type": "function", "function": {"name": "f"}}]},
+    "image_on_text_model": CHATS["image_on_text_model"],
+    "name_unused": {"messages": [{**USER, "name": "ann"}]},
+    "unknown_model": {"messages": [USER], "model": "other"},
+}
+COMPLETION_BODIES = {
+    "echo_logprobs": {
+        "prompt": [5, 6, 7],
+        "max_tokens": 3,
+        "temperature": 0,
+        "echo": True,
+        "logprobs": 1,
+    },
+    "batch": {"prompt": [[5, 6], "Once upon"], "max_tokens": 2, "temperature": 0},
+    "out_of_vocab": {"prompt": [5, 10**9], "max_tokens": 1},
+    "too_long": {"prompt": [5] * 200, "max_tokens": 100},
+    "schema_error": {"prompt": [5, "x"]},
+    "suffix": {"prompt": [5], "suffix": "x"},
+}
+
+
+@pytest.mark.parametrize("name", list(CHAT_BODIES))
+def test_pooled_server_chat_answers_as_in_process(pair, name):
+    pooled, plain = pair
+    body = {"model": MODEL, **CHAT_BODIES[name]}
+    assert _answer(pooled, "/v1/chat/completions", body) == _answer(
+        plain, "/v1/chat/completions", body
+    )
+
+
+@pytest.mark.parametrize("name", list(COMPLETION_BODIES))
+def test_pooled_server_completion_answers_as_in_process(pair, name):
+    pooled, plain = pair
+    body = {"model": MODEL, **COMPLETION_BODIES[name]}
+    assert _answer(pooled, "/v1/completions", body) == _answer(plain, "/v1/completions", body)
+
+
+def _sized_chat(num_bytes: int) -> bytes:
+    """A chat body of exactly `num_bytes` (JSON padded with trailing spaces)."""
+    body = json.dumps({"model": MODEL, "messages": [USER], "max_tokens": 1}).encode()
+    assert len(body) <= num_bytes
+    return body + b" " * (num_bytes - len(body))
+
+
+def test_threshold_boundary(pair, monkeypatch):
+    pooled, _ = pair
+    pool = pooled.server.config.app.state.ctx.pool
+    calls = []
+    real = pool.prepare_chat
+
+    async def spy(body: bytes, *args: Any) -> Any:
+        calls.append(len(body))
+        return await real(body, *args)
+
+    monkeypatch.setattr(pool, "prepare_chat", spy)
+    monkeypatch.setattr(pool, "min_bytes", 300)
+    for size in (299, 300, 301):
+        r = httpx.post(
+            f"{pooled.url}/v1/chat/completions",
+            content=_sized_chat(size),
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+    assert calls == [300, 301]
+
+
+def test_killed_worker_fails_its_request_and_the_next_works(pair):
+    """A worker killed mid-request: that request gets a 503 naming the pool (retryable), the
+    pool is replaced and the next request is served."""
+    pooled, _ = pair
+    pool = pooled.server.config.app.state.ctx.pool
+    [pid] = pool.worker_pids()
+    text = "many words " * 400_000  # ~4 MB to tokenize: seconds in the worker
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    answers: list[httpx.Response] = []
+    sender = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(f"{pooled.url}/v1/chat/completions", json=body, timeout=120)
+        )
+    )
+    sender.start()
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)
+    sender.join(120)
+    r = answers[0]
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "tokenizer_pool_failed"
+    assert r.headers["retry-after"] == "1"
+    ok = {"model": MODEL, "messages": [USER], "max_tokens": 2}
+    r = httpx.post(f"{pooled.url}/v1/chat/completions", json=ok, timeout=120)
+    assert r.status_code == 200, r.text
+    assert pid not in pool.worker_pids() and pool.worker_pids()
+
+
+def test_server_stop_leaves_no_pool_process(make_server):
+    server = make_server(tokenizer_pool_size=2, tokenizer_pool_min_bytes=0)
+    pool = server.server.config.app.state.ctx.pool
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"model": MODEL, "prompt": [5, 6], "max_tokens": 1},
+        timeout=60,
+    )
+    assert r.status_code == 200
+    pids = pool.worker_pids()
+    assert pids
+    server.stop()
+    assert not server.thread.is_alive()
+    assert pool.worker_pids() == []
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"pool worker {pid} left behind"
+
+
+def test_a_pool_that_cannot_start_leaves_the_server_without_one(make_server, monkeypatch):
+    def refuse(self: TokenizerPool) -> None:
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(TokenizerPool, "start", refuse)
+    server = make_server(tokenizer_pool_size=1, tokenizer_pool_min_bytes=0)
+    assert server.server.config.app.state.ctx.pool is None
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "messages": [USER], "max_tokens": 2})  # fmt: skip
+    assert r.status_code == 200, r.text
