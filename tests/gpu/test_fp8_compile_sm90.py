@@ -19,7 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 BF16, FP8, F32, I32, I64 = "*bf16", "*fp8e4nv", "*fp32", "i32", "i64"
 C = "constexpr"
-NUM_CASES = 7  # the kernels and tile picks `_cases` yields
+# GEMV (rows, columns, k-groups of 128 per load, stages, warps): the default pick, wider
+# programs with a pipelined K loop, and the multi-row form (the sweep's candidates)
+GEMV_CASES = [(1, 4, 16, 1, 4), (1, 16, 4, 3, 4), (1, 32, 2, 3, 8), (4, 4, 4, 2, 4),
+              (16, 4, 2, 1, 8)]  # fmt: skip
+# GEMM (block_m, block_n, x quantized in the kernel)
+GEMM_CASES = [(16, 32, True), (64, 64, True), (16, 128, False), (64, 64, False)]
+NUM_CASES = len(GEMV_CASES) + len(GEMM_CASES) + 6  # the kernels and tile picks `_cases` yields
 
 
 def _tools() -> str:
@@ -53,19 +59,27 @@ def _cases():
     from hyla.ops.fp8 import align_kernel, kernels, moe_kernels
 
     strides = lambda *names: {n: I32 for n in names}  # noqa: E731
-    gemv = {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "o_ptr": BF16, "N": I32, "K": I32,
-            **strides("stride_xm", "stride_wn", "stride_wsn", "stride_om"),
-            "BN_SCALE": C, "BLOCK_N": C, "GROUP": C, "GROUPS": C}  # fmt: skip
-    yield kernels._gemv_kernel, gemv, dict(BN_SCALE=128, BLOCK_N=4, GROUP=128, GROUPS=16), 4
+    gemv = {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "o_ptr": BF16, "M": I32, "N": I32,
+            "K": I32, "STEPS_SPLIT": I32,
+            **strides("stride_xm", "stride_wn", "stride_wsn", "stride_om", "stride_os"),
+            "BN_SCALE": C, "BLOCK_M": C, "BLOCK_N": C, "GROUP": C, "GROUPS": C,
+            "NUM_STAGES": C}  # fmt: skip
+    for rows, cols, groups, stages, warps in GEMV_CASES:
+        consts = dict(BN_SCALE=128, BLOCK_M=rows, BLOCK_N=cols, GROUP=128, GROUPS=groups,
+                      NUM_STAGES=stages)  # fmt: skip
+        yield kernels._gemv_kernel, gemv, consts, warps
     gemm = {"x_ptr": BF16, "xs_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "o_ptr": BF16,
-            "M": I32, "N": I32, "K": I32,
-            **strides("stride_xm", "stride_xsm", "stride_wn", "stride_wsn", "stride_om"),
+            "M": I32, "N": I32, "K": I32, "J_SPLIT": I32,
+            **strides("stride_xm", "stride_xsm", "stride_wn", "stride_wsn", "stride_om",
+                      "stride_os"),
             "BN_SCALE": C, "BLOCK_M": C, "BLOCK_N": C, "BLOCK_K": C, "QUANTIZE": C,
             "DOT_FP8": C}  # fmt: skip
-    for bm, bn in ((16, 32), (64, 64)):
-        consts = dict(BN_SCALE=128, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, QUANTIZE=True,
+    for bm, bn, quantize in GEMM_CASES:
+        consts = dict(BN_SCALE=128, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, QUANTIZE=quantize,
                       DOT_FP8=True)  # fmt: skip
         yield kernels._gemm_kernel, gemm, consts, 4
+    sums = {"p_ptr": F32, "o_ptr": BF16, "SPLITS": I32, "SIZE": I32, "BLOCK": C}
+    yield kernels._sum_splits_kernel, sums, dict(BLOCK=1024), 4
     moe = strides("stride_we", "stride_wr", "stride_wse", "stride_wsr")
     gate_up = {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "sw_ptr": FP8, "ss_ptr": F32,
                "ids_ptr": "*i64", "h_ptr": BF16, "P": I32, "D": I32, "I": I32, "I_BLOCKS": I32,

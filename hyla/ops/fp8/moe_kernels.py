@@ -18,14 +18,13 @@ then the k rows of a token are summed in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from hyla.ops.fp8 import kernels
-from hyla.ops.fp8.kernels import _quantize_groups
+from hyla.ops.fp8.kernels import _quantize_groups, device_name
+from hyla.ops.fp8.tiles import MoeTiles, pick_moe
 
 
 @triton.jit
@@ -229,24 +228,6 @@ def _down_grouped_kernel(
              mask=valid[:, None] & row_ok[None, :])  # fmt: skip
 
 
-@dataclass(frozen=True)
-class MoeTiles:
-    """Tile sizes (tuning only). GEMV: `gate_rows` rows of I per gate/up program with `depth`
-    columns of D per load; `down_cols` columns of D per down program with `down_depth` of I
-    per load. Grouped: `block_m` pairs per block, `block_n` output rows per program. The GEMV
-    picks hold the most weight bytes in flight per SM for their registers (ptxas for sm_90:
-    gate/up 4 rows x 8 warps 128 registers, 2 x 16 KiB per SM; down 4 columns 179, 2 x 8 KiB)."""
-
-    gate_rows: int = 4
-    depth: int = 2048
-    gate_warps: int = 8
-    down_cols: int = 4
-    down_depth: int = 512
-    down_warps: int = 4
-    block_m: int = 16
-    block_n: int = 64
-
-
 def gemv_form(num_tokens: int, top_k: int, num_experts: int) -> bool:
     """Whether the two-launch GEMV form runs (P = T k <= E): each pair reads its expert once;
     beyond, experts shared by several pairs are read once per block by the grouped form."""
@@ -312,7 +293,7 @@ def _grouped(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, bl
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
         gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0),
         TOPK=topk, BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
-        DOT_FP8=fp8_dot, num_warps=4, num_stages=3,
+        DOT_FP8=fp8_dot, num_warps=t.grouped_warps, num_stages=t.grouped_stages,
     )  # fmt: skip
     y = torch.empty(num_pairs, dim, dtype=torch.float32, device=x.device)
     _down_grouped_kernel[(num_blocks, triton.cdiv(dim, t.block_n))](
@@ -321,7 +302,7 @@ def _grouped(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, bl
         h.stride(0), down_proj.stride(0), down_proj.stride(1),
         down_scale.stride(0), down_scale.stride(1), y.stride(0),
         BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
-        DOT_FP8=fp8_dot, num_warps=4, num_stages=3,
+        DOT_FP8=fp8_dot, num_warps=t.grouped_warps, num_stages=t.grouped_stages,
     )  # fmt: skip
     return y.view(num_tokens, topk, dim).sum(1).to(x.dtype)
 
@@ -330,16 +311,23 @@ def fp8_moe_experts(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_
                     topk_weights, topk_ids, block_size, tiles: MoeTiles | None = None,
                     grouped: bool | None = None) -> torch.Tensor:  # fmt: skip
     """`reference.fp8_moe_experts` (same arguments and result up to fp32 summation order);
-    `grouped` forces a form (default: `gemv_form`), `tiles` overrides the tile sizes."""
+    `grouped` forces a form (default: `gemv_form`), `tiles` overrides `tiles.pick_moe` (the
+    device's tuned table, else MoeTiles())."""
     num_tokens, topk = topk_ids.shape
     if topk_ids.numel() == 0:
         return torch.zeros_like(hidden_states)
     if grouped is None:
         grouped = not gemv_form(num_tokens, topk, gate_up_proj.shape[0])
     x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    tiles = tiles or _pick(x, topk_ids, down_proj)
     args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
-            topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
+            topk_ids.contiguous(), tuple(block_size), tiles)  # fmt: skip
     return _grouped(*args) if grouped else _gemv(*args)
+
+
+def _pick(x: torch.Tensor, topk_ids: torch.Tensor, down_proj: torch.Tensor) -> MoeTiles:
+    (num_tokens, topk), (num_experts, dim, inter) = topk_ids.shape, down_proj.shape
+    return pick_moe(num_tokens, num_experts, topk, inter, dim, device_name(x.device))
 
 
 def shared_fits(gate_up_proj, gate_up_scale, down_proj, down_scale, shared) -> bool:
@@ -367,6 +355,7 @@ def fp8_moe_experts_and_shared(hidden_states, gate_up_proj, gate_up_scale, down_
     the shared gate/up products rounded to the hidden dtype. Needs `gemv_form` and
     `shared_fits`."""
     x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    tiles = tiles or _pick(x, topk_ids, down_proj)
     args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
-            topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
+            topk_ids.contiguous(), tuple(block_size), tiles)  # fmt: skip
     return _gemv(*args, shared=tuple(shared))
