@@ -140,6 +140,19 @@ def config_from_json(entry: dict[str, Any]) -> GemvConfig | GemmConfig | MoeTile
     return cls(**{k: v for k, v in entry.items() if k in names})
 
 
+def table_json(
+    device: str, linear: dict[str, GemvConfig | GemmConfig], moe: dict[str, MoeTiles],
+    source: str,
+) -> dict[str, Any]:  # fmt: skip
+    """A tuned table as `load_tables` reads it (keys: `linear_key`, `moe_key`)."""
+    return {
+        "device": device,
+        "source": source,
+        "linear": {key: config_to_json(c) for key, c in sorted(linear.items())},
+        "moe": {key: config_to_json(c) for key, c in sorted(moe.items())},
+    }
+
+
 def load_tables(folder: Path) -> MappingProxyType:
     """{device name: {"linear": {key: config}, "moe": {key: config}}} from folder/tuned_*.json
     (read-only mappings)."""
