@@ -25,7 +25,7 @@ GEMV_CASES = [(1, 4, 16, 1, 4), (1, 16, 4, 3, 4), (1, 32, 2, 3, 8), (4, 4, 4, 2,
               (16, 4, 2, 1, 8)]  # fmt: skip
 # GEMM (block_m, block_n, x quantized in the kernel)
 GEMM_CASES = [(16, 32, True), (64, 64, True), (16, 128, False), (64, 64, False)]
-NUM_CASES = len(GEMV_CASES) + len(GEMM_CASES) + 6  # the kernels and tile picks `_cases` yields
+NUM_CASES = len(GEMV_CASES) + len(GEMM_CASES) + 5  # the kernels and tile picks `_cases` yields
 
 
 def _tools() -> str:
