@@ -8,24 +8,26 @@ k = 6, I = 1408). Per case, in the same run: bf16 cuBLAS (F.linear) and, up to 4
 Triton GEMV (`hyla.ops.linear.gemv`); for experts bf16 `hyla.ops.moe.moe_experts`.
 
 Search: from the default pick, one field at a time over its options (the others held), the
-best kept, a second round if the first moved (coordinate descent: ~20 configs per kind instead
-of the ~10^4 of the full grid). Kinds by rows: the GEMV up to 16 rows (multi-row programs from
-4), the GEMM from 4 rows. A config whose result is off the reference by more than ERR_BOUND is
-refused. The budget (`--budget-s`) is shared out over the cases left, so the run ends in time
-(Triton compiles each new config once, ~1 s).
+best kept; `--rounds 2` goes over the fields again where the first round moved (coordinate
+descent: ~20 configs per start instead of the ~10^4 of the full grid). Starts: the default
+pick; from 4 to 16 rows also a multi-row GEMV; at 4 rows also the GEMM. A config whose result
+is off the reference by more than ERR_BOUND is refused. Rows outer (M = 1 first); the budget
+(`--budget-s`) is shared out over the cases left (a case may take `--greed` shares), so the run
+ends in time (Triton compiles each new config once, ~1 s; later shapes reuse them).
 
 Timing as bench/gpu_fp8_gemv.py: a CUDA graph of `--reps` calls, each on its own copy of the
 weights (> 4x the L2 together: weights stream from HBM), median of 5 replays, microseconds per
 call including every launch of the config (split-K's sum, the unfused GEMM's quantization).
 
     PYTHONPATH=. python3 bench/gpu_fp8_sweep.py --out-dir "$OUT" \\
-        --write-table hyla/ops/fp8/tuned_h200.json                       # H200, <= 6 min
+        --write-table "$OUT/tuned_h200.json"                             # H200, <= 6 min
     PYTHONPATH=. python3 bench/gpu_fp8_sweep.py --shapes big --out-dir "$OUT" \\
-        --write-table hyla/ops/fp8/tuned_h200.json                       # + the 30B shapes
+        --write-table "$OUT/tuned_h200_big.json"                         # the 30B shapes
     PYTHONPATH=. python3 bench/gpu_fp8_sweep.py --smoke                  # CPU interpreter
 
-`--write-table` merges the winners that beat the default by `--min-gain` into the table file
-(other keys kept); the defaults stay wherever the sweep found nothing better.
+`--write-table` merges the winners that beat the default by `--min-gain` into that table file
+(its other keys kept; a new file if none); copied into hyla/ops/fp8/, the picks read it on that
+device (`tiles.load_tables`: files of one device merge). Elsewhere the defaults stay.
 """
 
 from __future__ import annotations
@@ -82,8 +84,8 @@ GEMV_TILES = (
     (32, 256),
 )  # (cols, depth)
 OPTIONS = {  # field (or fields moved together) -> options, in search order
-    GemvConfig: {("cols", "depth"): GEMV_TILES, "split_k": (1, 2, 4, 8), "warps": (2, 4, 8),
-                 "stages": (1, 2, 3), "rows": (1, 2, 4, 8, 16)},
+    GemvConfig: {("cols", "depth"): GEMV_TILES, "split_k": (1, 2, 4, 8), "warps": (4, 8),
+                 "stages": (1, 3), "rows": (1, 2, 4, 8, 16)},
     GemmConfig: {"block_n": (32, 64, 128), "split_k": (1, 2, 4, 8, 16), "block_m": (16, 32, 64),
                  "fused": (True, False), "stages": (2, 3, 4), "warps": (4, 8)},
     MoeTiles: {"gate_rows": (2, 4, 8), "depth": (512, 1024, 2048), "gate_warps": (4, 8),
@@ -113,8 +115,9 @@ class Search:
     """Coordinate descent over one kind's OPTIONS from `start`; `measure(config)` -> us or None
     (refused); stops at `deadline` (time.monotonic)."""
 
-    def __init__(self, measure, options: dict, deadline: float, ok=lambda c: True) -> None:
+    def __init__(self, measure, options: dict, deadline: float, ok, rounds: int) -> None:
         self.measure, self.options, self.deadline, self.ok = measure, options, deadline, ok
+        self.rounds = rounds
         self.tried: dict = {}
         self.budget_hit = False
 
@@ -129,7 +132,7 @@ class Search:
 
     def run(self, start) -> tuple[object, float]:
         best, best_us = start, self.time(start, force=True)  # the default is always timed
-        for _ in range(2):
+        for _ in range(self.rounds):
             moved = False
             for field, values in self.options.items():
                 names = field if isinstance(field, tuple) else (field,)
@@ -138,7 +141,7 @@ class Search:
                     cand = dataclasses.replace(best, **dict(zip(names, value, strict=True)))
                     if cand != best and self.ok(cand) and self.time(cand) < best_us:
                         best, best_us, moved = cand, self.tried[cand], True
-            if not moved:
+            if not moved or _ == self.rounds - 1:
                 break
         return best, best_us
 
@@ -162,16 +165,16 @@ def linear_case(name, n, k, rows, ws, args, deadline) -> dict:
                            for q, s in w8], args)  # fmt: skip
 
     default = tiles.default_linear(rows, n, k)
-    starts = []
-    if rows <= 16:
-        multi_row = GemvConfig(cols=4, depth=256, rows=min(rows, 16))
-        starts.append(default if isinstance(default, GemvConfig) else multi_row)
-    if rows >= 4:
-        starts.append(default if isinstance(default, GemmConfig) else GemmConfig(block_m=16))
+    starts = [default]  # + the other kinds' starts (coordinate descent cannot walk between them)
+    if 4 <= rows <= 16:  # multi-row GEMV programs, register-sized
+        starts.append(GemvConfig(cols=4, depth=1024 if rows <= 4 else 256, rows=min(rows, 16)))
+    if 4 <= rows <= tiles.GEMV_ROWS:
+        starts.append(GemmConfig(block_m=16))
     found = []
     for i, start in enumerate(starts):
         share = time.monotonic() + (deadline - time.monotonic()) / (len(starts) - i)  # per kind
-        search = Search(measure, args.options[type(start)], share, lambda c: feasible(c, rows, k))
+        ok = lambda c: feasible(c, rows, k)  # noqa: E731
+        search = Search(measure, args.options[type(start)], share, ok, args.rounds)
         found.append((*search.run(start), search))
     best, best_us, _ = min(found, key=lambda f: f[1])
     default_us = next(s.tried[default] for *_, s in found if default in s.tried)
@@ -246,7 +249,7 @@ def moe_case(tokens: int, moe: dict, args, deadline) -> dict:
     fields = {
         f: v for f, v in args.options[MoeTiles].items() if is_grouped(f) == (form == "grouped")
     }
-    search = Search(measure, fields, deadline, lambda c: feasible(c, tokens, D))
+    search = Search(measure, fields, deadline, lambda c: feasible(c, tokens, D), args.rounds)
     best, best_us = search.run(MoeTiles())
     hit = int(ids.unique().numel())
     bf16 = base.timed([lambda g=g, d=d: moe_experts(x, g, d, wts, ids) for g, d in w16], args)
@@ -261,28 +264,27 @@ def moe_case(tokens: int, moe: dict, args, deadline) -> dict:
 
 def shapes_for(args) -> tuple[dict, dict]:
     if args.smoke:
-        return {"ragged": (40, 200)}, dict(E=8, k=4, I=64, D=128)
+        return {"ragged": (40, 200)}, dict(E=8, k=2, I=128, D=256)
     return (BIG_SHAPES, BIG_MOE) if args.shapes == "big" else (base.SHAPES, base.MOE)
 
 
 def run(args) -> dict:
+    """Rows outer (M = 1 first: the decode goal gets its search before the budget thins),
+    then every shape and the experts at T = M tokens."""
     shapes, moe = shapes_for(args)
-    rows = (1, 4) if args.smoke else ROWS
-    cases = [(name, n, k, m) for name, (n, k) in shapes.items() for m in rows]
-    tokens = (1, 3) if args.smoke else ROWS
+    rows = (1, 5) if args.smoke else ROWS
+    left = len(rows) * (len(shapes) + 1)
     end = time.monotonic() + args.budget_s
     linear, experts = [], []
-    for name, (n, k) in shapes.items():
-        ws = linear_weights(n, k, args)
-        for m in rows:
-            left = len(cases) - len(linear) + len(tokens)
+    for m in rows:
+        for name, (n, k) in shapes.items():
             share = time.monotonic() + args.greed * (end - time.monotonic()) / left
-            linear.append(linear_case(name, n, k, m, ws, args, min(end, share)))
-        del ws
-    for t in tokens:
-        left = len(tokens) - len(experts)
-        share = time.monotonic() + (end - time.monotonic()) / left
-        experts.append(moe_case(t, moe, args, min(end, share)))
+            linear.append(linear_case(name, n, k, m, linear_weights(n, k, args), args,
+                                      min(end, share)))  # fmt: skip
+            left -= 1
+        share = time.monotonic() + args.greed * (end - time.monotonic()) / left
+        experts.append(moe_case(m, moe, args, min(end, share)))
+        left -= 1
     return dict(copy_bandwidth_TBps=args.bandwidth / 1e12, linear=linear, moe=experts)
 
 
@@ -328,7 +330,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", choices=("small", "big"), default="small")
     p.add_argument("--reps", type=int, default=100)
-    p.add_argument("--budget-s", type=float, default=300.0)
+    p.add_argument("--budget-s", type=float, default=270.0, help="search time (+ ~1 min setup)")
+    p.add_argument("--rounds", type=int, default=1, help="coordinate-descent rounds per start")
     p.add_argument("--greed", type=float, default=2.5, help="share of the budget a case may take")
     p.add_argument("--min-gain", type=float, default=0.03)
     p.add_argument("--write-table", default=None)
@@ -361,7 +364,7 @@ def main() -> None:
     if args.write_table:
         path = Path(args.write_table)
         check_table(path, device, write_table(path, device, results, args.min_gain, cmd))
-        if args.out_dir:
+        if args.out_dir and path.resolve() != (Path(args.out_dir) / path.name).resolve():
             (Path(args.out_dir) / path.name).write_text(path.read_text())
 
 

@@ -36,6 +36,19 @@ def test_table_round_trip_by_device_bucket_and_shape(tmp_path) -> None:
     assert tiles.pick_moe(12, 32, 4, 512, 2048, GPU, tables) == moe
 
 
+def test_tables_of_one_device_merge(tmp_path) -> None:
+    # tuned_h200.json (1.5B shapes) + tuned_h200_big.json (30B shapes): both read, a key in
+    # both takes the later file's entry (name order)
+    small, big, both = (tiles.linear_key(1, n, 2048) for n in (2048, 4096, 6144))
+    first = {small: GemvConfig(cols=8), both: GemvConfig(cols=16)}
+    second = {big: GemmConfig(split_k=2), both: GemvConfig(cols=32)}
+    for name, linear in (("tuned_h200.json", first), ("tuned_h200_big.json", second)):
+        table = tiles.table_json(GPU, linear, {}, source="test")
+        (tmp_path / name).write_text(json.dumps(table))
+    got = tiles.load_tables(tmp_path)[GPU]["linear"]
+    assert dict(got) == {small: first[small], big: second[big], both: second[both]}
+
+
 @pytest.mark.parametrize(
     "rows, n, k, device",
     [(2, 2048, 6144, GPU), (65, 2048, 6144, GPU), (1, 2048, 2048, GPU), (1, 2048, 6144, "cpu")],

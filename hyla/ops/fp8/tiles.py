@@ -7,7 +7,8 @@ A pick reads the measured table of its device first: `tuned_*.json` beside this 
 {"device": torch.cuda.get_device_name(), "linear": {key: config}, "moe": {key: config}}, written
 by `bench/gpu_fp8_sweep.py --write-table` and keyed by (row bucket, shape); a shape or device
 the tables do not hold gets the defaults (the picks before the sweep). Loaded once at import
-into read-only mappings."""
+into read-only mappings; several files of one device merge (e.g. tuned_h200.json for the 1.5B
+model's shapes, tuned_h200_big.json for the 30B model's)."""
 
 from __future__ import annotations
 
@@ -155,19 +156,23 @@ def table_json(
 
 def load_tables(folder: Path) -> MappingProxyType:
     """{device name: {"linear": {key: config}, "moe": {key: config}}} from folder/tuned_*.json
-    (read-only mappings)."""
-    tables = {}
+    (read-only mappings); files of one device merge, in name order (a later key wins)."""
+    tables: dict[str, dict[str, dict]] = {}
     for path in sorted(folder.glob("tuned_*.json")):
         raw = json.loads(path.read_text())
-        parts = {part: _part(path, raw, part, kinds) for part, kinds in PARTS.items()}
-        tables[raw["device"]] = MappingProxyType(parts)
-    return MappingProxyType(tables)
+        parts = tables.setdefault(raw["device"], {part: {} for part in PARTS})
+        for part, kinds in PARTS.items():
+            parts[part].update(_part(path, raw, part, kinds))
+    return MappingProxyType(
+        {device: MappingProxyType({part: MappingProxyType(c) for part, c in parts.items()})
+         for device, parts in tables.items()}
+    )  # fmt: skip
 
 
 PARTS = {"linear": (GemvConfig, GemmConfig), "moe": (MoeTiles,)}
 
 
-def _part(path: Path, raw: dict, part: str, kinds: tuple[type, ...]) -> MappingProxyType:
+def _part(path: Path, raw: dict, part: str, kinds: tuple[type, ...]) -> dict:
     configs = {key: config_from_json(e) for key, e in raw.get(part, {}).items()}
     wrong = [key for key, c in configs.items() if not isinstance(c, kinds)]
     if wrong:
