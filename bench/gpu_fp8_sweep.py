@@ -10,7 +10,8 @@ Triton GEMV (`hyla.ops.linear.gemv`); for experts bf16 `hyla.ops.moe.moe_experts
 Search: from the default pick, one field at a time over its options (the others held), the
 best kept; `--rounds 2` goes over the fields again where the first round moved (coordinate
 descent: ~20 configs per start instead of the ~10^4 of the full grid). Starts: the default
-pick; from 4 to 16 rows also a multi-row GEMV; at 4 rows also the GEMM. A config whose result
+pick; from 4 to 16 rows also a multi-row GEMV; up to 4 rows also the GEMM (16-row tiles: its
+loads are software-pipelined, the GEMV's are not). A config whose result
 is off the reference by more than ERR_BOUND is refused. Rows outer (M = 1 first); the budget
 (`--budget-s`) is shared out over the cases left (a case may take `--greed` shares), so the run
 ends in time (Triton compiles each new config once, ~1 s; later shapes reuse them).
@@ -61,7 +62,6 @@ from hyla.ops.fp8.tiles import GemmConfig, GemvConfig, MoeTiles  # noqa: E402
 from hyla.ops.linear import gemv as bf16_gemv  # noqa: E402
 from hyla.ops.moe import moe_experts  # noqa: E402
 
-ROWS = (1, 4, 16, 64)
 ERR_BOUND = 2e-2  # bf16 output rounding plus fp8 tensor-core sums (tests/gpu/test_fp8_gpu.py)
 BIG_SHAPES = {  # bench/gpu_fp8.py --big: hidden 4096, 32 heads x 128, I = 1408, dense 3 x hidden
     "kda_inputs": (12576, 4096), "kda_f_b": (4096, 128), "kda_o": (4096, 4096),
@@ -84,8 +84,9 @@ GEMV_TILES = (
     (32, 256),
 )  # (cols, depth)
 OPTIONS = {  # field (or fields moved together) -> options, in search order
-    GemvConfig: {("cols", "depth"): GEMV_TILES, "split_k": (1, 2, 4, 8), "warps": (4, 8),
-                 "stages": (1, 3), "rows": (1, 2, 4, 8, 16)},
+    GemvConfig: {("cols", "depth"): GEMV_TILES, "prefetch": (False, True),
+                 "split_k": (1, 2, 4, 8), "warps": (4, 8), "stages": (1, 3),
+                 "rows": (1, 2, 4, 8, 16)},
     GemmConfig: {"block_n": (32, 64, 128), "split_k": (1, 2, 4, 8, 16), "block_m": (16, 32, 64),
                  "fused": (True, False), "stages": (2, 3, 4), "warps": (4, 8)},
     MoeTiles: {"gate_rows": (2, 4, 8), "depth": (512, 1024, 2048), "gate_warps": (4, 8),
@@ -94,7 +95,12 @@ OPTIONS = {  # field (or fields moved together) -> options, in search order
                "grouped_stages": (2, 3, 4)},
 }  # fmt: skip
 SMOKE_OPTIONS = {
-    GemvConfig: {("cols", "depth"): ((4, 256), (8, 64)), "split_k": (1, 2), "rows": (1, 4)},
+    GemvConfig: {
+        ("cols", "depth"): ((4, 256), (8, 64)),
+        "prefetch": (False, True),
+        "split_k": (1, 2),
+        "rows": (1, 4),
+    },
     GemmConfig: {"block_n": (16, 32), "split_k": (1, 3), "fused": (True, False)},
     MoeTiles: {"gate_rows": (2, 4), "down_cols": (2, 4), "block_m": (16, 32)},
 }
@@ -167,9 +173,10 @@ def linear_case(name, n, k, rows, ws, args, deadline) -> dict:
     default = tiles.default_linear(rows, n, k)
     starts = [default]  # + the other kinds' starts (coordinate descent cannot walk between them)
     if 4 <= rows <= 16:  # multi-row GEMV programs, register-sized
-        starts.append(GemvConfig(cols=4, depth=1024 if rows <= 4 else 256, rows=min(rows, 16)))
-    if 4 <= rows <= tiles.GEMV_ROWS:
-        starts.append(GemmConfig(block_m=16))
+        per_program = min(16, 1 << (rows - 1).bit_length())
+        starts.append(GemvConfig(cols=4, depth=1024 if rows <= 4 else 256, rows=per_program))
+    if rows <= tiles.GEMV_ROWS:  # tensor-core tiles of 16 rows, software-pipelined loads
+        starts.append(GemmConfig(block_m=16, block_n=64, split_k=2))
     found = []
     for i, start in enumerate(starts):
         share = time.monotonic() + (deadline - time.monotonic()) / (len(starts) - i)  # per kind
@@ -272,7 +279,7 @@ def run(args) -> dict:
     """Rows outer (M = 1 first: the decode goal gets its search before the budget thins),
     then every shape and the experts at T = M tokens."""
     shapes, moe = shapes_for(args)
-    rows = (1, 5) if args.smoke else ROWS
+    rows = (1, 5) if args.smoke else [int(r) for r in args.rows.split(",")]
     left = len(rows) * (len(shapes) + 1)
     end = time.monotonic() + args.budget_s
     linear, experts = [], []
@@ -329,6 +336,7 @@ def check_table(path: Path, device: str, table: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", choices=("small", "big"), default="small")
+    p.add_argument("--rows", default="1,4,16,64", help="rows M (and expert tokens T) to sweep")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--budget-s", type=float, default=270.0, help="search time (+ ~1 min setup)")
     p.add_argument("--rounds", type=int, default=1, help="coordinate-descent rounds per start")
@@ -337,12 +345,13 @@ def main() -> None:
     p.add_argument("--write-table", default=None)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=None)
+    p.add_argument("--name-suffix", default="", help="results file gpu_fp8_sweep{suffix}_h200")
     p.add_argument("--out-dir", default=None)
     args = p.parse_args()
     args.device = "cpu" if args.smoke else "cuda"
     args.options = SMOKE_OPTIONS if args.smoke else OPTIONS
     args.bandwidth = 1.0 if args.smoke else copy_bandwidth()
-    suffix = "" if args.shapes == "small" else "_big"
+    suffix = ("" if args.shapes == "small" else "_big") + args.name_suffix
     out = Path(args.out or ROOT / "bench" / "results" / f"gpu_fp8_sweep{suffix}_h200.json")
     t0 = time.monotonic()
     results = run(args)

@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 BF16, FP8, F32, I32, I64 = "*bf16", "*fp8e4nv", "*fp32", "i32", "i64"
 C = "constexpr"
-# GEMV (rows, columns, k-groups of 128 per load, stages, warps): the default pick, wider
-# programs with a pipelined K loop, and the multi-row form (the sweep's candidates)
-GEMV_CASES = [(1, 4, 16, 1, 4), (1, 16, 4, 3, 4), (1, 32, 2, 3, 8), (4, 4, 4, 2, 4),
-              (16, 4, 2, 1, 8)]  # fmt: skip
+# GEMV (rows, columns, k-groups of 128 per load, stages, warps, prefetch): the default pick,
+# wider programs with a K loop (pipelined, prefetched), the multi-row form (sweep candidates)
+GEMV_CASES = [(1, 4, 16, 1, 4, False), (1, 16, 4, 3, 4, False), (1, 16, 4, 1, 4, True),
+              (1, 32, 2, 1, 8, True), (4, 4, 4, 2, 4, True), (16, 4, 2, 1, 8, False)]  # fmt: skip
 # GEMM (block_m, block_n, x quantized in the kernel)
 GEMM_CASES = [(16, 32, True), (64, 64, True), (16, 128, False), (64, 64, False)]
 NUM_CASES = len(GEMV_CASES) + len(GEMM_CASES) + 5  # the kernels and tile picks `_cases` yields
@@ -63,10 +63,10 @@ def _cases():
             "K": I32, "STEPS_SPLIT": I32,
             **strides("stride_xm", "stride_wn", "stride_wsn", "stride_om", "stride_os"),
             "BN_SCALE": C, "BLOCK_M": C, "BLOCK_N": C, "GROUP": C, "GROUPS": C,
-            "NUM_STAGES": C}  # fmt: skip
-    for rows, cols, groups, stages, warps in GEMV_CASES:
+            "NUM_STAGES": C, "PREFETCH": C}  # fmt: skip
+    for rows, cols, groups, stages, warps, prefetch in GEMV_CASES:
         consts = dict(BN_SCALE=128, BLOCK_M=rows, BLOCK_N=cols, GROUP=128, GROUPS=groups,
-                      NUM_STAGES=stages)  # fmt: skip
+                      NUM_STAGES=stages, PREFETCH=prefetch)  # fmt: skip
         yield kernels._gemv_kernel, gemv, consts, warps
     gemm = {"x_ptr": BF16, "xs_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "o_ptr": BF16,
             "M": I32, "N": I32, "K": I32, "J_SPLIT": I32,

@@ -26,17 +26,18 @@ MOE_BF16_BOUND = 4e-2
 
 def linear_variants(small: bool) -> dict:
     """The tile variants `bench/gpu_fp8_sweep.py` chooses from, by id: more columns per program,
-    a K loop (depth < K, pipelined), multi-row GEMV programs, split-K (more splits than k-steps
-    too), small-M GEMM tiles, x quantized before the GEMM. `small`: depths for the interpreter's
-    tiny K (block (16, 32)); else for bk = 128."""
+    a K loop (depth < K, pipelined or prefetched), multi-row GEMV programs, split-K (more
+    splits than k-steps too), small-M GEMM tiles, x quantized before the GEMM. `small`: depths
+    for the interpreter's tiny K (block (16, 32)); else for bk = 128."""
     from hyla.ops.fp8.tiles import GemmConfig, GemvConfig
 
     d = 32 if small else 128
     return {
         "default": None,
         "gemv-cols8-loop": GemvConfig(cols=8, depth=2 * d, stages=2),
+        "gemv-cols16-prefetch": GemvConfig(cols=16, depth=d, prefetch=True),
         "gemv-cols32-split2": GemvConfig(cols=32, depth=d, split_k=2, warps=8, stages=3),
-        "gemv-rows4": GemvConfig(rows=4, depth=2 * d),
+        "gemv-rows4-prefetch": GemvConfig(rows=4, depth=2 * d, prefetch=True),
         "gemv-rows16-split3": GemvConfig(cols=2, rows=16, depth=d, split_k=3),
         "gemv-split-past-steps": GemvConfig(depth=d, split_k=64),
         "gemm-16x16": GemmConfig(block_m=16, block_n=16, stages=2),
@@ -197,7 +198,8 @@ def test_fp8_split_k_in_cuda_graph_equal_eager() -> None:
 
     gen = torch.Generator().manual_seed(1)
     q, s = (t.cuda() for t in _weight(1000, 3000, (128, 128), gen))
-    for m, config in ((1, GemvConfig(depth=256, split_k=4)), (16, GemmConfig(16, 64, 5))):
+    for m, config in ((1, GemvConfig(depth=256, split_k=4, prefetch=True)),
+                      (16, GemmConfig(16, 64, 5))):  # fmt: skip
         x = torch.randn(m, 3000, device="cuda", dtype=torch.bfloat16)
         kernels.fp8_linear(x, q, s, (128, 128), config)
         torch.cuda.synchronize()

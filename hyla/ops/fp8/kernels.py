@@ -74,12 +74,18 @@ def _quantize_groups(x, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _w_tile(w_rows, k0, depth, mask_n, k_rem):
+    kk = k0 + depth
+    return tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & (kk < k_rem)[None, :], other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, ws_ptr, o_ptr,
     M, N, K, STEPS_SPLIT,
     stride_xm, stride_wn, stride_wsn, stride_om, stride_os,
     BN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    GROUP: tl.constexpr, GROUPS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # BLOCK_N divides bn: the program's rows share one row of weight scales, which folds into
     # x with x's own scales (xe = x_q * x_s * W_s per column), leaving a plain [BLOCK_N, DEPTH]
@@ -97,6 +103,8 @@ def _gemv_kernel(
     ws_row = ws_ptr + ((pid_n * BLOCK_N) // BN_SCALE).to(tl.int64) * stride_wsn + i0 * GROUPS
     num_groups = tl.cdiv(k_rem, GROUP)
     o_ptr += pid_s.to(tl.int64) * stride_os
+    if PREFETCH:
+        w_next = _w_tile(w_rows, 0, depth, mask_n, k_rem)
     if BLOCK_M == 1:  # one row: 2-D tiles
         m = pid_m.to(tl.int64)
         acc = tl.zeros([BLOCK_N], tl.float32)
@@ -108,10 +116,11 @@ def _gemv_kernel(
             j = k0 // GROUP + offs_g
             ws = tl.load(ws_row + j, mask=j < num_groups, other=0.0)
             xe = tl.reshape(xq * (xs * ws)[:, None], [GROUPS * GROUP])
-            kk = k0 + depth
-            w = tl.load(
-                w_rows + kk[None, :], mask=mask_n[:, None] & (kk < k_rem)[None, :], other=0.0
-            )
+            if PREFETCH:  # the next tile's load goes out before this tile's sums
+                w = w_next
+                w_next = _w_tile(w_rows, k0 + GROUPS * GROUP, depth, mask_n, k_rem)
+            else:
+                w = _w_tile(w_rows, k0, depth, mask_n, k_rem)
             acc += tl.sum(w.to(tl.float32) * xe[None, :], axis=1)
         tl.store(o_ptr + m * stride_om + offs_n, acc.to(o_ptr.dtype.element_ty), mask=mask_n)
     else:  # BLOCK_M rows: each weight tile read once for all of them
@@ -128,10 +137,11 @@ def _gemv_kernel(
             j = k0 // GROUP + offs_g
             ws = tl.load(ws_row + j, mask=j < num_groups, other=0.0)
             xe = tl.reshape(xq * (xs * ws[None, :])[:, :, None], [BLOCK_M, GROUPS * GROUP])
-            kk = k0 + depth
-            w = tl.load(
-                w_rows + kk[None, :], mask=mask_n[:, None] & (kk < k_rem)[None, :], other=0.0
-            )
+            if PREFETCH:  # the next tile's load goes out before this tile's sums
+                w = w_next
+                w_next = _w_tile(w_rows, k0 + GROUPS * GROUP, depth, mask_n, k_rem)
+            else:
+                w = _w_tile(w_rows, k0, depth, mask_n, k_rem)
             acc2 += tl.sum(w.to(tl.float32)[None, :, :] * xe[:, None, :], axis=2)
         out = o_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
         out_mask = mask_m[:, None] & mask_n[None, :]
@@ -302,7 +312,7 @@ def fp8_gemv(
         x.stride(0), weight.stride(0), weight_scale.stride(0), part.stride(-2),
         part.stride(0) if splits > 1 else 0,
         BN_SCALE=bn, BLOCK_M=rows, BLOCK_N=cols, GROUP=bk, GROUPS=groups,
-        NUM_STAGES=c.stages, num_warps=c.warps,
+        NUM_STAGES=c.stages, PREFETCH=c.prefetch and groups * bk < k, num_warps=c.warps,
     )  # fmt: skip
     return _sum_splits(part, out)
 

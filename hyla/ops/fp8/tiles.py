@@ -37,8 +37,11 @@ def _at_least(name: str, value: int, lo: int) -> None:
 class GemvConfig:
     """`kernels.fp8_gemv`: program (columns, rows, split) owns `cols` output columns (narrowed
     to a power of two dividing bn) of `rows` rows of x (the weight tile is read once for them),
-    loads `depth` columns of K at a time (clamped to K) in a loop pipelined over `stages`, over
-    1 / `split_k` of K (split_k > 1: fp32 partials summed in a fixed order by a second launch)."""
+    loads `depth` columns of K at a time (clamped to K) in a loop over 1 / `split_k` of K
+    (split_k > 1: fp32 partials summed in a fixed order by a second launch). The loop's weight
+    loads overlap its sums by `prefetch` (the next tile loaded into registers first: the tile
+    stays packed fp8 there, ~1/4 of the registers of its fp32 products) or by `stages`
+    (Triton's software pipelining, which on sm_90 took only the scale loads in a test compile)."""
 
     cols: int = 4
     depth: int = 2048
@@ -46,6 +49,7 @@ class GemvConfig:
     split_k: int = 1
     warps: int = 4
     stages: int = 1
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         _pow2("cols", self.cols, 1, 256)
