@@ -94,8 +94,8 @@ OPTIONS = {  # field (or fields moved together) -> options, in search order
                  "fused": (True, False), "stages": (2, 3, 4), "warps": (4, 8)},
     MoeTiles: {"gate_rows": (2, 4, 8), "depth": (512, 1024, 2048), "gate_warps": (4, 8),
                "down_cols": (2, 4, 8), "down_depth": (256, 512, 1024), "down_warps": (4, 8),
-               "block_m": (16, 32, 64), "block_n": (32, 64, 128), "grouped_warps": (4, 8),
-               "grouped_stages": (2, 3, 4)},
+               "block_m": (16, 32, 64), "block_n": (32, 64, 128), "grouped_fused": (True, False),
+               "grouped_warps": (4, 8), "grouped_stages": (2, 3, 4)},
 }  # fmt: skip
 SMOKE_OPTIONS = {
     GemvConfig: {
@@ -105,7 +105,12 @@ SMOKE_OPTIONS = {
         "rows": (1, 4),
     },
     GemmConfig: {"block_n": (16, 32), "split_k": (1, 3), "fused": (True, False)},
-    MoeTiles: {"gate_rows": (2, 4), "down_cols": (2, 4), "block_m": (16, 32)},
+    MoeTiles: {
+        "gate_rows": (2, 4),
+        "down_cols": (2, 4),
+        "block_m": (16, 32),
+        "grouped_fused": (True, False),
+    },
 }
 
 

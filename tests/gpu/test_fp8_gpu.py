@@ -66,6 +66,7 @@ def moe_variants() -> dict:
             grouped_stages=2,
         ),  # fmt: skip
         "narrow": MoeTiles(gate_rows=2, down_cols=2, block_m=16, block_n=32, grouped_stages=4),
+        "unfused": MoeTiles(block_m=32, grouped_fused=False),
     }
 
 

@@ -39,9 +39,8 @@ class GemvConfig:
     to a power of two dividing bn) of `rows` rows of x (the weight tile is read once for them),
     loads `depth` columns of K at a time (clamped to K) in a loop over 1 / `split_k` of K
     (split_k > 1: fp32 partials summed in a fixed order by a second launch). The loop's weight
-    loads overlap its sums by `prefetch` (the next tile loaded into registers first: the tile
-    stays packed fp8 there, ~1/4 of the registers of its fp32 products) or by `stages`
-    (Triton's software pipelining, which on sm_90 took only the scale loads in a test compile)."""
+    loads overlap its sums by `stages` (Triton's software pipelining: cp.async into shared
+    memory) or `prefetch` (the next tile loaded into registers first)."""
 
     cols: int = 4
     depth: int = 2048
@@ -88,7 +87,9 @@ class MoeTiles:
     """`moe_kernels.fp8_moe_experts`. GEMV form: `gate_rows` rows of I per gate/up program with
     `depth` columns of D per load and `gate_warps`; `down_cols` columns of D per down program
     with `down_depth` of I per load and `down_warps`. Grouped form: `block_m` pairs per block
-    (64 past 1024 pairs), `block_n` output rows per program, `grouped_warps`, `grouped_stages`.
+    (64 past 1024 pairs), `block_n` output rows per program, `grouped_warps`, `grouped_stages`;
+    `grouped_fused`: activations quantized in the GEMMs' registers (each N-block program again),
+    else once per row by `kernels.quantize_rows` (a launch before each GEMM).
     The GEMV defaults hold the most weight bytes in flight per SM for their registers (ptxas
     for sm_90: gate/up 4 rows x 8 warps 128 registers, down 4 columns 179)."""
 
@@ -102,6 +103,7 @@ class MoeTiles:
     block_n: int = 64
     grouped_warps: int = 4
     grouped_stages: int = 3
+    grouped_fused: bool = True
 
     def __post_init__(self) -> None:
         for name in ("gate_rows", "down_cols"):
