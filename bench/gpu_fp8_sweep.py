@@ -175,8 +175,8 @@ def linear_case(name, n, k, rows, ws, args, deadline) -> dict:
         if not err <= ERR_BOUND:
             print(f"  refused {config}: rel err {err:.1e}", flush=True)
             return None
-        return base.timed([lambda q=q, s=s: kernels.fp8_linear(x, q, s, base.BLOCK, config)
-                           for q, s in w8], args)  # fmt: skip
+        calls = [lambda q=q, s=s: kernels.fp8_linear(x, q, s, base.BLOCK, config) for q, s in w8]
+        return timed_or_none(calls, config, args)
 
     default = tiles.default_linear(rows, n, k)
     starts = [default]  # + the other kinds' starts (coordinate descent cannot walk between them)
@@ -200,6 +200,16 @@ def linear_case(name, n, k, rows, ws, args, deadline) -> dict:
                       for *_, s in found for c, us in s.tried.items()],
                budget_hit=any(s.budget_hit for *_, s in found))  # fmt: skip
     return finish(row, f"{name:15s} M={rows:3d} N={n:5d} K={k:5d}", n * k, args)
+
+
+def timed_or_none(calls, config, args) -> float | None:
+    try:
+        return base.timed(calls, args)
+    except Exception as e:  # noqa: BLE001 (a capture that fails: the config is refused)
+        print(f"  refused {config}: {type(e).__name__} while timing", flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return None
 
 
 def bf16_times(x, w16, args) -> dict:
@@ -258,7 +268,7 @@ def moe_case(tokens: int, moe: dict, args, deadline) -> dict:
         if not err <= ERR_BOUND * 4:  # bf16 intermediates re-quantized (MOE_BF16_BOUND)
             print(f"  refused {t}: rel err {err:.1e}", flush=True)
             return None
-        return base.timed([lambda w=w: run(w, t) for w in w8], args)
+        return timed_or_none([lambda w=w: run(w, t) for w in w8], t, args)
 
     form = "gemv" if moe_kernels.gemv_form(tokens, k, E) else "grouped"
     fields = {
@@ -291,8 +301,9 @@ def run(args) -> dict:
     left = len(rows) * (len(shapes) + 1)
     end = time.monotonic() + args.budget_s
     linear, experts = [], []
+    by_size = sorted(shapes.items(), key=lambda item: item[1][0] * item[1][1])
     for m in rows:
-        for name, (n, k) in shapes.items():
+        for name, (n, k) in by_size:  # small first: the big ones find more configs compiled
             share = time.monotonic() + args.greed * (end - time.monotonic()) / left
             linear.append(linear_case(name, n, k, m, linear_weights(n, k, args), args,
                                       min(end, share)))  # fmt: skip
