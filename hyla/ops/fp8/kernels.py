@@ -303,7 +303,7 @@ def fp8_gemv(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    c = config or GemvConfig(cols=4 if n >= 512 else 2)
+    c = config or default_linear(1, n, k)
     groups = max(1, min(c.depth, triton.next_power_of_2(k)) // bk)
     cols = min(c.cols, bn & -bn)  # a power of two dividing bn: one scale row per program
     rows = min(c.rows, triton.next_power_of_2(m))

@@ -160,6 +160,9 @@ def table_json(
     }
 
 
+PARTS = {"linear": (GemvConfig, GemmConfig), "moe": (MoeTiles,)}  # a table's parts: their kinds
+
+
 def load_tables(folder: Path) -> MappingProxyType:
     """{device name: {"linear": {key: config}, "moe": {key: config}}} from folder/tuned_*.json
     (read-only mappings); files of one device merge, in name order (a later key wins)."""
@@ -175,9 +178,6 @@ def load_tables(folder: Path) -> MappingProxyType:
     )  # fmt: skip
 
 
-PARTS = {"linear": (GemvConfig, GemmConfig), "moe": (MoeTiles,)}
-
-
 def _part(path: Path, raw: dict, part: str, kinds: tuple[type, ...]) -> dict:
     configs = {key: config_from_json(e) for key, e in raw.get(part, {}).items()}
     wrong = [key for key, c in configs.items() if not isinstance(c, kinds)]
@@ -185,7 +185,7 @@ def _part(path: Path, raw: dict, part: str, kinds: tuple[type, ...]) -> dict:
         raise ValueError(
             f"{path.name}: {part} entries {wrong} are not {[k.__name__ for k in kinds]}"
         )
-    return MappingProxyType(configs)
+    return configs
 
 
 TABLES = load_tables(Path(__file__).parent)
@@ -195,7 +195,8 @@ def default_linear(rows: int, out_features: int, in_features: int) -> GemvConfig
     """The picks before the sweep. GEMV up to GEMV_ROWS rows: 4 columns per program (2 below
     512 outputs, so that small projections still spread over the SMs), all of K <= 2048 per
     load. GEMM: BLOCK_M the rows rounded up to a power of two (16 .. 64), BLOCK_N the widest of
-    128 / 64 that still gives >= 132 programs (one per H200 SM), else 32."""
+    128 / 64 that still gives >= 132 programs (one per H200 SM), else 32; x quantized in the
+    kernel up to FUSED_ROWS rows."""
     if rows <= GEMV_ROWS:
         return GemvConfig(cols=4 if out_features >= 512 else 2)
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
