@@ -89,9 +89,8 @@ class MoeTiles:
     with `down_depth` of I per load and `down_warps`. Grouped form: `block_m` pairs per block
     (64 past 1024 pairs), `block_n` output rows per program, `grouped_warps`, `grouped_stages`;
     `grouped_fused`: activations quantized in the GEMMs' registers (each N-block program again),
-    else once per row by `kernels.quantize_rows` (a launch before each GEMM).
-    The GEMV defaults hold the most weight bytes in flight per SM for their registers (ptxas
-    for sm_90: gate/up 4 rows x 8 warps 128 registers, down 4 columns 179)."""
+    else once per row by `kernels.quantize_rows` (a launch before each GEMM). Register counts
+    for sm_90: `python3 -m tests.gpu.test_fp8_compile_sm90`."""
 
     gate_rows: int = 4
     depth: int = 2048
