@@ -7,7 +7,7 @@ rows, the GEMM with x quantized in registers beyond), the bf16 Triton GEMV
 ratio = fp8 time / the faster bf16 time (goal at M = 1: <= 0.6, half the bytes). Per MoE batch
 T: `moe_kernels.fp8_moe_experts` vs bf16 `hyla.ops.moe.moe_experts` (E = 32, k = 4, I = 512,
 D = 2048). A small tile sweep of the fp8 kernels on the two largest shapes tells whether
-`pick_tiles` is near the best.
+`tiles.pick_linear` is near the best (bench/gpu_fp8_sweep.py searches wider).
 
 Timing as bench/gpu_gemv_sweep.py: a CUDA graph of `--reps` calls, each on its own copy of the
 weights (together > 4x the 50 MB L2, so every call streams its weight from HBM as in a decode
@@ -20,6 +20,7 @@ step), median of 5 replays; bandwidth = weight bytes / time over the measured co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -39,7 +40,7 @@ from gpu_e2e import environment, write_result  # noqa: E402
 from gpu_gemv_sweep import copies_for, copy_bandwidth, graph_us  # noqa: E402
 from throughput import git_commit  # noqa: E402
 
-from hyla.ops.fp8 import FP8, kernels, moe_kernels, reference  # noqa: E402
+from hyla.ops.fp8 import FP8, kernels, moe_kernels, reference, tiles  # noqa: E402
 from hyla.ops.linear import gemv as bf16_gemv  # noqa: E402
 from hyla.ops.moe import moe_experts  # noqa: E402
 
@@ -80,10 +81,11 @@ def linear_rows(name: str, n: int, k: int, rows: int, args, bw: float) -> dict:
     x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
     want = reference.fp8_linear(x.float(), *w8[0], BLOCK)
     err = rel_err(kernels.fp8_linear(x, *w8[0], BLOCK), want)
+    pick = tiles.pick_linear(rows, n, k, kernels.device_name(x.device))
     fp8_us = timed([lambda q=q, s=s: kernels.fp8_linear(x, q, s, BLOCK) for q, s in w8], args)
     torch_us = timed([lambda w=w: F.linear(x, w) for w in w16], args)
     row = dict(name=name, n=n, k=k, rows=rows, fp8_us=fp8_us, torch_bf16_us=torch_us,
-               fp8_rel_err=err, path="gemv" if rows <= kernels.GEMV_ROWS else "gemm")  # fmt: skip
+               fp8_rel_err=err, path=tiles.config_to_json(pick)["kernel"])  # fmt: skip
     if rows <= bf16_gemv.MAX_ROWS:
         row["gemv_bf16_us"] = timed([lambda w=w: bf16_gemv.gemv(x, w) for w in w16], args)
     best_bf16 = min(row["torch_bf16_us"], row.get("gemv_bf16_us", math.inf))
@@ -99,17 +101,17 @@ def linear_rows(name: str, n: int, k: int, rows: int, args, bw: float) -> dict:
 
 
 def sweep(x, w8, rows: int, args) -> list[dict]:
-    """fp8 kernel times over a few tiles around `pick_tiles` (GEMV: columns x warps; GEMM:
-    BLOCK_N x stages)."""
-    base = kernels.pick_tiles(rows, w8[0][0].shape[0], x.shape[1])
-    if rows <= kernels.GEMV_ROWS:
+    """fp8 kernel times over a few tiles around the pick (GEMV: columns x warps; GEMM:
+    BLOCK_N x stages); bench/gpu_fp8_sweep.py searches wider."""
+    pick = tiles.pick_linear(rows, w8[0][0].shape[0], x.shape[1], kernels.device_name(x.device))
+    if isinstance(pick, tiles.GemvConfig):
         grid = [dict(cols=c, warps=w) for c in (2, 4, 8) for w in (4, 8)]
     else:
         grid = [dict(block_n=b, stages=s) for b in (32, 64, 128) for s in (3, 4)]
     out = []
     for change in grid:
-        tiles = base.__class__(**{**base.__dict__, **change})
-        fn = [lambda q=q, s=s, t=tiles: kernels.fp8_linear(x, q, s, BLOCK, t) for q, s in w8]
+        config = dataclasses.replace(pick, **change)
+        fn = [lambda q=q, s=s, c=config: kernels.fp8_linear(x, q, s, BLOCK, c) for q, s in w8]
         out.append(dict(**change, us=timed(fn, args)))
     return out
 

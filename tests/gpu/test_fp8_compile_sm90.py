@@ -19,7 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 BF16, FP8, F32, I32, I64 = "*bf16", "*fp8e4nv", "*fp32", "i32", "i64"
 C = "constexpr"
-NUM_CASES = 7  # the kernels and tile picks `_cases` yields
+# GEMV (rows, columns, k-groups of 128 per load, stages, warps, prefetch): the default pick,
+# wider programs with a K loop (pipelined, prefetched), the multi-row form (sweep candidates)
+GEMV_CASES = [(1, 4, 16, 1, 4, False), (1, 16, 4, 3, 4, False), (1, 16, 4, 1, 4, True),
+              (1, 32, 2, 1, 8, True), (4, 4, 4, 2, 4, True), (16, 4, 2, 1, 8, False)]  # fmt: skip
+# GEMM (block_m, block_n, x quantized in the kernel)
+GEMM_CASES = [(16, 32, True), (64, 64, True), (16, 128, False), (64, 64, False)]
+NUM_CASES = len(GEMV_CASES) + len(GEMM_CASES) + 6  # the kernels and tile picks `_cases` yields
 
 
 def _tools() -> str:
@@ -33,13 +39,28 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _compile(fn, signature: dict, constexprs: dict, num_warps: int) -> str:
+UNALIGNED = {"M", "P", "STEPS_SPLIT", "J_SPLIT", "I_BLOCKS", "SPLITS"}  # counts, not sizes
+
+
+def _aligned(signature: dict) -> dict:
+    """The specialization of a typical launch (decode shapes): pointers 16-byte aligned,
+    strides and sizes divisible by 16. Without it the compile takes no vector loads and no
+    software pipelining (cp.async): twice the GEMV's registers, the GEMM loop unpipelined."""
+    return {
+        (i,): [["tt.divisibility", 16]]
+        for i, (name, ty) in enumerate(signature.items())
+        if ty.startswith("*") or (ty == I32 and name not in UNALIGNED)
+    }
+
+
+def _compile(fn, signature: dict, constexprs: dict, num_warps: int, aligned: bool) -> str:
     """Resource usage line of `fn` compiled for sm_90 (cuobjdump), e.g. 'REG:128 ... LOCAL:0'."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    attrs = _aligned(signature) if aligned else None
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -53,19 +74,27 @@ def _cases():
     from hyla.ops.fp8 import align_kernel, kernels, moe_kernels
 
     strides = lambda *names: {n: I32 for n in names}  # noqa: E731
-    gemv = {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "o_ptr": BF16, "N": I32, "K": I32,
-            **strides("stride_xm", "stride_wn", "stride_wsn", "stride_om"),
-            "BN_SCALE": C, "BLOCK_N": C, "GROUP": C, "GROUPS": C}  # fmt: skip
-    yield kernels._gemv_kernel, gemv, dict(BN_SCALE=128, BLOCK_N=4, GROUP=128, GROUPS=16), 4
+    gemv = {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "o_ptr": BF16, "M": I32, "N": I32,
+            "K": I32, "STEPS_SPLIT": I32,
+            **strides("stride_xm", "stride_wn", "stride_wsn", "stride_om", "stride_os"),
+            "BN_SCALE": C, "BLOCK_M": C, "BLOCK_N": C, "GROUP": C, "GROUPS": C,
+            "NUM_STAGES": C, "PREFETCH": C}  # fmt: skip
+    for rows, cols, groups, stages, warps, prefetch in GEMV_CASES:
+        consts = dict(BN_SCALE=128, BLOCK_M=rows, BLOCK_N=cols, GROUP=128, GROUPS=groups,
+                      NUM_STAGES=stages, PREFETCH=prefetch)  # fmt: skip
+        yield kernels._gemv_kernel, gemv, consts, warps
     gemm = {"x_ptr": BF16, "xs_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "o_ptr": BF16,
-            "M": I32, "N": I32, "K": I32,
-            **strides("stride_xm", "stride_xsm", "stride_wn", "stride_wsn", "stride_om"),
+            "M": I32, "N": I32, "K": I32, "J_SPLIT": I32,
+            **strides("stride_xm", "stride_xsm", "stride_wn", "stride_wsn", "stride_om",
+                      "stride_os"),
             "BN_SCALE": C, "BLOCK_M": C, "BLOCK_N": C, "BLOCK_K": C, "QUANTIZE": C,
             "DOT_FP8": C}  # fmt: skip
-    for bm, bn in ((16, 32), (64, 64)):
-        consts = dict(BN_SCALE=128, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, QUANTIZE=True,
+    for bm, bn, quantize in GEMM_CASES:
+        consts = dict(BN_SCALE=128, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=128, QUANTIZE=quantize,
                       DOT_FP8=True)  # fmt: skip
         yield kernels._gemm_kernel, gemm, consts, 4
+    sums = {"p_ptr": F32, "o_ptr": BF16, "SPLITS": I32, "SIZE": I32, "BLOCK": C}
+    yield kernels._sum_splits_kernel, sums, dict(BLOCK=1024), 4
     moe = strides("stride_we", "stride_wr", "stride_wse", "stride_wsr")
     gate_up = {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "sw_ptr": FP8, "ss_ptr": F32,
                "ids_ptr": "*i64", "h_ptr": BF16, "P": I32, "D": I32, "I": I32, "I_BLOCKS": I32,
@@ -79,12 +108,15 @@ def _cases():
             "BLOCK_D": C, "GROUP": C, "GROUPS": C, "SHARED": C}  # fmt: skip
     consts = dict(TOPK=4, BLOCK_K=4, BN_SCALE=128, BLOCK_D=4, GROUP=128, GROUPS=4, SHARED=True)
     yield moe_kernels._down_gemv_kernel, down, consts, 4
-    grouped = {"x_ptr": BF16, "w_ptr": FP8, "ws_ptr": F32, "pairs_ptr": "*i64",
-               "block_expert_ptr": "*i64", "h_ptr": BF16, "P": I32, "D": I32, "I": I32,
-               "I_BLOCKS": I32, "stride_xt": I32, **moe, "stride_hp": I32, "TOPK": C,
-               "BN_SCALE": C, "BLOCK_M": C, "BLOCK_N": C, "BLOCK_K": C, "DOT_FP8": C}  # fmt: skip
-    consts = dict(TOPK=4, BN_SCALE=128, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, DOT_FP8=True)
-    yield moe_kernels._gate_up_grouped_kernel, grouped, consts, 4
+    for x_type, quantize in ((BF16, True), (FP8, False)):
+        grouped = {"x_ptr": x_type, "xs_ptr": F32, "w_ptr": FP8, "ws_ptr": F32,
+                   "pairs_ptr": "*i64", "block_expert_ptr": "*i64", "h_ptr": BF16, "P": I32,
+                   "D": I32, "I": I32, "I_BLOCKS": I32, "stride_xt": I32, "stride_xst": I32,
+                   **moe, "stride_hp": I32, "TOPK": C, "BN_SCALE": C, "BLOCK_M": C,
+                   "BLOCK_N": C, "BLOCK_K": C, "DOT_FP8": C, "QUANTIZE": C}  # fmt: skip
+        consts = dict(TOPK=4, BN_SCALE=128, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, DOT_FP8=True,
+                      QUANTIZE=quantize)  # fmt: skip
+        yield moe_kernels._gate_up_grouped_kernel, grouped, consts, 4
     align = {"ids_ptr": "*i64", "pairs_ptr": "*i64", "block_expert_ptr": "*i64",
              "scratch_ptr": "*i32", "P": I32, "E": I32, "NUM_BLOCKS": I32,
              "BLOCK_M": C, "P2": C, "E2": C, "NB2": C}  # fmt: skip
@@ -92,8 +124,10 @@ def _cases():
 
 
 def main() -> None:
-    for fn, signature, consts, warps in _cases():
-        print(fn.__name__, consts, _compile(fn, signature, consts, warps), flush=True)
+    for aligned in (True, False):  # a typical launch, and ragged shapes (K = 200, ...)
+        for fn, signature, consts, warps in _cases():
+            usage = _compile(fn, signature, consts, warps, aligned)
+            print(fn.__name__, consts, "aligned" if aligned else "unaligned", usage, flush=True)
 
 
 def test_fp8_kernels_compile_for_sm90_without_spills() -> None:
@@ -103,7 +137,7 @@ def test_fp8_kernels_compile_for_sm90_without_spills() -> None:
                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if "REG:" in line]
-    assert len(lines) == NUM_CASES, run.stdout
+    assert len(lines) == 2 * NUM_CASES, run.stdout
     for line in lines:
         assert "LOCAL:0" in line, f"spills: {line}"
 

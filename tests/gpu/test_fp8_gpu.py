@@ -24,6 +24,52 @@ BOUNDS = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 MOE_BF16_BOUND = 4e-2
 
 
+def linear_variants(small: bool) -> dict:
+    """The tile variants `bench/gpu_fp8_sweep.py` chooses from, by id: more columns per program,
+    a K loop (depth < K, pipelined or prefetched), multi-row GEMV programs, split-K (more
+    splits than k-steps too), small-M GEMM tiles, x quantized before the GEMM. `small`: depths
+    for the interpreter's tiny K (block (16, 32)); else for bk = 128."""
+    from hyla.ops.fp8.tiles import GemmConfig, GemvConfig
+
+    d = 32 if small else 128
+    return {
+        "default": None,
+        "gemv-cols8-loop": GemvConfig(cols=8, depth=2 * d, stages=2),
+        "gemv-cols16-prefetch": GemvConfig(cols=16, depth=d, prefetch=True),
+        "gemv-cols32-split2": GemvConfig(cols=32, depth=d, split_k=2, warps=8, stages=3),
+        "gemv-rows4-prefetch": GemvConfig(rows=4, depth=2 * d, prefetch=True),
+        "gemv-rows16-split3": GemvConfig(cols=2, rows=16, depth=d, split_k=3),
+        "gemv-split-past-steps": GemvConfig(depth=d, split_k=64),
+        "gemm-16x16": GemmConfig(block_m=16, block_n=16, stages=2),
+        "gemm-16x64-split3": GemmConfig(block_m=16, block_n=64, split_k=3),
+        "gemm-32x32-unfused-split2": GemmConfig(block_m=32, block_n=32, split_k=2, fused=False),
+        "gemm-64x128-w8": GemmConfig(block_m=64, block_n=128, warps=8, stages=4),
+    }
+
+
+def moe_variants() -> dict:
+    """MoE tile variants by id (both forms take every field set; the unused ones are ignored)."""
+    from hyla.ops.fp8.tiles import MoeTiles
+
+    return {
+        "default": None,
+        "wide": MoeTiles(
+            gate_rows=8,
+            depth=32,
+            gate_warps=4,
+            down_cols=8,
+            down_depth=32,
+            down_warps=8,
+            block_m=32,
+            block_n=16,
+            grouped_warps=8,
+            grouped_stages=2,
+        ),  # fmt: skip
+        "narrow": MoeTiles(gate_rows=2, down_cols=2, block_m=16, block_n=32, grouped_stages=4),
+        "unfused": MoeTiles(block_m=32, grouped_fused=False),
+    }
+
+
 def _weight(n: int, k: int, block, gen, extreme: bool = False):
     w = torch.randn(n, k, generator=gen)
     if extreme:
@@ -40,9 +86,9 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double().cpu() - want.double()).abs().max() / want.abs().max())
 
 
-def check_linear(m, n, k, dtype, device, block=(128, 128), extreme=False, tiles=None) -> float:
-    """`kernels.fp8_linear` vs `reference.fp8_linear` (relative max error); `tiles` overrides
-    the kernels' tile picks."""
+def check_linear(m, n, k, dtype, device, block=(128, 128), extreme=False, config=None) -> float:
+    """`kernels.fp8_linear` vs `reference.fp8_linear` (relative max error); `config` (a
+    `tiles.GemvConfig` or `GemmConfig`) overrides the kernels' pick."""
     from hyla.ops.fp8 import kernels
 
     gen = torch.Generator().manual_seed(m * 7 + n * 3 + k)
@@ -52,7 +98,7 @@ def check_linear(m, n, k, dtype, device, block=(128, 128), extreme=False, tiles=
         x[0, :] *= 1e4  # per-token scales far apart
     want = reference.fp8_linear(x, q, s, block)
     assert kernels.supports(x.to(device), q.to(device), s.to(device), block)
-    got = kernels.fp8_linear(x.to(device), q.to(device), s.to(device), block, tiles)
+    got = kernels.fp8_linear(x.to(device), q.to(device), s.to(device), block, config)
     assert got.shape == want.shape and got.dtype == dtype
     if extreme:  # rows differ by 1e4 and blocks by 1e40: compare row by row
         return max(rel_err(got[i], want[i]) for i in range(m) if want[i].abs().max() > 0)
@@ -89,9 +135,10 @@ def check_saturation(device) -> None:
     torch.testing.assert_close(got.cpu(), reference.fp8_linear(x, q, s, (128, 128)))
 
 
-def check_moe(num_tokens, dtype, device, grouped: bool, block=(16, 32), topk=2) -> float:
+def check_moe(num_tokens, dtype, device, grouped: bool, block=(16, 32), topk=2, tiles=None):
     """`moe_kernels.fp8_moe_experts` vs the reference through the GEMV form or (`grouped`)
-    the grouped GEMMs; I = 40 is not a multiple of bn, D = 80 not one of bk."""
+    the grouped GEMMs (`tiles`: a `tiles.MoeTiles` over the pick); I = 40 is not a multiple
+    of bn, D = 80 not one of bk. Returns the relative max error."""
     from hyla.ops.fp8 import moe_kernels
 
     gen = torch.Generator().manual_seed(num_tokens)
@@ -109,7 +156,7 @@ def check_moe(num_tokens, dtype, device, grouped: bool, block=(16, 32), topk=2) 
     want = reference.fp8_moe_experts(*args)
     dev = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
     assert moe_kernels.supports(*dev)
-    got = moe_kernels.fp8_moe_experts(*dev, grouped=grouped)
+    got = moe_kernels.fp8_moe_experts(*dev, grouped=grouped, tiles=tiles)
     assert got.dtype == dtype and got.shape == want.shape
     return rel_err(got, want)
 
@@ -124,6 +171,46 @@ def test_fp8_linear_matches_reference(m, n, k, dtype) -> None:
     # relative precision (DeepSeek-V3 report, 3.3.2), then the kernel adds blocks in fp32
     bound = BOUNDS[dtype] if m <= 4 or dtype == torch.bfloat16 else 1e-3
     assert check_linear(m, n, k, dtype, "cuda") <= bound
+
+
+@pytest.mark.parametrize("variant", list(linear_variants(small=False)))
+@pytest.mark.parametrize("m", [1, 4, 16, 64])
+def test_fp8_linear_tile_variants(variant, m) -> None:
+    # N = 1000, K = 1000: neither a multiple of 128, bf16; fp32 with zero blocks and extreme
+    # scales (fp8 tensor-core sums as above)
+    config = linear_variants(small=False)[variant]
+    assert (
+        check_linear(m, 1000, 1000, torch.bfloat16, "cuda", config=config) <= BOUNDS[torch.bfloat16]
+    )
+    assert check_linear(m, 300, 260, torch.float32, "cuda", extreme=True, config=config) <= 1e-3
+
+
+@pytest.mark.parametrize("variant", list(moe_variants()))
+@pytest.mark.parametrize("num_tokens, grouped", [(2, False), (20, True)])
+def test_fp8_moe_tile_variants(variant, num_tokens, grouped) -> None:
+    tiles = moe_variants()[variant]
+    bound = 1e-2 if grouped else 2e-5
+    assert check_moe(num_tokens, torch.float32, "cuda", grouped, tiles=tiles) <= bound
+
+
+def test_fp8_split_k_in_cuda_graph_equal_eager() -> None:
+    """Split-K partials are summed in a fixed order: replay equals the eager call bit for bit."""
+    from hyla.ops.fp8 import kernels
+    from hyla.ops.fp8.tiles import GemmConfig, GemvConfig
+
+    gen = torch.Generator().manual_seed(1)
+    q, s = (t.cuda() for t in _weight(1000, 3000, (128, 128), gen))
+    for m, config in ((1, GemvConfig(depth=256, split_k=4, prefetch=True)),
+                      (16, GemmConfig(16, 64, 5))):  # fmt: skip
+        x = torch.randn(m, 3000, device="cuda", dtype=torch.bfloat16)
+        kernels.fp8_linear(x, q, s, (128, 128), config)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = kernels.fp8_linear(x, q, s, (128, 128), config)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert torch.equal(out, kernels.fp8_linear(x, q, s, (128, 128), config))
 
 
 @pytest.mark.parametrize("m", [1, 40])

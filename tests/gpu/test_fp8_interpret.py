@@ -29,16 +29,6 @@ def test_fp8_linear(m: int, n: int, k: int) -> None:
     assert check_linear(m, n, k, torch.float32, "cpu") <= BOUNDS[torch.float32]
 
 
-@pytest.mark.parametrize("m", [1, 3, 20])
-def test_fp8_linear_k_loop_and_ragged_tiles(m: int) -> None:
-    # GEMV loads of 64 columns (4 steps over K = 200, the last partial), 4 columns per program
-    # (N = 41: a partial last program); GEMM tiles of 16 x 16 (N = 41: a partial last tile)
-    from hyla.ops.fp8.kernels import Fp8Tiles
-
-    tiles = Fp8Tiles(cols=4, depth=64, block_m=16, block_n=16)
-    assert check_linear(m, 41, 200, torch.float32, "cpu", block=(16, 32), tiles=tiles) <= 1e-5
-
-
 @pytest.mark.parametrize("block", [(6, 32), (1, 64)])
 def test_fp8_gemv_blocks_not_a_multiple_of_its_columns(block) -> None:
     # bn = 6 or 1: programs narrow to 2 or 1 columns so that their rows share a scale row

@@ -8,33 +8,44 @@ W_s [ceil(N/bn), ceil(K/bk)]:
     for each k-block j (bk columns):
         acc[m, n] += (sum_k x_q[m, k] W_q[n, k]) * x_s[m, j] * W_s[n // bn, j]   (fp32)
 
-GEMV (`_gemv_kernel`, up to GEMV_ROWS rows): program (n0, m) owns BLOCK_N output columns of
-row m and loads DEPTH = G * bk columns of its weight rows at once as a [BLOCK_N, DEPTH] tile:
-one load of the whole K <= 2048 (8 KiB of fp8 per program at 4 columns), as the bf16 GEMV of
-`hyla/ops/linear/gemv.py` does, so a projection's weight is in flight in one wave over ~4 N / 4
-programs. (The first form looped over K in bk = 128 steps of 16 x 128 bytes with N / 16
-programs: ~16 dependent DRAM round trips per program, ~250 GB/s on the H200, 3.96x bf16's step
-time; bench/results/gpu_fp8_h200.json.)
+Tiles come from `tiles.pick_linear` (the device's tuned table, else the defaults below) or
+the caller's `GemvConfig` / `GemmConfig`; every config computes the same quantization.
+
+GEMV (`_gemv_kernel`, default up to GEMV_ROWS rows): program (n0, m0, s) owns BLOCK_N output
+columns of BLOCK_M rows (the weight tile is read once for them) and loads DEPTH = G * bk
+columns of its weight rows at a time as a [BLOCK_N, DEPTH] tile; by default one load of the
+whole K <= 2048 (8 KiB of fp8 per program at 4 columns), as the bf16 GEMV of
+`hyla/ops/linear/gemv.py` does. (The first form looped over K in bk = 128 steps of 16 x 128
+bytes with N / 16 programs: ~250 GB/s on the H200, 3.96x bf16's step time;
+bench/results/gpu_fp8_h200.json.)
 
 GEMM (`_gemm_kernel`, more rows): BLOCK_M x BLOCK_N tiles, BLOCK_K = bk, the k-block product on
-fp8 tensor cores (sm_89+ and the interpreter; tf32 before sm_89, exact for e4m3 values); up to
-FUSED_ROWS rows it quantizes x in registers too (one launch per projection), beyond that x is
-quantized once by `quantize_rows` (each N-block program would redo it: ALU-bound at prefill
-sizes). Edges (K, N not multiples of the block) are masked loads; no host sync: capturable.
+fp8 tensor cores (sm_89+ and the interpreter; tf32 before sm_89, exact for e4m3 values); x
+quantized in registers (`fused`, default up to FUSED_ROWS rows: one launch per projection) or
+once by `quantize_rows` (each N-block program would redo it: ALU-bound at prefill sizes).
+
+Split-K (both): split s covers k-steps [s S, (s + 1) S) (whole quantization groups) and writes
+fp32 partials; `_sum_splits_kernel` adds them in split order (deterministic, unlike atomics)
+and rounds once. Edges (K, N not multiples of the block) are masked loads; no host sync:
+capturable.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from hyla.ops.fp8.reference import FP8
+from hyla.ops.fp8.tiles import (
+    FUSED_ROWS,  # noqa: F401 (re-exported: the docstring names it)
+    GEMV_ROWS,
+    GemmConfig,
+    GemvConfig,
+    default_linear,
+    pick_linear,
+)
 
-GEMV_ROWS = 4  # rows the GEMV takes; more rows run the GEMM
-FUSED_ROWS = 64  # rows up to which the GEMM quantizes x in registers
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -63,64 +74,113 @@ def _quantize_groups(x, AXIS: tl.constexpr):
 
 
 @triton.jit
+def _w_tile(w_rows, k0, depth, mask_n, k_rem):
+    kk = k0 + depth
+    return tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & (kk < k_rem)[None, :], other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, ws_ptr, o_ptr,
-    N, K,
-    stride_xm, stride_wn, stride_wsn, stride_om,
-    BN_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr,
+    M, N, K, STEPS_SPLIT,
+    stride_xm, stride_wn, stride_wsn, stride_om, stride_os,
+    BN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, GROUPS: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # BLOCK_N divides bn: the program's rows share one row of weight scales, which folds into
     # x with x's own scales (xe = x_q * x_s * W_s per column), leaving a plain [BLOCK_N, DEPTH]
-    # weight tile as in the bf16 GEMV (a [BLOCK_N, G, bk] tile took ~1.5x the registers)
-    pid_n, m = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    # weight tile as in the bf16 GEMV (a [BLOCK_N, G, bk] tile took ~1.5x the registers).
+    # K steps from a constant 0 (split s moves the pointers instead): a runtime lower bound
+    # took 137 -> 215 registers in an sm_90 compile without the launch's alignment hints.
+    pid_n, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_g = tl.arange(0, GROUPS)
     cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
     depth = tl.arange(0, GROUPS * GROUP)
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    ws_row = ws_ptr + ((pid_n * BLOCK_N) // BN_SCALE).to(tl.int64) * stride_wsn
-    num_groups = tl.cdiv(K, GROUP)
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, K, GROUPS * GROUP):
-        k = k0 + cols
-        x = tl.load(x_ptr + m * stride_xm + k, mask=k < K, other=0.0).to(tl.float32)
-        xq, xs = _quantize_groups(x, 1)  # [G, C], [G]
-        j = k0 // GROUP + offs_g
-        ws = tl.load(ws_row + j, mask=j < num_groups, other=0.0)
-        xe = tl.reshape(xq * (xs * ws)[:, None], [GROUPS * GROUP])
-        kk = k0 + depth
-        w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & (kk < K)[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * xe[None, :], axis=1)
-    tl.store(o_ptr + m * stride_om + offs_n, acc.to(o_ptr.dtype.element_ty), mask=mask_n)
+    i0 = pid_s * STEPS_SPLIT  # split s: k-steps [i0, i0 + STEPS_SPLIT), pointers moved
+    k_rem = tl.minimum(K - i0 * (GROUPS * GROUP), STEPS_SPLIT * (GROUPS * GROUP))
+    x_ptr += i0 * (GROUPS * GROUP)
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + i0 * (GROUPS * GROUP)
+    ws_row = ws_ptr + ((pid_n * BLOCK_N) // BN_SCALE).to(tl.int64) * stride_wsn + i0 * GROUPS
+    num_groups = tl.cdiv(k_rem, GROUP)
+    o_ptr += pid_s.to(tl.int64) * stride_os
+    if PREFETCH:
+        w_next = _w_tile(w_rows, 0, depth, mask_n, k_rem)
+    if BLOCK_M == 1:  # one row: 2-D tiles
+        m = pid_m.to(tl.int64)
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for i in tl.range(0, tl.cdiv(k_rem, GROUPS * GROUP), num_stages=NUM_STAGES):
+            k0 = i * (GROUPS * GROUP)
+            k = k0 + cols
+            x = tl.load(x_ptr + m * stride_xm + k, mask=k < k_rem, other=0.0).to(tl.float32)
+            xq, xs = _quantize_groups(x, 1)  # [G, C], [G]
+            j = k0 // GROUP + offs_g
+            ws = tl.load(ws_row + j, mask=j < num_groups, other=0.0)
+            xe = tl.reshape(xq * (xs * ws)[:, None], [GROUPS * GROUP])
+            if PREFETCH:  # the next tile's load goes out before this tile's sums
+                w = w_next
+                w_next = _w_tile(w_rows, k0 + GROUPS * GROUP, depth, mask_n, k_rem)
+            else:
+                w = _w_tile(w_rows, k0, depth, mask_n, k_rem)
+            acc += tl.sum(w.to(tl.float32) * xe[None, :], axis=1)
+        tl.store(o_ptr + m * stride_om + offs_n, acc.to(o_ptr.dtype.element_ty), mask=mask_n)
+    else:  # BLOCK_M rows: each weight tile read once for all of them
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        x_rows = x_ptr + offs_m.to(tl.int64) * stride_xm
+        acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for i in tl.range(0, tl.cdiv(k_rem, GROUPS * GROUP), num_stages=NUM_STAGES):
+            k0 = i * (GROUPS * GROUP)
+            k = k0 + cols
+            x_mask = mask_m[:, None, None] & (k < k_rem)[None, :, :]
+            x = tl.load(x_rows[:, None, None] + k[None, :, :], mask=x_mask, other=0.0)
+            xq, xs = _quantize_groups(x.to(tl.float32), 2)  # [M, G, C], [M, G]
+            j = k0 // GROUP + offs_g
+            ws = tl.load(ws_row + j, mask=j < num_groups, other=0.0)
+            xe = tl.reshape(xq * (xs * ws[None, :])[:, :, None], [BLOCK_M, GROUPS * GROUP])
+            if PREFETCH:  # the next tile's load goes out before this tile's sums
+                w = w_next
+                w_next = _w_tile(w_rows, k0 + GROUPS * GROUP, depth, mask_n, k_rem)
+            else:
+                w = _w_tile(w_rows, k0, depth, mask_n, k_rem)
+            acc2 += tl.sum(w.to(tl.float32)[None, :, :] * xe[:, None, :], axis=2)
+        out = o_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        out_mask = mask_m[:, None] & mask_n[None, :]
+        tl.store(out, acc2.to(o_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _gemm_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, o_ptr,
-    M, N, K,
-    stride_xm, stride_xsm, stride_wn, stride_wsn, stride_om,
+    M, N, K, J_SPLIT,
+    stride_xm, stride_xsm, stride_wn, stride_wsn, stride_om, stride_os,
     BN_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     QUANTIZE: tl.constexpr, DOT_FP8: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m, mask_n = offs_m < M, offs_n < N
-    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    ws_rows = ws_ptr + (offs_n // BN_SCALE).to(tl.int64) * stride_wsn
+    # split s: k-blocks [s J_SPLIT, (s + 1) J_SPLIT), by moving the pointers (a loop from a
+    # runtime lower bound took 127 -> 218 registers for 16 x 32 tiles, same compile as above)
+    j0 = pid_s * J_SPLIT
+    k_rem = tl.minimum(K - j0 * BLOCK_K, J_SPLIT * BLOCK_K)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + j0 * BLOCK_K
+    xs_rows = xs_ptr + offs_m.to(tl.int64) * stride_xsm + j0
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + j0 * BLOCK_K
+    ws_rows = ws_ptr + (offs_n // BN_SCALE).to(tl.int64) * stride_wsn + j0
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for j in range(0, tl.cdiv(K, BLOCK_K)):
+    for j in range(0, tl.cdiv(k_rem, BLOCK_K)):
         k = j * BLOCK_K + offs_k
-        mask_k = k < K
+        mask_k = k < k_rem
         a = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         if QUANTIZE:  # x in its float dtype: one group per row of the tile
             a, xs = _quantize_groups(a.to(tl.float32), 1)  # e4m3 values in fp32
         else:
-            xs = tl.load(xs_ptr + offs_m.to(tl.int64) * stride_xsm + j, mask=mask_m, other=0.0)
+            xs = tl.load(xs_rows + j, mask=mask_m, other=0.0)
         b = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         if DOT_FP8:  # (a quantized here converts exactly)
             part = tl.dot(a.to(w_ptr.dtype.element_ty), tl.trans(b))
@@ -128,8 +188,20 @@ def _gemm_kernel(
             part = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
         ws = tl.load(ws_rows + j, mask=mask_n, other=0.0)
         acc += part * xs[:, None] * ws[None, :]
-    out = o_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    out = o_ptr + pid_s.to(tl.int64) * stride_os + offs_m[:, None].to(tl.int64) * stride_om
+    out += offs_n[None, :]
     tl.store(out, acc.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(p_ptr, o_ptr, SPLITS, SIZE, BLOCK: tl.constexpr):
+    """o[i] = round(sum_s p[s, i]) in split order (deterministic, unlike fp32 atomics)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < SIZE
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(0, SPLITS):
+        acc += tl.load(p_ptr + s * SIZE + offs, mask=mask, other=0.0)
+    tl.store(o_ptr + offs, acc.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -146,31 +218,6 @@ def _quantize_rows_kernel(
     q_out = q_ptr + m * stride_qm + offs[None, :]
     tl.store(q_out, q.to(q_ptr.dtype.element_ty), mask=mask[None, :])
     tl.store(s_ptr + m * stride_sm + j + tl.arange(0, 1), scale)
-
-
-@dataclass(frozen=True)
-class Fp8Tiles:
-    """Tile sizes (tuning only: results differ by fp32 summation order at most). GEMV:
-    `cols` output columns per program, `depth` columns of K per load, `warps`; GEMM:
-    `block_m` x `block_n` tiles (BLOCK_K = bk), `warps`, `stages`."""
-
-    cols: int = 4
-    depth: int = 2048
-    warps: int = 4
-    block_m: int = 64
-    block_n: int = 128
-    stages: int = 3
-
-
-def pick_tiles(rows: int, out_features: int, in_features: int) -> Fp8Tiles:
-    """GEMV: 4 columns per program (2 below 512 outputs, so that small projections still spread
-    over the SMs), all of K <= 2048 per load; GEMM: BLOCK_M the rows rounded up to a power of two
-    (16 .. 64), BLOCK_N the widest of 128 / 64 / 32 that still gives >= 132 programs (one per
-    H200 SM), else 32. First picks from byte counts; bench/gpu_fp8_gemv.py measures them."""
-    block_m = min(64, max(16, triton.next_power_of_2(rows)))
-    m_blocks = triton.cdiv(rows, block_m)
-    block_n = next((b for b in (128, 64) if m_blocks * triton.cdiv(out_features, b) >= 132), 32)
-    return Fp8Tiles(cols=4 if out_features >= 512 else 2, block_m=block_m, block_n=block_n)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size) -> bool:
@@ -216,60 +263,100 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+def device_name(device: torch.device) -> str:
+    """The name the tuned tables are keyed by (`tiles.TABLES`): the CUDA device's, else the
+    device type."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def _splits(steps: int, split_k: int) -> tuple[int, int]:
+    """(splits, steps per split) for `steps` k-steps over at most split_k splits, none empty."""
+    per = triton.cdiv(steps, max(1, min(split_k, steps)))
+    return triton.cdiv(steps, per), per
+
+
+def _partials(splits: int, out: torch.Tensor) -> torch.Tensor:
+    if splits == 1:
+        return out
+    return torch.empty(splits, *out.shape, dtype=torch.float32, device=out.device)
+
+
+def _sum_splits(partials: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    if partials is out:
+        return out
+    size, block = out.numel(), 1024
+    _sum_splits_kernel[(triton.cdiv(size, block),)](
+        partials, out, partials.shape[0], size, BLOCK=block, num_warps=4
+    )  # fmt: skip
+    return out
+
+
 def fp8_gemv(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size,
-    tiles: Fp8Tiles | None = None,
+    config: GemvConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K] float (unit-stride rows) times weight [N, K]^T -> [M, N] in x's dtype, x
-    quantized in the kernel; one program per (tiles.cols columns, row)."""
+    quantized in the kernel; one program per (config.cols columns, config.rows rows, split);
+    config.split_k > 1 adds the fixed-order sum of the fp32 partials (a second launch)."""
     (m, k), n = x.shape, weight.shape[0]
     bn, bk = block_size
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    t = tiles or pick_tiles(m, n, k)
-    groups = max(1, min(t.depth, triton.next_power_of_2(k)) // bk)
-    cols = min(t.cols, bn & -bn)  # a power of two dividing bn: one scale row per program
-    _gemv_kernel[(triton.cdiv(n, cols), m)](
-        x, weight, weight_scale, out, n, k,
-        x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-        BN_SCALE=bn, BLOCK_N=cols, GROUP=bk, GROUPS=groups, num_warps=t.warps,
+    c = config or default_linear(1, n, k)
+    groups = max(1, min(c.depth, triton.next_power_of_2(k)) // bk)
+    cols = min(c.cols, bn & -bn)  # a power of two dividing bn: one scale row per program
+    rows = min(c.rows, triton.next_power_of_2(m))
+    splits, per = _splits(triton.cdiv(k, groups * bk), c.split_k)
+    part = _partials(splits, out)
+    _gemv_kernel[(triton.cdiv(n, cols), triton.cdiv(m, rows), splits)](
+        x, weight, weight_scale, part, m, n, k, per,
+        x.stride(0), weight.stride(0), weight_scale.stride(0), part.stride(-2),
+        part.stride(0) if splits > 1 else 0,
+        BN_SCALE=bn, BLOCK_M=rows, BLOCK_N=cols, GROUP=bk, GROUPS=groups,
+        NUM_STAGES=c.stages, PREFETCH=c.prefetch and groups * bk < k, num_warps=c.warps,
     )  # fmt: skip
-    return out
+    return _sum_splits(part, out)
 
 
 def fp8_gemm(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size,
-    tiles: Fp8Tiles | None = None, quantize: bool | None = None,
+    config: GemmConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """x [M, K] float (unit-stride rows) times weight [N, K]^T -> [M, N] in x's dtype; x is
-    quantized in the kernel when `quantize` (default: M <= FUSED_ROWS), else by one
-    `quantize_rows` launch first."""
+    quantized in the kernel when config.fused (default: M <= FUSED_ROWS), else by one
+    `quantize_rows` launch first; config.split_k > 1 adds the fixed-order sum of the fp32
+    partials (a launch after)."""
     (m, k), n = x.shape, weight.shape[0]
     bn, bk = block_size
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    t = tiles or pick_tiles(m, n, k)
-    fused = m <= FUSED_ROWS if quantize is None else quantize
-    xq, xs = (x, x) if fused else quantize_rows(x, bk)
-    grid = (triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n))
+    c = config or default_linear(max(m, GEMV_ROWS + 1), n, k)
+    xq, xs = (x, x) if c.fused else quantize_rows(x, bk)
+    splits, per = _splits(triton.cdiv(k, bk), c.split_k)
+    part = _partials(splits, out)
+    grid = (triton.cdiv(m, c.block_m), triton.cdiv(n, c.block_n), splits)
     _gemm_kernel[grid](
-        xq, xs, weight, weight_scale, out, m, n, k,
-        xq.stride(0), xs.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-        BN_SCALE=bn, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=bk, QUANTIZE=fused,
-        DOT_FP8=dot_fp8(x.device), num_warps=t.warps, num_stages=t.stages,
+        xq, xs, weight, weight_scale, part, m, n, k, per,
+        xq.stride(0), xs.stride(0), weight.stride(0), weight_scale.stride(0), part.stride(-2),
+        part.stride(0) if splits > 1 else 0,
+        BN_SCALE=bn, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=bk, QUANTIZE=c.fused,
+        DOT_FP8=dot_fp8(x.device), num_warps=c.warps, num_stages=c.stages,
     )  # fmt: skip
-    return out
+    return _sum_splits(part, out)
 
 
 def fp8_linear(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size,
-    tiles: Fp8Tiles | None = None,
+    config: GemvConfig | GemmConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """`reference.fp8_linear` without bias: x [..., K] -> [..., N] in x's dtype (fp32 sums in
-    another order); one launch up to FUSED_ROWS rows. `tiles` overrides `pick_tiles`."""
+    another order). `config` (the kernel and its tiles) overrides `tiles.pick_linear`, which
+    reads the device's tuned table."""
     x2 = _rows(x)
-    fn = fp8_gemv if x2.shape[0] <= GEMV_ROWS else fp8_gemm
-    out = fn(x2, weight, weight_scale, block_size, tiles)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    (m, k), n = x2.shape, weight.shape[0]
+    c = config or pick_linear(m, n, k, device_name(x.device))
+    fn = fp8_gemv if isinstance(c, GemvConfig) else fp8_gemm
+    out = fn(x2, weight, weight_scale, block_size, c)
+    return out.view(*x.shape[:-1], n)

@@ -18,14 +18,13 @@ then the k rows of a token are summed in fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from hyla.ops.fp8 import kernels
-from hyla.ops.fp8.kernels import _quantize_groups
+from hyla.ops.fp8.kernels import _quantize_groups, device_name
+from hyla.ops.fp8.tiles import MoeTiles, pick_moe
 
 
 @triton.jit
@@ -144,12 +143,14 @@ def _down_gemv_kernel(
 
 @triton.jit
 def _gate_up_grouped_kernel(
-    x_ptr, w_ptr, ws_ptr, pairs_ptr, block_expert_ptr, h_ptr,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, pairs_ptr, block_expert_ptr, h_ptr,
     P, D, I, I_BLOCKS,
-    stride_xt, stride_we, stride_wr, stride_wse, stride_wsr, stride_hp,
+    stride_xt, stride_xst, stride_we, stride_wr, stride_wse, stride_wsr, stride_hp,
     TOPK: tl.constexpr, BN_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr,
+    QUANTIZE: tl.constexpr,
 ):  # fmt: skip
+    # QUANTIZE: x in its float dtype, quantized here; else x_q (e4m3) and its scales xs_ptr
     block = tl.program_id(0)
     e = tl.load(block_expert_ptr + block).to(tl.int64)
     if e < 0:
@@ -157,6 +158,7 @@ def _gate_up_grouped_kernel(
     pairs = tl.load(pairs_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     valid = pairs < P
     x_rows = x_ptr + (pairs // TOPK)[:, None] * stride_xt
+    xs_rows = xs_ptr + (pairs // TOPK) * stride_xst
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < I
     w_gate = w_ptr + e * stride_we + rows[:, None].to(tl.int64) * stride_wr
@@ -169,7 +171,10 @@ def _gate_up_grouped_kernel(
         k = j * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = k < D
         a = tl.load(x_rows + k[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
-        aq, xs = _quantize_groups(a.to(tl.float32), 1)
+        if QUANTIZE:
+            aq, xs = _quantize_groups(a.to(tl.float32), 1)
+        else:
+            aq, xs = a.to(tl.float32), tl.load(xs_rows + j, mask=valid, other=0.0)
         w_mask = row_ok[:, None] & k_ok[None, :]
         wg = tl.load(w_gate + k[None, :], mask=w_mask, other=0.0)
         wu = tl.load(w_up + k[None, :], mask=w_mask, other=0.0)
@@ -193,12 +198,14 @@ def _gate_up_grouped_kernel(
 
 @triton.jit
 def _down_grouped_kernel(
-    h_ptr, w_ptr, ws_ptr, pairs_ptr, block_expert_ptr, wts_ptr, y_ptr,
+    h_ptr, hs_ptr, w_ptr, ws_ptr, pairs_ptr, block_expert_ptr, wts_ptr, y_ptr,
     P, D, I,
-    stride_hp, stride_we, stride_wr, stride_wse, stride_wsr, stride_yp,
+    stride_hp, stride_hsp, stride_we, stride_wr, stride_wse, stride_wsr, stride_yp,
     BN_SCALE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr,
+    QUANTIZE: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):  # fmt: skip
+    # QUANTIZE: h in its float dtype, quantized here; else h_q (e4m3) and its scales hs_ptr
     block = tl.program_id(0)
     e = tl.load(block_expert_ptr + block).to(tl.int64)
     if e < 0:
@@ -215,7 +222,13 @@ def _down_grouped_kernel(
         k_ok = k < I
         a = tl.load(h_ptr + pairs[:, None] * stride_hp + k[None, :],
                     mask=valid[:, None] & k_ok[None, :], other=0.0)  # fmt: skip
-        aq, hs = _quantize_groups(a.to(tl.float32), 1)
+        if QUANTIZE:
+            aq, hs = _quantize_groups(a.to(tl.float32), 1)
+        else:
+            aq, hs = (
+                a.to(tl.float32),
+                tl.load(hs_ptr + pairs * stride_hsp + j, mask=valid, other=0.0),
+            )
         b = tl.load(w_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if DOT_FP8:
             part = tl.dot(aq.to(w_ptr.dtype.element_ty), tl.trans(b))
@@ -224,27 +237,12 @@ def _down_grouped_kernel(
         ws = tl.load(s_rows + j, mask=row_ok, other=0.0)
         acc += part * hs[:, None] * ws[None, :]
     w = tl.load(wts_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
-    y = acc.to(h_ptr.dtype.element_ty).to(tl.float32) * w[:, None]
+    y = acc.to(OUT_DTYPE).to(tl.float32) * w[:, None]
     tl.store(y_ptr + pairs[:, None] * stride_yp + rows[None, :], y,
              mask=valid[:, None] & row_ok[None, :])  # fmt: skip
 
 
-@dataclass(frozen=True)
-class MoeTiles:
-    """Tile sizes (tuning only). GEMV: `gate_rows` rows of I per gate/up program with `depth`
-    columns of D per load; `down_cols` columns of D per down program with `down_depth` of I
-    per load. Grouped: `block_m` pairs per block, `block_n` output rows per program. The GEMV
-    picks hold the most weight bytes in flight per SM for their registers (ptxas for sm_90:
-    gate/up 4 rows x 8 warps 128 registers, 2 x 16 KiB per SM; down 4 columns 179, 2 x 8 KiB)."""
-
-    gate_rows: int = 4
-    depth: int = 2048
-    gate_warps: int = 8
-    down_cols: int = 4
-    down_depth: int = 512
-    down_warps: int = 4
-    block_m: int = 16
-    block_n: int = 64
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 def gemv_form(num_tokens: int, top_k: int, num_experts: int) -> bool:
@@ -305,23 +303,26 @@ def _grouped(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, bl
     align = align_kernel.align if align_kernel.fits(num_pairs, num_experts) else grouped.align
     sorted_pairs, block_expert = align(ids, num_experts, block_m)
     num_blocks, fp8_dot = block_expert.numel(), kernels.dot_fp8(x.device)
+    launch = dict(DOT_FP8=fp8_dot, QUANTIZE=t.grouped_fused, num_warps=t.grouped_warps,
+                  num_stages=t.grouped_stages)  # fmt: skip
+    xq, xs = (x, x) if t.grouped_fused else kernels.quantize_rows(x, bk)
     h = x.new_empty(num_pairs, inter)
     _gate_up_grouped_kernel[(num_blocks, triton.cdiv(inter, t.block_n))](
-        x, gate_up_proj, gate_up_scale, sorted_pairs, block_expert, h,
+        xq, xs, gate_up_proj, gate_up_scale, sorted_pairs, block_expert, h,
         num_pairs, dim, inter, triton.cdiv(inter, bn),
-        x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
+        xq.stride(0), xs.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1),
         gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0),
-        TOPK=topk, BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
-        DOT_FP8=fp8_dot, num_warps=4, num_stages=3,
+        TOPK=topk, BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk, **launch,
     )  # fmt: skip
+    hq, hs = (h, h) if t.grouped_fused else kernels.quantize_rows(h, bk)
     y = torch.empty(num_pairs, dim, dtype=torch.float32, device=x.device)
     _down_grouped_kernel[(num_blocks, triton.cdiv(dim, t.block_n))](
-        h, down_proj, down_scale, sorted_pairs, block_expert, wts.reshape(-1), y,
+        hq, hs, down_proj, down_scale, sorted_pairs, block_expert, wts.reshape(-1), y,
         num_pairs, dim, inter,
-        h.stride(0), down_proj.stride(0), down_proj.stride(1),
+        hq.stride(0), hs.stride(0), down_proj.stride(0), down_proj.stride(1),
         down_scale.stride(0), down_scale.stride(1), y.stride(0),
         BN_SCALE=bn, BLOCK_M=block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
-        DOT_FP8=fp8_dot, num_warps=4, num_stages=3,
+        OUT_DTYPE=_TL_DTYPES[x.dtype], **launch,
     )  # fmt: skip
     return y.view(num_tokens, topk, dim).sum(1).to(x.dtype)
 
@@ -330,16 +331,23 @@ def fp8_moe_experts(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_
                     topk_weights, topk_ids, block_size, tiles: MoeTiles | None = None,
                     grouped: bool | None = None) -> torch.Tensor:  # fmt: skip
     """`reference.fp8_moe_experts` (same arguments and result up to fp32 summation order);
-    `grouped` forces a form (default: `gemv_form`), `tiles` overrides the tile sizes."""
+    `grouped` forces a form (default: `gemv_form`), `tiles` overrides `tiles.pick_moe` (the
+    device's tuned table, else MoeTiles())."""
     num_tokens, topk = topk_ids.shape
     if topk_ids.numel() == 0:
         return torch.zeros_like(hidden_states)
     if grouped is None:
         grouped = not gemv_form(num_tokens, topk, gate_up_proj.shape[0])
     x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    tiles = tiles or _pick(x, topk_ids, down_proj)
     args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
-            topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
+            topk_ids.contiguous(), tuple(block_size), tiles)  # fmt: skip
     return _grouped(*args) if grouped else _gemv(*args)
+
+
+def _pick(x: torch.Tensor, topk_ids: torch.Tensor, down_proj: torch.Tensor) -> MoeTiles:
+    (num_tokens, topk), (num_experts, dim, inter) = topk_ids.shape, down_proj.shape
+    return pick_moe(num_tokens, num_experts, topk, inter, dim, device_name(x.device))
 
 
 def shared_fits(gate_up_proj, gate_up_scale, down_proj, down_scale, shared) -> bool:
@@ -367,6 +375,7 @@ def fp8_moe_experts_and_shared(hidden_states, gate_up_proj, gate_up_scale, down_
     the shared gate/up products rounded to the hidden dtype. Needs `gemv_form` and
     `shared_fits`."""
     x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
+    tiles = tiles or _pick(x, topk_ids, down_proj)
     args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),
-            topk_ids.contiguous(), tuple(block_size), tiles or MoeTiles())  # fmt: skip
+            topk_ids.contiguous(), tuple(block_size), tiles)  # fmt: skip
     return _gemv(*args, shared=tuple(shared))
