@@ -27,7 +27,7 @@ BLOCK_M = 64
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "stride_bt"])  # one variant whatever the batch's shape
 def _paged_gqa_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, cu_ptr, lens_ptr, tile_seq_ptr, tile_idx_ptr,
     N, qk_scale,

@@ -1,0 +1,121 @@
+"""Expanded MLA prefill through the tiled GQA kernel (`hyla.ops.mla.prefill.mla_prefill_flash`)
+against its definition, `hyla.ops.mla.reference.mla_expanded`, run on fp32 CPU copies of the
+same inputs; the MLA layer of an eager CUDA step (prefill sequences on the new path, decode rows
+on `mla_paged`) against the CPU layer; and the greedy output of a tiny Kimi-Linear engine on CUDA
+against the CPU engine.
+
+Caches are paged under shuffled block tables with NaN in every slot no sequence owns and 1e30 in
+the spare block that padded table entries point at (`test_dsa_gpu.paged_cache`). Bounds:
+max|got - want| / max|want| <= 1e-4 for fp32 inputs, <= 2e-2 for bf16 (one bf16 rounding of
+the expanded keys and values and of the probabilities). `check_mla_prefill` takes a device:
+test_mla_prefill_interpret.py runs it on CPU tensors under TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hyla.ops.fp8.reference import quantize_per_token
+from hyla.ops.mla.reference import mla_expanded
+from tests.gpu.test_dsa_gpu import cu_seqlens, paged_cache
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+TINY = (4, 16, 8, 12, 16)  # H, Dn, Dr, Dv, R: tests/layers/test_attention.py's MLA
+KIMI_1_5B = (16, 128, 64, 128, 512)  # bench/gpu_e2e.py's model
+
+
+def check_mla_prefill(
+    seq_lens: list[int],
+    query_lens: list[int],
+    dims: tuple[int, int, int, int, int],
+    dtype: torch.dtype,
+    device,
+    page: int = 16,
+    fp8: bool = False,
+    workspace_bytes: int | None = None,
+    seed: int = 0,
+) -> float:
+    """`mla_prefill_flash` vs `mla_expanded` on fp32 CPU copies; returns the relative error.
+    With `fp8` the latent cache is e4m3 with per-token scales (both read the same bytes)."""
+    from hyla.ops.mla.prefill import mla_prefill_flash
+
+    num_heads, dn, dr, dv, rank = dims
+    gen = torch.Generator().manual_seed(seed)
+    cache, tables, _ = paged_cache(seq_lens, rank + dr, torch.float32, page, "cpu", gen)
+    latent_scale = None
+    if fp8:
+        cache, latent_scale = quantize_per_token(cache)
+    else:
+        cache = cache.to(dtype)
+    num_rows = sum(query_lens)
+    q_nope = torch.randn(num_rows, num_heads, dn, generator=gen).to(dtype)
+    q_rope = torch.randn(num_rows, num_heads, dr, generator=gen).to(dtype)
+    kv_b = (torch.randn(num_heads * (dn + dv), rank, generator=gen) / rank**0.5).to(dtype)
+    cu, scale = cu_seqlens(query_lens, "cpu"), (dn + dr) ** -0.5
+    extra = {} if workspace_bytes is None else {"workspace_bytes": workspace_bytes}
+    to = [t.to(device) for t in (q_nope, q_rope, cache, tables, cu)]
+    got = mla_prefill_flash(
+        *to, seq_lens, kv_b.to(device), scale, query_lens=query_lens,
+        latent_scale=None if latent_scale is None else latent_scale.to(device), **extra,
+    )  # fmt: skip
+    assert got.dtype == dtype and got.shape == (num_rows, num_heads, dv)
+    want = mla_expanded(
+        q_nope.float(), q_rope.float(), cache if fp8 else cache.float(), tables, cu, seq_lens,
+        kv_b.float(), scale, latent_scale=latent_scale,
+    )  # fmt: skip
+    got = got.cpu().float()
+    assert not got.isnan().any()
+    return float((got - want).abs().max() / want.abs().max())
+
+
+# (seq_lens, query_lens): a whole prompt, a chunk after a partial block, after several blocks,
+# a two-token chunk; every cached prefix length 0 .. several blocks
+MIXED = ([1500, 1100, 2000], [1500, 1000, 24])
+BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_mixed_prefixes_1_5b_shapes(dtype) -> None:
+    err = check_mla_prefill(*MIXED, KIMI_1_5B, dtype, "cuda")
+    print(f"mla_prefill {dtype}: rel err {err:.2e}")
+    assert err <= BOUND[dtype]
+
+
+@pytest.mark.parametrize(
+    "seq_lens,query_lens",
+    [([1024], [1024]), ([8192], [8192]), ([4096 + 8192], [4096]), ([8192 + 2048, 3000], [8192, 7])],
+    ids=["1K", "8K", "4K-after-8K", "8K-after-2K+chunk"],
+)
+def test_prefill_long_bf16(seq_lens, query_lens) -> None:
+    err = check_mla_prefill(seq_lens, query_lens, KIMI_1_5B, torch.bfloat16, "cuda", page=64)
+    assert err <= 2e-2
+
+
+def test_prefill_fp8_cache_and_workspace_groups() -> None:
+    """An fp8 latent cache; a cap that splits the sequences into groups and sends the longest
+    context to `mla_paged`."""
+    from hyla.ops.mla.prefill import workspace_token_bytes
+
+    token = workspace_token_bytes(576, 512, 16, 128, 128, 2)
+    err = check_mla_prefill(*MIXED, KIMI_1_5B, torch.bfloat16, "cuda", fp8=True,
+                            workspace_bytes=1600 * token)  # fmt: skip
+    assert err <= 3e-2
+
+
+def test_layer_mixed_step_matches_cpu() -> None:
+    from tests.gpu.test_mla_prefill_layer import run_mixed_step
+
+    want = run_mixed_step("cpu", torch.float32)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        got = run_mixed_step("cuda", dtype, want_routes=True).float().cpu()
+        assert (got - want).abs().max() / want.abs().max() <= tol, dtype
+
+
+def test_kimi_engine_greedy_cuda_equals_cpu() -> None:
+    """Greedy of a tiny Kimi-Linear engine on CUDA (prefill chunks and mixed steps through the
+    new path) equals the CPU engine up to the first near tie."""
+    from tests.gpu.test_mla_prefill_layer import engine_greedy_pair
+
+    engine_greedy_pair()
