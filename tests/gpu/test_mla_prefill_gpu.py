@@ -104,18 +104,42 @@ def test_prefill_fp8_cache_and_workspace_groups() -> None:
     assert err <= 3e-2
 
 
-def test_layer_mixed_step_matches_cpu() -> None:
-    from tests.gpu.test_mla_prefill_layer import run_mixed_step
+@pytest.mark.parametrize("case_id", ["kimi-nope", "deepseek-interleave-qlora"])
+def test_layer_mixed_step_matches_cpu(case_id, monkeypatch) -> None:
+    """The MLA layer of an eager CUDA step (prefill sequences through `mla_prefill`, decode
+    rows through `mla_paged`) vs the CPU layer (`attend_dense`), fp32 and bf16."""
+    from tests.layers.test_mla_routing import _spy, run_mixed_steps
 
-    want = run_mixed_step("cpu", torch.float32)
+    want = run_mixed_steps(case_id, "cpu", torch.float32, split=False)
+    calls = _spy(monkeypatch)
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
-        got = run_mixed_step("cuda", dtype, want_routes=True).float().cpu()
-        assert (got - want).abs().max() / want.abs().max() <= tol, dtype
+        got = run_mixed_steps(case_id, "cuda", dtype, split=False)
+        for g, w in zip(got, want, strict=True):
+            assert float((g - w).abs().max() / w.abs().max()) <= tol, dtype
+    assert calls[:3] == [("mla_prefill", 47), ("mla_paged", 2), ("mla_prefill", 31)]
 
 
-def test_kimi_engine_greedy_cuda_equals_cpu() -> None:
-    """Greedy of a tiny Kimi-Linear engine on CUDA (prefill chunks and mixed steps through the
-    new path) equals the CPU engine up to the first near tie."""
-    from tests.gpu.test_mla_prefill_layer import engine_greedy_pair
+def test_kimi_engine_greedy_cuda_equals_cpu(tmp_path) -> None:
+    """Greedy of a tiny Kimi-Linear engine on CUDA (chunked prompts beside decoding requests:
+    mixed steps through the new path) equals the CPU engine's up to the first near tie."""
+    from hyla.ops.kda.kernels import fla_available
 
-    engine_greedy_pair()
+    if not fla_available():
+        pytest.skip("needs fla-core (and einops)")
+    from hyla.models.loader import load_model
+    from hyla.request import SamplingParams
+    from tests.engine.engine_util import assert_close_completion, make_engine, prompt_ids, run_all
+    from tests.hf_tiny import save_tiny_hf_model
+
+    save_tiny_hf_model("kimi_linear", tmp_path, seed=0)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=5)
+    outs = {}
+    for device in ("cpu", "cuda"):
+        model = load_model(str(tmp_path), dtype="float32", device=device, progress=False)
+        engine = make_engine(model, device=device, max_num_batched_tokens=48)
+        for i, n in enumerate((5, 70, 130, 33, 200)):
+            engine.add_request(f"r{i}", prompt_ids(n, seed=i), params)
+        outs[device] = run_all(engine)
+    assert outs["cpu"].keys() == outs["cuda"].keys()
+    for rid, want in outs["cpu"].items():
+        assert_close_completion(outs["cuda"][rid], want, atol=2e-3)
