@@ -1,6 +1,6 @@
 """Expanded MLA prefill through the tiled GQA kernel (`hyla.ops.mla.prefill.mla_prefill_flash`)
-against its definition, `hyla.ops.mla.reference.mla_expanded`, run on fp32 CPU copies of the
-same inputs; the MLA layer of an eager CUDA step (prefill sequences on the new path, decode rows
+against its definition, `hyla.ops.mla.reference.mla_expanded`, run on fp32 copies of the same
+inputs; the MLA layer of an eager CUDA step (prefill sequences on the new path, decode rows
 on `mla_paged`) against the CPU layer; and the greedy output of a tiny Kimi-Linear engine on CUDA
 against the CPU engine.
 
@@ -37,7 +37,8 @@ def check_mla_prefill(
     workspace_bytes: int | None = None,
     seed: int = 0,
 ) -> float:
-    """`mla_prefill_flash` vs `mla_expanded` on fp32 CPU copies; returns the relative error.
+    """`mla_prefill_flash` vs `mla_expanded` on fp32 copies (same device; on CUDA the
+    reference's matmuls run in full fp32, TF32 off by default); returns the relative error.
     With `fp8` the latent cache is e4m3 with per-token scales (both read the same bytes)."""
     from hyla.ops.mla.prefill import mla_prefill_flash
 
@@ -61,10 +62,12 @@ def check_mla_prefill(
         latent_scale=None if latent_scale is None else latent_scale.to(device), **extra,
     )  # fmt: skip
     assert got.dtype == dtype and got.shape == (num_rows, num_heads, dv)
+    fp32 = [t.to(device) for t in (q_nope.float(), q_rope.float(), cache if fp8 else cache.float(),
+                                   tables, cu)]  # fmt: skip
     want = mla_expanded(
-        q_nope.float(), q_rope.float(), cache if fp8 else cache.float(), tables, cu, seq_lens,
-        kv_b.float(), scale, latent_scale=latent_scale,
-    )  # fmt: skip
+        *fp32, seq_lens, kv_b.float().to(device), scale,
+        latent_scale=None if latent_scale is None else latent_scale.to(device),
+    ).cpu()  # fmt: skip
     got = got.cpu().float()
     assert not got.isnan().any()
     return float((got - want).abs().max() / want.abs().max())
