@@ -122,27 +122,57 @@ def test_layer_mixed_step_matches_cpu(case_id, monkeypatch) -> None:
     assert calls[:3] == [("mla_prefill", 47), ("mla_paged", 2), ("mla_prefill", 31)]
 
 
+PROMPT_LENS = (5, 70, 130, 33, 200)  # with a 48-token budget: chunks beside decoding rows
+
+
+def _kimi_engine(path, device: str, **overrides):
+    from hyla.ops.kda.kernels import fla_available
+
+    if device == "cuda" and not fla_available():
+        pytest.skip("needs fla-core (and einops)")
+    from hyla.models.loader import load_model
+    from tests.engine.engine_util import make_engine
+    from tests.hf_tiny import save_tiny_hf_model
+
+    if not (path / "config.json").exists():
+        save_tiny_hf_model("kimi_linear", path, seed=0)
+    model = load_model(str(path), dtype="float32", device=device, progress=False)
+    return make_engine(model, device=device, **overrides)
+
+
+def _run_prompts(engine) -> dict:
+    from hyla.request import SamplingParams
+    from tests.engine.engine_util import prompt_ids, run_all
+
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=5)
+    for i, n in enumerate(PROMPT_LENS):
+        engine.add_request(f"r{i}", prompt_ids(n, seed=i), params)
+    return run_all(engine)
+
+
 def test_kimi_engine_greedy_cuda_equals_cpu(tmp_path) -> None:
     """Greedy of a tiny Kimi-Linear engine on CUDA (chunked prompts beside decoding requests:
     mixed steps through the new path) equals the CPU engine's up to the first near tie."""
-    from hyla.ops.kda.kernels import fla_available
+    from tests.engine.engine_util import assert_close_completion
 
-    if not fla_available():
-        pytest.skip("needs fla-core (and einops)")
-    from hyla.models.loader import load_model
-    from hyla.request import SamplingParams
-    from tests.engine.engine_util import assert_close_completion, make_engine, prompt_ids, run_all
-    from tests.hf_tiny import save_tiny_hf_model
-
-    save_tiny_hf_model("kimi_linear", tmp_path, seed=0)
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=5)
-    outs = {}
-    for device in ("cpu", "cuda"):
-        model = load_model(str(tmp_path), dtype="float32", device=device, progress=False)
-        engine = make_engine(model, device=device, max_num_batched_tokens=48)
-        for i, n in enumerate((5, 70, 130, 33, 200)):
-            engine.add_request(f"r{i}", prompt_ids(n, seed=i), params)
-        outs[device] = run_all(engine)
+    outs = {d: _run_prompts(_kimi_engine(tmp_path, d, max_num_batched_tokens=48))
+            for d in ("cpu", "cuda")}  # fmt: skip
     assert outs["cpu"].keys() == outs["cuda"].keys()
     for rid, want in outs["cpu"].items():
         assert_close_completion(outs["cuda"][rid], want, atol=2e-3)
+
+
+def test_warm_up_compiles_the_prefill_kernel(tmp_path) -> None:
+    """After `warm_up`, mixed steps with any number of prefill sequences and block-table widths
+    compile no new variant of the tiled kernel (it does not specialize on either)."""
+    from hyla.engine.warmup import warm_up
+    from hyla.ops.gqa import kernels
+
+    def compiled() -> int:
+        return sum(len(c[0]) for c in kernels._paged_gqa_kernel.device_caches.values())
+
+    engine = _kimi_engine(tmp_path, "cuda", max_num_batched_tokens=48)
+    warm_up(engine)
+    warm = compiled()
+    _run_prompts(engine)
+    assert warm >= 1 and compiled() == warm
