@@ -3,9 +3,10 @@ heads, Dn = Dv = 128, Dr = 64, R = 512, 16-token pages, bf16): the absorbed spli
 every row took before (`mla_paged`) against the expanded form through the tiled GQA kernel
 (`mla_prefill`), in the same run, for 1K / 4K / 8K new tokens after 0 and 8K cached tokens.
 
-Per point: median ms of each (triton do_bench), the ratio old / new, the new path's attention
-TFLOP/s (causal QK^T and PV over Dn + Dr and Dv, plus the kv_b_proj expansion of the context)
-and the max relative difference between the two outputs (they compute the same attention).
+Per point: median ms of each (triton do_bench), the ratio old / new, the new path with its
+192-wide keys as one dot padded to 256 instead of 128 + 64 (`gqa.kernels.SPLIT_KEYS`), its
+attention TFLOP/s (causal QK^T and PV over Dn + Dr and Dv, plus the kv_b_proj expansion of the
+context) and the max relative difference between the two outputs (the same attention).
 
     PYTHONPATH=. python3 bench/gpu_mla_prefill.py                     # H200, ~1 min
     PYTHONPATH=. python3 bench/gpu_mla_prefill.py --kv-cache-dtype fp8
@@ -74,6 +75,7 @@ def make_inputs(new: int, cached: int, device: str, fp8: bool, dtype: torch.dtyp
 
 
 def run_point(new: int, cached: int, device: str, fp8: bool, dtype: torch.dtype) -> dict:
+    from hyla.ops.gqa import kernels as gqa_kernels
     from hyla.ops.mla.paged import mla_paged
 
     x = make_inputs(new, cached, device, fp8, dtype)
@@ -93,6 +95,9 @@ def run_point(new: int, cached: int, device: str, fp8: bool, dtype: torch.dtype)
     a, b = old().float(), new_path().float()
     diff = float((a - b).abs().max() / a.abs().max())
     old_ms, new_ms = timed(old), timed(new_path)
+    gqa_kernels.SPLIT_KEYS = False  # Dn + Dr = 192 as one dot padded to 256
+    padded_ms = timed(new_path)
+    gqa_kernels.SPLIT_KEYS = True
     total = cached + new
     pairs = new * cached + new * (new + 1) / 2  # (query, key) pairs seen, causal
     flops = 2 * pairs * HEADS * (DN + DR + DV) + 2 * total * RANK * HEADS * (DN + DV)
@@ -102,6 +107,7 @@ def run_point(new: int, cached: int, device: str, fp8: bool, dtype: torch.dtype)
         "mla_paged_ms": old_ms,
         "mla_prefill_ms": new_ms,
         "speedup": old_ms / new_ms,
+        "mla_prefill_one_padded_dot_ms": padded_ms,
         "mla_prefill_tflops": flops / new_ms / 1e9,
         "max_rel_diff": diff,
     }

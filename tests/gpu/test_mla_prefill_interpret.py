@@ -28,6 +28,20 @@ def test_1_5b_shapes() -> None:
     assert err <= 1e-5
 
 
+def test_key_blocks_and_the_one_padded_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """192 = 128 + 64 as two dots (and TINY's 24 = 16 + 16); powers of two stay one dot; with
+    the split off (one dot padded to 256) the result is the same."""
+    from hyla.ops.gqa import kernels
+
+    assert [kernels.key_blocks(d) for d in (192, 24, 256, 128, 8)] == [
+        (128, 64), (16, 16), (256, 0), (128, 0), (16, 0)
+    ]  # fmt: skip
+    assert kernels.key_blocks(192, split=False) == (256, 0)
+    monkeypatch.setattr(kernels, "SPLIT_KEYS", False)
+    err = check_mla_prefill([40, 21], [40, 9], KIMI_1_5B, torch.float32, "cpu", page=16)
+    assert err <= 1e-5
+
+
 def test_fp8_cache_and_workspace_groups() -> None:
     """An fp8 latent cache; a cap of 43 tokens (whole pages of 4): [70] alone over it
     (mla_paged), [13, 40] in two groups, [3, 1] in one."""
