@@ -67,3 +67,19 @@ def test_layer_with_the_kernel_path(case_id: str, monkeypatch: pytest.MonkeyPatc
     got = run_mixed_steps(case_id, "cpu", torch.float32, split=True)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_dense_dsa_sequences_equal_the_sparse_reference() -> None:
+    """DSA's routing premise with the kernel path: sequences no longer than k through
+    `mla_prefill_flash` equal the sparse reference over every visible token."""
+    from hyla.ops.dsa_indexer.rows import dense_topk_indices
+    from hyla.ops.mla.prefill import mla_prefill_flash
+    from hyla.ops.sparse_attention import reference as sparse_ref
+    from tests.ops.test_mla import _batch
+
+    seq_lens, query_lens = [9, 14, 5], [3, 14, 2]
+    cache, tables, _, cu, q_nope, q_rope, kv_b = _batch(8, seq_lens, query_lens)
+    indices = dense_topk_indices(cu, seq_lens, 16, sum(query_lens))
+    want = sparse_ref.sparse_mla(q_nope, q_rope, cache, tables, cu, indices, kv_b, 0.3)
+    got = mla_prefill_flash(q_nope, q_rope, cache, tables, cu, seq_lens, kv_b, 0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -82,3 +82,45 @@ def test_pure_decode_step_is_one_paged_call(monkeypatch) -> None:
     got = run_mixed_steps("kimi-nope", "cpu", torch.float32, split=True, mixed=mixed)
     assert calls == [("mla_prefill", 14), ("mla_paged", 2)]
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_dsa_short_prefill_sequences_take_the_expanded_path(monkeypatch) -> None:
+    """DSA on a forced CUDA-style step: the prefill sequence no longer than k (6 tokens, k = 8)
+    goes to `mla_prefill`, the decode row of a short sequence and the long prefill chunk to one
+    `sparse_mla` call; the output equals the CPU branch (attend_dense + attend_sparse)."""
+    import hyla.layers.attention as attn
+    import hyla.layers.sparse_attention as dsa
+    from hyla.attention_metadata import AttentionMetadata
+    from tests.layers.test_sparse_attention import CONFIG, _layers, _x
+    from tests.paged_steps import PagedSteps
+
+    layer, _ = _layers()
+    xs = [_x(n, 300 + n) for n in (6, 21, 14, 8)]
+    first = {1: xs[1][:20], 2: xs[2][:5], 3: xs[3][:7]}
+    second = {3: xs[3][7:], 1: xs[1][20:], 0: xs[0], 2: xs[2][5:]}
+    eager = AttentionMetadata.eager
+    outputs, calls = [], []
+    for name, module in (("mla_prefill", attn), ("sparse_mla", dsa)):
+        fn = getattr(module, name)
+
+        def spy(q_nope, *a, _f=fn, _n=name, **kw):
+            calls.append((_n, q_nope.shape[0]))
+            return _f(q_nope, *a, **kw)
+
+        monkeypatch.setattr(module, name, spy)
+    for on_device in (False, True):
+
+        def forced(*a, on=on_device):
+            return dataclasses.replace(eager(*a), lengths_on_device=on)
+
+        monkeypatch.setattr(AttentionMetadata, "eager", forced)
+        steps = PagedSteps(CONFIG, 4, 40, BLOCK, seed=5)
+        calls.clear()
+        outputs.append([steps.step(layer, first), steps.step(layer, second)])
+    # forced: step 1 prompts of 5 and 7 (<= k) expanded, of 20 sparse; step 2: seq 0 (6 <= k)
+    # expanded; the decode of seq 3 (8 <= k), seq 1's decode and seq 2's chunk -> sparse_mla
+    assert calls == [("mla_prefill", 12), ("sparse_mla", 20), ("mla_prefill", 6),
+                     ("sparse_mla", 11)]  # fmt: skip
+    for cpu_step, gpu_step in zip(*outputs, strict=True):
+        for i in cpu_step:
+            torch.testing.assert_close(gpu_step[i], cpu_step[i], rtol=1e-5, atol=1e-5)

@@ -92,6 +92,8 @@ def mla_prefill_flash(
                                       dn, dv, q.element_size())  # fmt: skip
     groups = plan_groups(seq_lens, page, per_token, workspace_bytes)
     attend = (_attend_paged, _attend_expanded)
+    if not groups:
+        return q.new_empty(0, num_heads, dv)
     if len(groups) == 1:
         return attend[groups[0][2]](q, latent_cache, block_tables, cu_seqlens, seq_lens,
                                     kv_b_weight, dn, scale, latent_scale)  # fmt: skip
