@@ -73,8 +73,8 @@ def check_mla_prefill(
     return float((got - want).abs().max() / want.abs().max())
 
 
-# (seq_lens, query_lens): a whole prompt, a chunk after a partial block, after several blocks,
-# a two-token chunk; every cached prefix length 0 .. several blocks
+# (seq_lens, query_lens), 16-token pages: a 1500-token prompt, a 1000-token chunk after 100
+# cached tokens (a partial block), 24 tokens after 1976 cached (many blocks)
 MIXED = ([1500, 1100, 2000], [1500, 1000, 24])
 BOUND = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
@@ -168,8 +168,12 @@ def test_warm_up_compiles_the_prefill_kernel(tmp_path) -> None:
     from hyla.engine.warmup import warm_up
     from hyla.ops.gqa import kernels
 
+    caches = getattr(kernels._paged_gqa_kernel, "device_caches", None)
+    if caches is None:
+        pytest.skip("this triton keeps no per-device kernel cache to count")
+
     def compiled() -> int:
-        return sum(len(c[0]) for c in kernels._paged_gqa_kernel.device_caches.values())
+        return sum(len(c[0]) for c in caches.values())
 
     engine = _kimi_engine(tmp_path, "cuda", max_num_batched_tokens=48)
     warm_up(engine)
