@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -239,13 +238,20 @@ class MLAttention(nn.Module):
             )  # fmt: skip
 
 
-def split_by_query_len(batch: ForwardBatch, seq_ids: Sequence[int]) -> tuple[Any, Any]:
+DecodePart = tuple[SeqGroup, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+PrefillPart = tuple[SeqGroup, list[int]]
+
+
+def split_by_query_len(
+    batch: ForwardBatch, seq_ids: Sequence[int]
+) -> tuple[DecodePart | None, PrefillPart | None]:
     """`seq_ids` split for `MLAttention.attend_split`: (decode, prefill), each None when empty;
     decode = (SeqGroup, seq_lens [n] int32 on the device, its `row_positions`), prefill =
     (SeqGroup, query_lens host ints). Sequences with no new token are in neither."""
     decode = [i for i in seq_ids if batch.query_lens[i] == 1]
     prefill = [i for i in seq_ids if batch.query_lens[i] > 1]
-    decode_part = prefill_part = None
+    decode_part: DecodePart | None = None
+    prefill_part: PrefillPart | None = None
     if decode:
         g = select_sequences(batch, decode)
         lens = index_tensor(g.seq_lens, g.cu_seqlens.device, torch.int32)
