@@ -91,7 +91,7 @@ def mla_prefill_flash(
     per_token = workspace_token_bytes(latent_cache.shape[-1], kv_b_weight.shape[-1], num_heads,
                                       dn, dv, q.element_size())  # fmt: skip
     groups = plan_groups(seq_lens, page, per_token, workspace_bytes)
-    attend = (_attend_paged, _attend_expanded)
+    attend = {True: _attend_expanded, False: _attend_paged}  # by `expanded`
     if not groups:
         return q.new_empty(0, num_heads, dv)
     if len(groups) == 1:
