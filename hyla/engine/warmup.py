@@ -89,10 +89,9 @@ def _warm_decode_rows(engine: Any, cached: int) -> None:
     the tiled one), whose split count, and so its variant, follows the row count as it follows
     the query length of a prefill hit."""
     sched = engine.config.scheduler
-    for d in HIT_QUERY_LENS:
-        d = min(d, sched.max_num_seqs - 1, sched.max_num_batched_tokens - MIXED_PROMPT_TOKENS)
-        if d >= 1:
-            _run(engine, [[1] * cached + [2]] * d + [[3] * MIXED_PROMPT_TOKENS])
+    room = min(sched.max_num_seqs - 1, sched.max_num_batched_tokens - MIXED_PROMPT_TOKENS)
+    for d in sorted({min(d, room) for d in HIT_QUERY_LENS if min(d, room) >= 1}):
+        _run(engine, [[1] * cached + [2]] * d + [[3] * MIXED_PROMPT_TOKENS])
 
 
 def _run(engine: Any, prompts: list[list[int]]) -> None:
