@@ -8,17 +8,27 @@ Per point: median ms of each (triton do_bench), the ratio old / new, the new pat
 attention TFLOP/s (causal QK^T and PV over Dn + Dr and Dv, plus the kv_b_proj expansion of the
 context) and the max relative difference between the two outputs (the same attention).
 
+`--step` measures instead a whole mixed step of the bench/gpu_e2e.py model (the workload and
+flags of bench/gpu_mixed_step.py, default one 8,192-token prompt beside 56 decoders): MLA's
+prefill rows through `mla_prefill` (new) and through `mla_paged` (old: as every row went
+before), same engine, same run.
+
     PYTHONPATH=. python3 bench/gpu_mla_prefill.py                     # H200, ~1 min
     PYTHONPATH=. python3 bench/gpu_mla_prefill.py --kv-cache-dtype fp8
+    PYTHONPATH=. python3 bench/gpu_mla_prefill.py --step              # H200, ~3 min
     TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/gpu_mla_prefill.py --smoke   # CPU bug check
+    PYTHONPATH=. python3 bench/gpu_mla_prefill.py --step --smoke      # CPU bug check
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -113,12 +123,72 @@ def run_point(new: int, cached: int, device: str, fp8: bool, dtype: torch.dtype)
     }
 
 
+@contextlib.contextmanager
+def prefill_through_paged() -> Iterator[None]:
+    """MLA layers' prefill sequences through `mla_paged` (the absorbed split-k kernel), as
+    before `mla_prefill`; their decode rows take it either way."""
+    import hyla.layers.attention as attention
+    from hyla.ops.mla.paged import mla_paged
+
+    def through_paged(q_nope, q_rope, cache, tables, cu, seq_lens, weight, scale, *,
+                      query_lens=None, latent_scale=None):  # fmt: skip
+        lens = torch.tensor(seq_lens, dtype=torch.int32, device=q_nope.device)
+        return mla_paged(q_nope, q_rope, cache, tables, cu, lens, max(seq_lens), weight, scale,
+                         latent_scale=latent_scale)  # fmt: skip
+
+    saved = attention.mla_prefill
+    attention.mla_prefill = through_paged
+    try:
+        yield
+    finally:
+        attention.mla_prefill = saved
+
+
+def bench_step(rest: list[str], smoke: bool) -> dict:
+    """Mean time of a step carrying the prompts' prefill, new vs old MLA prefill path."""
+    import gpu_e2e
+    import gpu_mixed_step as mixed
+
+    args = mixed.parse_args(["--prefills", "1", "--prefill-len", "8192", *rest,
+                             *(["--smoke"] if smoke else [])])  # fmt: skip
+    if smoke:  # fla's kernels need a GPU: transformers takes its PyTorch fallback
+        sys.modules["fla"] = None  # type: ignore[assignment]
+    hf = gpu_e2e.build_hf_model(args, getattr(torch, args.dtype))
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp, safe_serialization=True)
+        del hf
+        engine = mixed.build_engine(args, tmp)
+    mixed.start_decoders(engine, args)
+    rows = {}
+    for mode in ("new", "old"):
+        with prefill_through_paged() if mode == "old" else contextlib.nullcontext():
+            mixed.mixed_steps(engine, args, f"warm-{mode}", 2)  # compiles, autotunes
+            rows[mode] = mixed.mixed_steps(engine, args, mode, args.rounds)
+        print(f"step ({mode} MLA prefill): {rows[mode]['step_ms']:8.2f} ms per step "
+              f"({args.prefills} x {args.prefill_len} + {args.decodes} decodes)")  # fmt: skip
+    same = sum(a == b for a, b in zip(rows["new"]["firsts"], rows["old"]["firsts"], strict=True))
+    result = {f"{m}_mla_prefill": {k: v for k, v in r.items() if k != "firsts"}
+              for m, r in rows.items()}  # fmt: skip
+    result["speedup"] = rows["old"]["step_ms"] / rows["new"]["step_ms"]
+    result["same_first_tokens"] = f"{same}/{len(rows['new']['firsts'])}"
+    keys = ("prefills", "prefill_len", "decodes", "decode_context", "rounds", "layers")
+    result["workload"] = {k: getattr(args, k) for k in keys}
+    print(f"step old / new: {result['speedup']:.2f}x; same first tokens "
+          f"{result['same_first_tokens']}")  # fmt: skip
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny lengths (CPU interpreter)")
     parser.add_argument("--kv-cache-dtype", default="bfloat16", choices=["bfloat16", "fp8"])
+    parser.add_argument("--step", action="store_true", help="a whole mixed step of the model")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args, rest = parser.parse_known_args()
+    if args.step:
+        return write("gpu_mla_prefill_step_h200", args, bench_step(rest, args.smoke))
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     fp8 = args.kv_cache_dtype == "fp8"
     news, cacheds = ((64,), (0, 48)) if args.smoke else (NEW_TOKENS, CACHED)
@@ -130,15 +200,21 @@ def main() -> None:
             results.append(res)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in res.items()), flush=True)  # fmt: skip
+    shapes = {"heads": HEADS, "dn": DN, "dr": DR, "dv": DV, "rank": RANK, "page": PAGE}
     name = "gpu_mla_prefill_h200" + ("_fp8" if fp8 else "")
+    write(name, args, {"shapes": shapes, "kv_cache_dtype": args.kv_cache_dtype, "points": results})
+
+
+def write(name: str, args: argparse.Namespace, results: dict) -> None:
+    """bench/results/<name>.json (or --out) with the command, commit and hardware; a smoke run
+    writes only with --out."""
     out = Path(args.out or ROOT / "results" / f"{name}.json")
+    cuda = torch.cuda.is_available()
     record = {
         "command": " ".join(["python3", *sys.argv]),
         "commit": _commit(),
-        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)",
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu (smoke)",
         "torch": torch.__version__,
-        "shapes": {"heads": HEADS, "dn": DN, "dr": DR, "dv": DV, "rank": RANK, "page": PAGE},
-        "kv_cache_dtype": args.kv_cache_dtype,
         "results": results,
     }
     if not args.smoke or args.out:
