@@ -25,6 +25,7 @@ logger = logging.getLogger("hyla.engine")
 
 CPU_PREFILL_TOKENS = 16
 HIT_QUERY_LENS = (3, 16, 33, 65, 129, 257)  # about halving attention splits from one to the next
+MIXED_PROMPT_TOKENS = 16
 
 
 def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
@@ -62,8 +63,10 @@ def _warm_hits(engine: Any, num: int) -> None:
     `HIT_QUERY_LENS` tokens and one crossing a stride boundary (a chunk in rounds, its last
     round on the recurrent op). The split-k attention kernel picks its variant from the query
     length at a long cached context (splits rounded up to a power of two; the context length
-    divisible by 16 or not), which a cold prefill of the same length never reaches. Skipped
-    without prefix caching, without linear layers, or when nothing fits."""
+    divisible by 16 or not), which a cold prefill of the same length never reaches; on a GPU,
+    where MLA prefill takes the tiled kernel, the same counts of decode rows in mixed steps
+    follow (`_warm_decode_rows`). Skipped without prefix caching, without linear layers, or
+    when nothing fits."""
     prefix = engine.cache.prefix
     if prefix is None or not prefix.stride:
         return
@@ -75,6 +78,20 @@ def _warm_hits(engine: Any, num: int) -> None:
     lens = sorted({min(n, room) for n in (*HIT_QUERY_LENS, crossing)} - {0, 1})
     for i, extra in enumerate(lens):
         _run(engine, [[1] * cached + [2 + i] * extra])  # each its own suffix: all hit `cached`
+    if engine.device.type == "cuda":
+        _warm_decode_rows(engine, cached)
+
+
+def _warm_decode_rows(engine: Any, cached: int) -> None:
+    """Mixed steps whose decode-shaped rows read the long cached context: d requests hitting
+    `cached` tokens with one new token each beside a short prompt, d in HIT_QUERY_LENS. An
+    eager mixed step sends MLA's one-token rows to the split-k kernel (its prefill sequences to
+    the tiled one), whose split count, and so its variant, follows the row count as it follows
+    the query length of a prefill hit."""
+    sched = engine.config.scheduler
+    room = min(sched.max_num_seqs - 1, sched.max_num_batched_tokens - MIXED_PROMPT_TOKENS)
+    for d in sorted({min(d, room) for d in HIT_QUERY_LENS if min(d, room) >= 1}):
+        _run(engine, [[1] * cached + [2]] * d + [[3] * MIXED_PROMPT_TOKENS])
 
 
 def _run(engine: Any, prompts: list[list[int]]) -> None:

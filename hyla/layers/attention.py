@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from hyla.config import ModelConfig
-from hyla.forward_batch import ForwardBatch
+from hyla.forward_batch import ForwardBatch, index_tensor
 from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rotary import RotaryEmbedding
 from hyla.ops.dsa_indexer.rows import row_positions
 from hyla.ops.gqa import paged_gqa, paged_gqa_bounded
-from hyla.ops.mla import mla_absorbed_batched, mla_expanded, mla_paged
+from hyla.ops.mla import mla_absorbed_batched, mla_expanded, mla_paged, mla_prefill
 from hyla.ops.paged import write_paged_entries
 from hyla.ops.rotary import rope_softmax_mscale
 
@@ -52,9 +52,9 @@ def select_sequences(batch: ForwardBatch, seq_ids: Sequence[int]) -> SeqGroup:
         sub_cu.append(sub_cu[-1] + cu[i + 1] - cu[i])
     seq_lens = batch.seq_lens
     return SeqGroup(
-        rows=torch.tensor(rows, dtype=torch.long, device=device),
-        block_tables=batch.block_tables[list(seq_ids)],
-        cu_seqlens=torch.tensor(sub_cu, dtype=torch.int32, device=device),
+        rows=index_tensor(rows, device),
+        block_tables=batch.block_tables[index_tensor(list(seq_ids), device)],
+        cu_seqlens=index_tensor(sub_cu, device, torch.int32),
         seq_lens=[seq_lens[i] for i in seq_ids],
     )
 
@@ -84,9 +84,11 @@ class MLAttention(nn.Module):
     `mla.use_rope` the rope channels rotate (style from `config.rope`, "interleave" for DeepSeek)
     and the softmax scale includes YaRN's mscale^2; without (Kimi-Linear) they stay unrotated and
     the scale is `(Dn+Dr)^-0.5`. On the CPU, prefill sequences use the expanded form, decode
-    sequences (one new token) the absorbed one, all of them in one batched call; when the step's
+    sequences (one new token) the absorbed one, all of them in one batched call. When the step's
     lengths are read on the device (`batch.attn.lengths_on_device`: on CUDA, and in a captured
-    step) every row takes `mla_paged` (absorbed, Triton on CUDA).
+    step), a captured or pure-decode step sends every row to `mla_paged` (absorbed, Triton on
+    CUDA); an eager step with prefill sequences sends those to `mla_prefill` (expanded, the tiled
+    FlashAttention-style kernel) and its decode rows to `mla_paged` (`attend_split`).
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -193,8 +195,9 @@ class MLAttention(nn.Module):
         cache = batch.caches[self.layer_idx]
         latent_cache = cache["latent"]
         write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
-        if batch.attn.lengths_on_device:  # one call over all rows
-            num_rows = hidden_states.shape[0]
+        attn = batch.attn
+        if attn.lengths_on_device and (attn.seq_lens_host is None or batch.is_pure_decode):
+            num_rows = hidden_states.shape[0]  # one call over all rows (captured decode too)
             rows = batch.shared(("row_positions", num_rows), lambda: row_positions(
                 batch.cu_seqlens, batch.seq_lens_tensor, num_rows))  # fmt: skip
             out = mla_paged(
@@ -204,8 +207,58 @@ class MLAttention(nn.Module):
             )  # fmt: skip
             return self.o_proj(out.flatten(1))
         out = hidden_states.new_empty(hidden_states.shape[0], self.num_heads, self.v_head_dim)
-        self.attend_dense(out, proj, batch, range(batch.num_seqs))
+        attend = self.attend_split if attn.lengths_on_device else self.attend_dense
+        attend(out, proj, batch, range(batch.num_seqs))
         return self.o_proj(out.flatten(1))
+
+    def attend_split(
+        self, out: torch.Tensor, proj: MLAProjection, batch: ForwardBatch, seq_ids: Sequence[int]
+    ) -> None:
+        """Fill `out` [T, H, Dv] rows of `seq_ids` on a step with host and device lengths (an
+        eager CUDA step): decode sequences (one new token) through `mla_paged` (absorbed, as a
+        captured decode step), prefill sequences through `mla_prefill` (expanded, tiled)."""
+        cache = batch.caches[self.layer_idx]
+        latent_scale = cache.get("latent_scale")
+        decode, prefill = batch.shared(("mla_split", tuple(seq_ids)), lambda: split_by_query_len(
+            batch, seq_ids))  # fmt: skip
+        weight = self.kv_b_proj.weight
+        if decode is not None:
+            g, lens, rows = decode
+            out[g.rows] = mla_paged(
+                proj.q_nope[g.rows], proj.q_rope[g.rows], cache["latent"], g.block_tables,
+                g.cu_seqlens, lens, max(g.seq_lens), weight, self.scale, rows=rows,
+                latent_scale=latent_scale,
+            )  # fmt: skip
+        if prefill is not None:
+            g, query_lens = prefill
+            out[g.rows] = mla_prefill(
+                proj.q_nope[g.rows], proj.q_rope[g.rows], cache["latent"], g.block_tables,
+                g.cu_seqlens, g.seq_lens, weight, self.scale, query_lens=query_lens,
+                latent_scale=latent_scale,
+            )  # fmt: skip
+
+
+DecodePart = tuple[SeqGroup, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+PrefillPart = tuple[SeqGroup, list[int]]
+
+
+def split_by_query_len(
+    batch: ForwardBatch, seq_ids: Sequence[int]
+) -> tuple[DecodePart | None, PrefillPart | None]:
+    """`seq_ids` split for `MLAttention.attend_split`: (decode, prefill), each None when empty;
+    decode = (SeqGroup, seq_lens [n] int32 on the device, its `row_positions`), prefill =
+    (SeqGroup, query_lens host ints). Sequences with no new token are in neither."""
+    decode = [i for i in seq_ids if batch.query_lens[i] == 1]
+    prefill = [i for i in seq_ids if batch.query_lens[i] > 1]
+    decode_part: DecodePart | None = None
+    prefill_part: PrefillPart | None = None
+    if decode:
+        g = select_sequences(batch, decode)
+        lens = index_tensor(g.seq_lens, g.cu_seqlens.device, torch.int32)
+        decode_part = (g, lens, row_positions(g.cu_seqlens, lens, len(decode)))
+    if prefill:
+        prefill_part = (select_sequences(batch, prefill), [batch.query_lens[i] for i in prefill])
+    return decode_part, prefill_part
 
 
 class GQAttention(nn.Module):

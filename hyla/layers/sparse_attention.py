@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from hyla.config import ModelConfig
-from hyla.forward_batch import ForwardBatch
-from hyla.layers.attention import MLAProjection, MLAttention, select_sequences
+from hyla.forward_batch import ForwardBatch, index_tensor
+from hyla.layers.attention import MLAProjection, MLAttention, SeqGroup, select_sequences
 from hyla.layers.linear import Linear
 from hyla.ops.dsa_indexer import lightning_indexer_topk
 from hyla.ops.dsa_indexer.rows import dense_topk_indices
@@ -69,7 +69,9 @@ class DSAttention(MLAttention):
     indexer would select every visible token, so the result is the same); longer sequences run
     the indexer's causal top-k and `sparse_mla` over only the selected tokens. When the step's
     lengths are read on the device (`batch.attn.lengths_on_device`: on CUDA, and in captured
-    steps) every row goes through one `sparse_mla` call (`attend_selected`).
+    steps) every row goes through one `sparse_mla` call (`attend_selected`), but for the
+    prefill sequences no longer than `index_topk` of an eager step, which take MLA's expanded
+    prefill (`attend_on_device`).
 
     Raises: ValueError at construction when `mla.q_lora_rank` is None (the indexer reads the
     q low-rank activation).
@@ -91,9 +93,8 @@ class DSAttention(MLAttention):
         write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
         index_q, index_w, index_k = self.indexer(hidden_states, proj.q_resid, proj.cos_sin)
         write_paged_entries(cache, "index_keys", batch.slot_mapping, index_k)
-        if batch.attn.lengths_on_device:  # one sparse_mla call, all rows
-            out = self.attend_selected(proj, index_q, index_w, batch)
-            return self.o_proj(out.flatten(1))
+        if batch.attn.lengths_on_device:
+            return self.o_proj(self.attend_on_device(proj, index_q, index_w, batch).flatten(1))
         seq_lens = batch.seq_lens
         dense = [i for i in range(batch.num_seqs) if seq_lens[i] <= self.index_topk]
         sparse = [i for i in range(batch.num_seqs) if seq_lens[i] > self.index_topk]
@@ -103,35 +104,68 @@ class DSAttention(MLAttention):
             self.attend_sparse(out, proj, index_q, index_w, batch, sparse)
         return self.o_proj(out.flatten(1))
 
-    def attend_selected(
+    def attend_on_device(
         self,
         proj: MLAProjection,
         index_q: torch.Tensor,
         index_w: torch.Tensor,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        """Every row's attention [T, H, Dv] in one `sparse_mla` call, with lengths read on the
-        device (`batch.attn.lengths_on_device`). While no sequence can be longer
-        than k (`batch.max_seq_len <= k`) every row selects all its visible tokens
+        """Every row's attention [T, H, Dv] on a step whose lengths are read on the device.
+        Prefill sequences no longer than k on an eager step (host lengths) select every
+        visible token: dense causal MLA, which `attend_split` runs in the expanded form
+        (`mla_prefill`); every other row goes through one `attend_selected` call."""
+        dense = batch.shared(("dsa_dense_prefill", self.index_topk), lambda: _dense_prefill(
+            batch, self.index_topk))  # fmt: skip
+        if not dense:
+            return self.attend_selected(proj, index_q, index_w, batch)
+        out = proj.q_nope.new_empty(proj.q_nope.shape[0], self.num_heads, self.v_head_dim)
+        self.attend_split(out, proj, batch, dense)
+        rest = batch.shared(("dsa_rest", self.index_topk), lambda: _rest_group(batch, dense))
+        if rest is not None:
+            g, lens = rest
+            out[g.rows] = self.attend_selected(
+                proj, index_q, index_w, batch, group=(g.rows, g.block_tables, g.cu_seqlens, lens,
+                                                      max(g.seq_lens)),
+            )  # fmt: skip
+        return out
+
+    def attend_selected(
+        self,
+        proj: MLAProjection,
+        index_q: torch.Tensor,
+        index_w: torch.Tensor,
+        batch: ForwardBatch,
+        group: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
+    ) -> torch.Tensor:
+        """The attention [T, H, Dv] of every row (or of `group`'s rows: (rows [t], block_tables,
+        cu_seqlens, seq_lens [n] device, max_seq_len) of a subset of sequences) in one
+        `sparse_mla` call, with lengths read on the device. While no sequence can be longer
+        than k (max_seq_len <= k) every row selects all its visible tokens
         (`dense_topk_indices`: exact dense causal MLA, no indexer run); otherwise the indexer
         ranks every row (a row seeing <= k tokens then selects them all: the same set)."""
         cache = batch.caches[self.layer_idx]
         k = self.index_topk
-        if batch.max_seq_len <= k:
-            num_rows = proj.q_nope.shape[0]
-            topk_indices = batch.shared(("dense_topk", k, num_rows), lambda: dense_topk_indices(
-                batch.cu_seqlens, batch.seq_lens_tensor, k, num_rows))  # fmt: skip
+        q_nope, q_rope = proj.q_nope, proj.q_rope
+        tables, cu, lens, max_len = (
+            batch.block_tables, batch.cu_seqlens, batch.seq_lens_tensor, batch.max_seq_len
+        )  # fmt: skip
+        if group is not None:
+            rows, tables, cu, lens, max_len = group
+            q_nope, q_rope, index_q, index_w = (t[rows] for t in (q_nope, q_rope, index_q, index_w))
+        num_rows = q_nope.shape[0]
+        if max_len <= k:
+            topk_indices = batch.shared(("dense_topk", k, num_rows, group is None), lambda:
+                dense_topk_indices(cu, lens, k, num_rows))  # fmt: skip
         else:
             topk_indices = lightning_indexer_topk(
-                index_q, index_w, cache["index_keys"], batch.block_tables, batch.cu_seqlens,
-                batch.seq_lens_tensor, k, self.indexer.softmax_scale,
-                cache.get("index_keys_scale"), max_seq_len=batch.max_seq_len,
+                index_q, index_w, cache["index_keys"], tables, cu, lens, k,
+                self.indexer.softmax_scale, cache.get("index_keys_scale"), max_seq_len=max_len,
                 static_shapes=batch.attn.graph_kernels,
             )  # fmt: skip
         return sparse_mla(
-            proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,
-            topk_indices, self.kv_b_proj.weight, self.scale,
-            latent_scale=cache.get("latent_scale"),
+            q_nope, q_rope, cache["latent"], tables, cu, topk_indices, self.kv_b_proj.weight,
+            self.scale, latent_scale=cache.get("latent_scale"),
         )  # fmt: skip
 
     def attend_sparse(
@@ -168,3 +202,22 @@ class DSAttention(MLAttention):
             self.scale,
             latent_scale=cache.get("latent_scale"),
         )
+
+
+def _dense_prefill(batch: ForwardBatch, topk: int) -> list[int]:
+    """Prefill sequences (more than one new token) no longer than `topk`, on a step with host
+    lengths; [] on a captured step."""
+    if batch.attn.seq_lens_host is None:
+        return []
+    lens, query_lens = batch.attn.seq_lens_host, batch.query_lens
+    return [i for i, n in enumerate(lens) if query_lens[i] > 1 and n <= topk]
+
+
+def _rest_group(batch: ForwardBatch, dense: list[int]) -> tuple[SeqGroup, torch.Tensor] | None:
+    """The other sequences with new tokens (and their lengths on the device), or None."""
+    skip = set(dense)
+    rest = [i for i in range(batch.num_seqs) if i not in skip and batch.query_lens[i] > 0]
+    if not rest:
+        return None
+    g = select_sequences(batch, rest)
+    return g, index_tensor(g.seq_lens, g.cu_seqlens.device, torch.int32)

@@ -65,3 +65,25 @@ def test_warm_up_runs_prefix_hits_and_leaves_them_harmless(kimi):
     assert got.num_cached_tokens == 64
     assert got.outputs[0].token_ids == want.outputs[0].token_ids
     assert abs(got.outputs[0].cumulative_logprob - want.outputs[0].cumulative_logprob) < 1e-4
+
+
+def test_warm_decode_rows_mixes_hits_with_a_prompt(kimi, monkeypatch):
+    """The GPU-only phase `_warm_decode_rows`, run here on the CPU: d one-token requests hitting
+    the warm prefill's 64 cached tokens share a step with a 16-token prompt (a mixed step: MLA's
+    decode rows beside a prefill sequence), for each d; the engine is left idle."""
+    import hyla.engine.warmup as warmup
+
+    model, path = kimi
+    engine = make_engine(model, path, enable_prefix_caching=True, state_checkpoint_stride=32)
+    assert warm_up(engine, prefill_tokens=80) >= 0
+    monkeypatch.setattr(warmup, "HIT_QUERY_LENS", (1, 3))
+    hits, steps = [], []
+    start = engine.cache.start
+    engine.cache.start = lambda req, hit: hits.append(hit.num_tokens) or start(req, hit)
+    step = engine.runner.execute
+    engine.runner.execute = lambda out, *a, **kw: steps.append(
+        sorted(out.num_scheduled_tokens.values())) or step(out, *a, **kw)  # fmt: skip
+    warmup._warm_decode_rows(engine, 64)
+    assert sorted(n for n in hits if n) == [64] * 4
+    assert [1, 16] in steps and [1, 1, 1, 16] in steps
+    assert_all_free(engine)

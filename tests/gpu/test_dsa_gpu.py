@@ -416,8 +416,9 @@ def run_layer(device) -> torch.Tensor:
 
 
 def test_dsa_layer_cuda_matches_cpu() -> None:
-    """DSAttention on CUDA (one `sparse_mla` call; short sequences via `dense_topk_indices`,
-    long ones via the indexer) vs the CPU layer (MLA dense path + reference ops)."""
+    """DSAttention on CUDA (prefill sequences no longer than k through `mla_prefill`; the
+    other rows in one `sparse_mla` call: short sequences via `dense_topk_indices`, long ones
+    via the indexer) vs the CPU layer (MLA dense path + reference ops)."""
     got = run_layer("cuda")
     assert not got.isnan().any()
     torch.testing.assert_close(got, run_layer("cpu"), rtol=1e-4, atol=1e-4)

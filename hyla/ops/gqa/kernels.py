@@ -8,7 +8,8 @@ head h reads kv head h // (H / HKV)), online softmax in fp32.
     program    one (tile, query head): for key blocks 0 .. the tile's last position, scores
                q k^T * scale, masked to key position <= query position (positions past the
                sequence never loaded: their slots may hold anything, NaN included), running
-               max / sum, acc += p v; out = acc / sum
+               max / sum, acc += p v; out = acc / sum; a key width that is not a power of
+               two is two dots (MLA's 192 = 128 + 64, `key_blocks`)
 
 The reference rounds the scores and probabilities to q's dtype around an fp32 softmax; here they
 stay in fp32 (agreement to bf16 rounding). Imports triton at module level: `hyla.ops.gqa`
@@ -24,18 +25,19 @@ import triton
 import triton.language as tl
 
 BLOCK_M = 64
+SPLIT_KEYS = True  # key widths that are not a power of two as two dots (`key_blocks`)
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "stride_bt"])  # one variant whatever the batch's shape
 def _paged_gqa_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, cu_ptr, lens_ptr, tile_seq_ptr, tile_idx_ptr,
     N, qk_scale,
     stride_qt, stride_qh, stride_qd, stride_kp, stride_kb, stride_kh, stride_kd,
     stride_vp, stride_vb, stride_vh, stride_vd, stride_ot, stride_oh, stride_od, stride_bt,
     PAGE: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    BLOCK_DK: tl.constexpr, BLOCK_DK2: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -56,6 +58,12 @@ def _paged_gqa_kernel(
         q_ptr + rows[:, None] * stride_qt + head * stride_qh + dk[None, :] * stride_qd,
         mask=row_ok[:, None] & (dk < DK)[None, :], other=0.0,
     )  # fmt: skip
+    if BLOCK_DK2 > 0:  # key channels BLOCK_DK .. DK - 1 as a second, narrower dot
+        dk2 = BLOCK_DK + tl.arange(0, BLOCK_DK2)
+        q2 = tl.load(
+            q_ptr + rows[:, None] * stride_qt + head * stride_qh + dk2[None, :] * stride_qd,
+            mask=row_ok[:, None] & (dk2 < DK)[None, :], other=0.0,
+        )  # fmt: skip
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
@@ -75,7 +83,19 @@ def _paged_gqa_kernel(
             mask=k_ok[None, :] & (dk < DK)[:, None],
             other=0.0,
         )  # fmt: skip  [DK, BLOCK_N]
-        s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * qk_scale  # log2 units
+        s = tl.dot(q, k.to(q.dtype), input_precision=PRECISION)
+        if BLOCK_DK2 > 0:
+            k2 = tl.load(
+                k_ptr
+                + block[None, :] * stride_kp
+                + offset[None, :] * stride_kb
+                + kv_head * stride_kh
+                + dk2[:, None] * stride_kd,
+                mask=k_ok[None, :] & (dk2 < DK)[:, None],
+                other=0.0,
+            )  # fmt: skip  [BLOCK_DK2, BLOCK_N]
+            s += tl.dot(q2, k2.to(q.dtype), input_precision=PRECISION)
+        s = s * qk_scale  # log2 units
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -99,6 +119,17 @@ def _paged_gqa_kernel(
         o_ptr + rows[:, None] * stride_ot + head * stride_oh + dv[None, :] * stride_od,
         out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv < DV)[None, :],
     )  # fmt: skip
+
+
+def key_blocks(dk: int, split: bool = True) -> tuple[int, int]:
+    """(BLOCK_DK, BLOCK_DK2): a key width that is not a power of two (MLA's Dn + Dr = 192) as
+    two dots, the largest power of two below it and the rest padded (128 + 64, not 256 with a
+    quarter of zeros); BLOCK_DK2 = 0 for one dot (a power of two, under 32, or `split` off)."""
+    whole = max(16, triton.next_power_of_2(dk))
+    low = whole // 2
+    if not split or whole == dk or low < 16:
+        return whole, 0
+    return low, max(16, triton.next_power_of_2(dk - low))
 
 
 def query_tiles(cu_seqlens: torch.Tensor, num_rows: int, block_m: int = BLOCK_M):
@@ -146,7 +177,8 @@ def paged_gqa(
         t.contiguous() for t in (block_tables, cu_seqlens, seq_lens)
     )
     tile_seq, tile_idx = query_tiles(cu_seqlens, T)
-    block_dk, block_dv = max(16, triton.next_power_of_2(DK)), max(16, triton.next_power_of_2(DV))
+    block_dk, block_dk2 = key_blocks(DK, SPLIT_KEYS)
+    block_dv = max(16, triton.next_power_of_2(DV))
     block_n = 64 if max(block_dk, block_dv) <= 128 else 32
     k, v = k_cache, v_cache
     _paged_gqa_kernel[(tile_seq.numel(), H)](
@@ -156,7 +188,8 @@ def paged_gqa(
         k.stride(0), k.stride(1), k.stride(2), k.stride(3),
         v.stride(0), v.stride(1), v.stride(2), v.stride(3),
         out.stride(0), out.stride(1), out.stride(2), block_tables.stride(0),
-        PAGE=k.shape[1], GROUP=H // HKV, DK=DK, DV=DV, BLOCK_DK=block_dk, BLOCK_DV=block_dv,
+        PAGE=k.shape[1], GROUP=H // HKV, DK=DK, DV=DV, BLOCK_DK=block_dk, BLOCK_DK2=block_dk2,
+        BLOCK_DV=block_dv,
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, num_warps=8 if block_dk > 128 else 4, num_stages=2,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )  # fmt: skip

@@ -69,7 +69,11 @@ def latent_attention(
     return torch.einsum("hqs,sr->qhr", probs, c_kv)
 
 
-def _expand(latents: torch.Tensor, kv_b_weight: torch.Tensor, num_heads: int, dn: int):
+def expand_latents(
+    latents: torch.Tensor, kv_b_weight: torch.Tensor, num_heads: int, dn: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """latents [S, R + Dr] -> (k [S, H, Dn + Dr] with k_rope shared by the heads, v [S, H, Dv]
+    a strided view of the kv_b_proj output)."""
     rank = kv_b_weight.shape[-1]
     c_kv, k_rope = latents[:, :rank], latents[:, rank:]
     kv = (c_kv @ kv_b_weight.T).view(latents.shape[0], num_heads, -1)  # [S, H, Dn + Dv]
@@ -112,7 +116,7 @@ def mla_expanded(
         if end == start:
             continue
         latents = gather_paged(latent_cache, block_tables[i], seq_len, latent_scale).to(q.dtype)
-        k, v = _expand(latents, kv_b_weight, num_heads, dn)
+        k, v = expand_latents(latents, kv_b_weight, num_heads, dn)
         mask = causal_mask(end - start, seq_len, q.device)
         out[start:end] = masked_attention(q[start:end], k, v, mask, scale)
     return out
