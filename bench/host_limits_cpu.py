@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import platform
 import subprocess
 import sys
@@ -256,6 +257,20 @@ def measure_admitted(reps: int, max_model_len: int) -> dict:
     return results
 
 
+
+def run_header() -> dict:
+    """The figures' provenance: command, commit, CPU and count, load average at start."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "commit": commit,
+        "hardware": f"{platform.processor() or platform.machine()}, "
+        f"{len(os.sched_getaffinity(0))} cpus",
+        "load_average_at_start": os.getloadavg()[0],
+    }
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -264,16 +279,7 @@ def main() -> None:
     parser.add_argument("--scenario", choices=("refused", "admitted"), default="refused")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    run = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "commit": commit,
-        "hardware": f"{platform.processor() or platform.machine()}, "
-        f"{len(__import__('os').sched_getaffinity(0))} cpus",
-        "load_average_at_start": __import__("os").getloadavg()[0],
-    }
+    run = run_header()
     out = ROOT / "bench" / "results" / "host_limits_cpu.json"
     if args.scenario == "refused":
         max_model_len = args.max_model_len or 32768

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,6 +39,9 @@ from hyla.request import RequestOutputKind, SamplingParams  # noqa: E402
 from hyla.server import convert, limits, tokenizer_pool  # noqa: E402
 from hyla.server.protocol import ChatCompletionRequest, CompletionRequest  # noqa: E402
 from tests.server.conftest import MODEL, load_tokenizer, tiny_engine  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from host_limits_cpu import run_header  # noqa: E402
 
 MAX_MODEL_LEN = 1 << 20
 GIL = {"json_loads": "yes", "pydantic": "yes", "render": "yes (Jinja, Python)",
@@ -135,15 +136,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
     report = {
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "commit": commit,
-        "hardware": f"{platform.processor() or platform.machine()}, "
-        f"{len(__import__('os').sched_getaffinity(0))} cpus",
-        "load_average_at_start": __import__("os").getloadavg()[0],
+        **run_header(),
         "unit": "ms, median over reps",
         "gil": GIL,
         **measure(args.reps),

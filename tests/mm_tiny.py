@@ -73,3 +73,25 @@ def random_images(sizes, seed: int = 0):
 def hf_inputs(family: str, images):
     """What transformers' model takes for `images`: pixel_values and image_grid_thw."""
     return image_processor(family)(images=images, return_tensors="pt")
+
+
+def cuda_marks() -> list:
+    """The marks of a GPU test on these checkpoints: CUDA, fla-core, a transformers that has
+    the families' config classes."""
+    import importlib.util
+
+    import pytest
+    import torch
+
+    from hyla.ops.kda.kernels import fla_available
+
+    cuda = torch.cuda.is_available()
+    return [
+        pytest.mark.gpu,
+        pytest.mark.skipif(not cuda, reason="needs CUDA"),
+        pytest.mark.skipif(cuda and not fla_available(), reason="needs fla-core (and einops)"),
+        pytest.mark.skipif(
+            importlib.util.find_spec("transformers.models.glm5_next") is None,
+            reason="needs transformers >= 5.24 to build the tiny checkpoints",
+        ),
+    ]

@@ -5,28 +5,14 @@ eagerly and synchronously, and the encoder cache is empty afterwards."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-import torch
 
 from hyla.engine.llm_engine import LLMEngine
-from hyla.ops.kda.kernels import fla_available
 from hyla.request import SamplingParams
 from tests.engine.engine_util import run_all
-from tests.mm_tiny import FAMILIES, IMAGE_IDS, random_images, save_mm_checkpoint
+from tests.mm_tiny import FAMILIES, IMAGE_IDS, cuda_marks, random_images, save_mm_checkpoint
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.skipif(
-        torch.cuda.is_available() and not fla_available(), reason="needs fla-core (and einops)"
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("transformers.models.glm5_next") is None,
-        reason="needs transformers >= 5.24 to build the tiny checkpoints",
-    ),
-]
+pytestmark = cuda_marks()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -5,28 +5,15 @@ pass too."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from hyla.cli import app
-from hyla.ops.kda.kernels import fla_available
-from tests.mm_tiny import FAMILIES, save_mm_checkpoint
+from tests.mm_tiny import FAMILIES, cuda_marks, save_mm_checkpoint
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.skipif(
-        torch.cuda.is_available() and not fla_available(), reason="needs fla-core (and einops)"
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("transformers.models.glm5_next") is None,
-        reason="needs transformers >= 5.24 to build the tiny checkpoints",
-    ),
-]
+pytestmark = cuda_marks()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
