@@ -49,6 +49,8 @@ class _Handler(BaseHTTPRequestHandler):
             "/slow": self._slow,
             "/bomb": lambda: self._send(200, BOMB, encoding="gzip, gzip"),
             "/drip": self._drip,
+            "/bad-location": lambda: self._redirect("http://[::1/cat.png"),
+            "/bad-host-location": lambda: self._redirect("http://[zzz]/cat.png"),
         }
         routes.get(self.path, lambda: self._send(404, b""))()
 
@@ -170,9 +172,19 @@ def test_the_timeout_bounds_a_drip_fed_body(base):
 
 
 @pytest.mark.parametrize(
-    "url", ["http://evil.example\t@127.0.0.1/cat.png", "http://127.0.0.1/a\x00b.png"]
+    "url",
+    [
+        "http://evil.example\t@127.0.0.1/cat.png",
+        "http://127.0.0.1/a\x00b.png",
+        "http://[::1/cat.png",
+        "http://[zzz]/cat.png",
+        "{base}/bad-location",
+        "{base}/bad-host-location",
+    ],
 )
-def test_a_url_httpx_cannot_parse_is_a_400(url):
+@pytest.mark.parametrize("domains", [("127.0.0.1",), ()])
+def test_a_malformed_url_is_a_400(base, url, domains):
+    """URLs that urllib or httpx cannot parse, given or in a redirect's Location (500 before)."""
     with pytest.raises(InvalidRequestError) as e:
-        load_image_url(url, "f", _opts())
+        load_image_url(url.format(base=base), "f", _opts(domains=domains))
     assert e.value.field == "f"
