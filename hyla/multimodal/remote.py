@@ -35,9 +35,12 @@ class _Limits:
 
 def check_host(url: str, field: str, allowed: tuple[str, ...]) -> None:
     """Raise InvalidRequestError(field) unless `url` is http(s) to a host in `allowed`."""
-    parsed = urlparse(url)
-    host = (parsed.hostname or "").lower()
-    if parsed.scheme not in ("http", "https") or not host:
+    try:
+        parsed = urlparse(url)
+        host = (parsed.hostname or "").lower()
+    except ValueError:  # e.g. a bracketed host that is no IP address: "http://[::1/"
+        parsed, host = None, ""
+    if parsed is None or parsed.scheme not in ("http", "https") or not host:
         raise InvalidRequestError(field, f"not an http(s) URL with a host: {url[:200]!r}")
     if not allowed:
         raise InvalidRequestError(
