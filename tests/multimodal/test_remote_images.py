@@ -149,6 +149,14 @@ def test_domains_option_forms():
         EngineConfig(media_fetch_timeout=0)
 
 
+@pytest.mark.parametrize("bad", [float("inf"), 1e300, float("nan"), True, "5"])
+def test_a_timeout_no_socket_takes_is_refused_at_startup(bad):
+    """inf / 1e300 passed `> 0` and then every remote image request ended in a 500
+    (OverflowError from the socket's timeout); a bool is no number of seconds."""
+    with pytest.raises(ConfigError, match="media_fetch_timeout"):
+        EngineConfig(media_fetch_timeout=bad)
+
+
 def test_a_compression_bomb_is_not_decoded(base):
     """A 2 KB body sent with `Content-Encoding: gzip, gzip` decodes to 100 MiB: the fetch must
     refuse it without ever holding much more than max_image_bytes (oracle: tracemalloc's peak)."""
