@@ -828,9 +828,10 @@ class EngineConfig:
         _positive(self, "", "max_image_pixels", "max_image_bytes")
         object.__setattr__(self, "limit_mm_per_prompt", images_per_prompt(self.limit_mm_per_prompt))
         object.__setattr__(self, "allowed_media_domains", media_domains(self.allowed_media_domains))
-        timeout = self.media_fetch_timeout
-        _require(isinstance(timeout, (int, float)) and timeout > 0, "media_fetch_timeout",
-                 f"must be > 0 seconds, got {timeout!r}")  # fmt: skip
+        timeout = self.media_fetch_timeout  # a socket takes no inf (OverflowError)
+        _require(isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                 and 0 < timeout <= 86400, "media_fetch_timeout",
+                 f"must be > 0 seconds and at most a day (86400), got {timeout!r}")  # fmt: skip
         if self.dtype in DTYPE_ALIASES:  # vLLM's spellings
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.dtype is not None:
