@@ -35,10 +35,11 @@ def _require(cond: bool, field_name: str, msg: str) -> None:
         raise ConfigError(f"{field_name}: {msg}")
 
 
-def images_per_prompt(value: Any) -> int:
+def images_per_prompt(value: Any, default: int = 4) -> int:
     """`limit_mm_per_prompt` in vLLM's forms -> the image count: an int (or its string), or a
     mapping / JSON object of modality -> count in which only "image" may be non-zero (the
-    engine takes no video or audio; a limit for them is refused, not ignored)."""
+    engine takes no video or audio; a limit for them is refused, not ignored). A mapping
+    without "image" leaves images at `default`, as vLLM leaves an unlisted modality."""
     name = "limit_mm_per_prompt"
     if isinstance(value, str):
         try:
@@ -50,7 +51,7 @@ def images_per_prompt(value: Any) -> int:
         unknown = {k: v for k, v in value.items() if k != "image" and v != 0}
         _require(not unknown, name, f"only images are supported (a count for "
                  f"{sorted(unknown)} must be 0), got {value!r}")  # fmt: skip
-        value = value.get("image", 0)
+        value = value.get("image", default)
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name,
              f"must be an integer >= 0, got {value!r}")  # fmt: skip
     return value
