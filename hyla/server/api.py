@@ -193,8 +193,9 @@ async def _prepare_in_pool(ctx: Context, request: Request, data: Any,
     pool = ctx.pool
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if pool is None or not isinstance(data, dict) or not (
-        content_type == "application/json" or content_type.endswith("+json")
-    ):
+        content_type == "application/json"
+        or (content_type.startswith("application/") and content_type.endswith("+json"))
+    ):  # what FastAPI parses as JSON (else it validates the bytes)
         return None
     body = await request.body()
     if not pool.wants(len(body)):
