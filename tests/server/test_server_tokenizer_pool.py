@@ -312,7 +312,13 @@ def test_a_pool_that_cannot_start_leaves_the_server_without_one(make_server, mon
 
 
 @pytest.mark.parametrize(
-    "content_type", ["text/plain+json", "application/json", "Application/JSON"]
+    "content_type",
+    [
+        "text/plain+json",
+        "application/a/b+json",
+        "application/json",
+        "Application/JSON; charset=utf-8",
+    ],
 )
 def test_the_pool_reads_a_body_as_json_exactly_when_fastapi_does(pair, content_type):
     """FastAPI parses a body as JSON only for an application/json or application/*+json
