@@ -35,7 +35,10 @@ def _require(cond: bool, field_name: str, msg: str) -> None:
         raise ConfigError(f"{field_name}: {msg}")
 
 
-def images_per_prompt(value: Any, default: int = 4) -> int:
+DEFAULT_IMAGES_PER_PROMPT = 4
+
+
+def images_per_prompt(value: Any, default: int = DEFAULT_IMAGES_PER_PROMPT) -> int:
     """`limit_mm_per_prompt` in vLLM's forms -> the image count: an int (or its string), or a
     mapping / JSON object of modality -> count in which only "image" may be non-zero (the
     engine takes no video or audio; a limit for them is refused, not ignored). A mapping
@@ -779,7 +782,7 @@ class EngineConfig:
         metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
     )
     limit_mm_per_prompt: int = field(
-        default=4,
+        default=DEFAULT_IMAGES_PER_PROMPT,
         metadata={"help": 'Most images per prompt (multimodal models): a count, or vLLM\'s JSON '
                   'form \'{"image": 4}\' (other modalities only at 0).', "cli_type": str},
     )  # fmt: skip
