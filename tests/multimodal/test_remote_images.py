@@ -51,6 +51,8 @@ class _Handler(BaseHTTPRequestHandler):
             "/drip": self._drip,
             "/bad-location": lambda: self._redirect("http://[::1/cat.png"),
             "/bad-host-location": lambda: self._redirect("http://[zzz]/cat.png"),
+            "/to-data": lambda: self._redirect("data:image/png;base64,AAAA"),
+            "/to-file": lambda: self._redirect("file:///etc/hostname"),
         }
         routes.get(self.path, lambda: self._send(404, b""))()
 
@@ -188,11 +190,14 @@ def test_the_timeout_bounds_a_drip_fed_body(base):
         "http://[zzz]/cat.png",
         "{base}/bad-location",
         "{base}/bad-host-location",
+        "{base}/to-data",
+        "{base}/to-file",
     ],
 )
 @pytest.mark.parametrize("domains", [("127.0.0.1",), ()])
 def test_a_malformed_url_is_a_400(base, url, domains):
-    """URLs that urllib or httpx cannot parse, given or in a redirect's Location (500 before)."""
+    """URLs that urllib or httpx cannot parse, given or in a redirect's Location (500 before),
+    and redirects to data: (500 before: httpx's InvalidURL) or file: URLs."""
     with pytest.raises(InvalidRequestError) as e:
         load_image_url(url.format(base=base), "f", _opts(domains=domains))
     assert e.value.field == "f"
