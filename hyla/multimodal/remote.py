@@ -89,8 +89,8 @@ def fetch_image_bytes(
 def _read_body(response, limits: _Limits) -> bytes:
     from hyla.multimodal.media import MediaTooLargeError
 
-    encoding = response.headers.get("content-encoding", "identity").strip().lower()
-    if encoding != "identity":
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
         raise InvalidRequestError(
             limits.field, f"image fetch failed: a compressed response (Content-Encoding: "
             f"{encoding[:40]}); the server must send the image as it is",

@@ -48,6 +48,8 @@ class _Handler(BaseHTTPRequestHandler):
             "/loop": lambda: self._redirect("/loop"),
             "/slow": self._slow,
             "/bomb": lambda: self._send(200, BOMB, encoding="gzip, gzip"),
+            "/identity": lambda: self._send(200, PNG, encoding="Identity"),
+            "/blank-encoding": lambda: self._send(200, PNG, encoding=" "),
             "/drip": self._drip,
             "/bad-location": lambda: self._redirect("http://[::1/cat.png"),
             "/bad-host-location": lambda: self._redirect("http://[zzz]/cat.png"),
@@ -117,6 +119,8 @@ def test_an_allowed_host_is_fetched_and_decoded(base):
     want = Image.open(io.BytesIO(PNG))
     assert got.size == want.size and np.array_equal(np.asarray(got), np.asarray(want))
     assert load_image_url(f"{base}/hop", "f", _opts()).size == want.size  # same-host redirect
+    for path in ("/identity", "/blank-encoding"):  # no content coding, spelled out or blank
+        assert load_image_url(f"{base}{path}", "f", _opts()).size == want.size
 
 
 @pytest.mark.parametrize(
