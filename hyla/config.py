@@ -35,10 +35,14 @@ def _require(cond: bool, field_name: str, msg: str) -> None:
         raise ConfigError(f"{field_name}: {msg}")
 
 
-def images_per_prompt(value: Any) -> int:
+DEFAULT_IMAGES_PER_PROMPT = 4
+
+
+def images_per_prompt(value: Any, default: int = DEFAULT_IMAGES_PER_PROMPT) -> int:
     """`limit_mm_per_prompt` in vLLM's forms -> the image count: an int (or its string), or a
     mapping / JSON object of modality -> count in which only "image" may be non-zero (the
-    engine takes no video or audio; a limit for them is refused, not ignored)."""
+    engine takes no video or audio; a limit for them is refused, not ignored). A mapping
+    without "image" leaves images at `default`, as vLLM leaves an unlisted modality."""
     name = "limit_mm_per_prompt"
     if isinstance(value, str):
         try:
@@ -50,7 +54,7 @@ def images_per_prompt(value: Any) -> int:
         unknown = {k: v for k, v in value.items() if k != "image" and v != 0}
         _require(not unknown, name, f"only images are supported (a count for "
                  f"{sorted(unknown)} must be 0), got {value!r}")  # fmt: skip
-        value = value.get("image", 0)
+        value = value.get("image", default)
     _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0, name,
              f"must be an integer >= 0, got {value!r}")  # fmt: skip
     return value
@@ -778,7 +782,7 @@ class EngineConfig:
         metadata={"help": "Run every step eagerly: no CUDA graphs for decode steps."},
     )
     limit_mm_per_prompt: int = field(
-        default=4,
+        default=DEFAULT_IMAGES_PER_PROMPT,
         metadata={"help": 'Most images per prompt (multimodal models): a count, or vLLM\'s JSON '
                   'form \'{"image": 4}\' (other modalities only at 0).', "cli_type": str},
     )  # fmt: skip
@@ -828,9 +832,10 @@ class EngineConfig:
         _positive(self, "", "max_image_pixels", "max_image_bytes")
         object.__setattr__(self, "limit_mm_per_prompt", images_per_prompt(self.limit_mm_per_prompt))
         object.__setattr__(self, "allowed_media_domains", media_domains(self.allowed_media_domains))
-        timeout = self.media_fetch_timeout
-        _require(isinstance(timeout, (int, float)) and timeout > 0, "media_fetch_timeout",
-                 f"must be > 0 seconds, got {timeout!r}")  # fmt: skip
+        timeout = self.media_fetch_timeout  # a socket takes no inf (OverflowError)
+        _require(isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                 and 0 < timeout <= 86400, "media_fetch_timeout",
+                 f"must be > 0 seconds and at most a day (86400), got {timeout!r}")  # fmt: skip
         if self.dtype in DTYPE_ALIASES:  # vLLM's spellings
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.dtype is not None:

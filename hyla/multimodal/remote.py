@@ -1,12 +1,16 @@
 """http(s) image URLs, fetched only from the hosts the operator listed (`--allowed-media-domains`,
 vLLM's flag): exact host names, no wildcards, each redirect hop checked the same way. The body is
 streamed and cut at `max_image_bytes` (413); the whole fetch, redirects included, must finish in
-`media_fetch_timeout` seconds. Any failure is a 400 naming the field: the request fails, the
-server does not.
+`media_fetch_timeout` seconds (a body still arriving then is cut: each read's own timeout alone
+would let a server drip a byte per read for ever). Any failure is a 400 naming the field: the
+request fails, the server does not. Bodies are fetched uncompressed (`Accept-Encoding: identity`,
+a `Content-Encoding` refused): a few KB of nested gzip decode to gigabytes before any size check.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from urllib.parse import urljoin, urlparse
 
@@ -31,9 +35,12 @@ class _Limits:
 
 def check_host(url: str, field: str, allowed: tuple[str, ...]) -> None:
     """Raise InvalidRequestError(field) unless `url` is http(s) to a host in `allowed`."""
-    parsed = urlparse(url)
-    host = (parsed.hostname or "").lower()
-    if parsed.scheme not in ("http", "https") or not host:
+    try:
+        parsed = urlparse(url)
+        host = (parsed.hostname or "").lower()
+    except ValueError:  # e.g. a bracketed host that is no IP address: "http://[::1/"
+        parsed, host = None, ""
+    if parsed is None or parsed.scheme not in ("http", "https") or not host:
         raise InvalidRequestError(field, f"not an http(s) URL with a host: {url[:200]!r}")
     if not allowed:
         raise InvalidRequestError(
@@ -59,7 +66,9 @@ def fetch_image_bytes(
         check_host(url, field, allowed)
         try:
             with httpx.Client(follow_redirects=False, trust_env=False) as client:
-                with client.stream("GET", url, timeout=limits.left()) as response:
+                with client.stream(
+                    "GET", url, timeout=limits.left(), headers={"Accept-Encoding": "identity"}
+                ) as response:
                     if response.is_redirect and "location" in response.headers:
                         url = urljoin(url, response.headers["location"])
                         continue
@@ -71,7 +80,8 @@ def fetch_image_bytes(
         except httpx.TimeoutException:
             limits.left()  # names the limit when the deadline passed
             raise InvalidRequestError(field, "image fetch timed out") from None
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
+            limits.left()  # a body cut at the deadline (`_read_body`) fails as a timeout
             raise InvalidRequestError(field, f"image fetch failed: {type(e).__name__}") from None
     raise InvalidRequestError(field, f"more than {MAX_REDIRECTS} redirects")
 
@@ -79,14 +89,37 @@ def fetch_image_bytes(
 def _read_body(response, limits: _Limits) -> bytes:
     from hyla.multimodal.media import MediaTooLargeError
 
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise InvalidRequestError(
+            limits.field, f"image fetch failed: a compressed response (Content-Encoding: "
+            f"{encoding[:40]}); the server must send the image as it is",
+        )  # fmt: skip
     declared = response.headers.get("content-length")
     over = f"the image is over the limit of {limits.max_bytes} bytes (max_image_bytes)"
     if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
         raise MediaTooLargeError(limits.field, over)
     body = bytearray()
-    for chunk in response.iter_bytes():
-        body += chunk
-        if len(body) > limits.max_bytes:
-            raise MediaTooLargeError(limits.field, over)
-        limits.left()
+    watchdog = threading.Timer(limits.left(), _cut, (response,))
+    watchdog.start()
+    try:
+        for chunk in response.iter_raw():
+            body += chunk
+            if len(body) > limits.max_bytes:
+                raise MediaTooLargeError(limits.field, over)
+            limits.left()
+    finally:
+        watchdog.cancel()
     return bytes(body)
+
+
+def _cut(response) -> None:
+    """End the read waiting on `response`'s socket (the deadline passed): shutdown wakes a
+    blocked read, close would not; the socket base class's, so TLS state is left alone."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        try:
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+        except OSError:  # already closed: the read has ended anyway
+            pass

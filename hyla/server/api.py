@@ -10,6 +10,7 @@ the OpenAPI schema.
 from __future__ import annotations
 
 import asyncio
+import email.message
 import logging
 from contextlib import asynccontextmanager
 from typing import Any
@@ -191,10 +192,7 @@ async def _prepare_in_pool(ctx: Context, request: Request, data: Any,
     """The pool's outcome for a JSON body of at least its `min_bytes` (None: too small, not
     JSON, or no pool). Raises RequestValidationError with the errors FastAPI would find."""
     pool = ctx.pool
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if pool is None or not isinstance(data, dict) or not (
-        content_type == "application/json" or content_type.endswith("+json")
-    ):
+    if pool is None or not isinstance(data, dict) or not _parsed_as_json(request):
         return None
     body = await request.body()
     if not pool.wants(len(body)):
@@ -205,6 +203,17 @@ async def _prepare_in_pool(ctx: Context, request: Request, data: Any,
         raise RequestValidationError(outcome.errors)
     swap_in_stub(data, field)
     return outcome
+
+
+def _parsed_as_json(request: Request) -> bool:
+    """Whether FastAPI reads the body as JSON (else it validates the bytes): its test, the
+    content type parsed as an email header is application/json or application/*+json."""
+    message = email.message.Message()
+    message["content-type"] = request.headers.get("content-type", "")
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
 
 
 def _block_size(engine: AsyncEngine) -> int | None:

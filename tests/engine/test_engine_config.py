@@ -44,11 +44,20 @@ def test_invalid_options_name_the_field(kw, field):
 
 @pytest.mark.parametrize(
     "value,want",
-    [(3, 3), ("3", 3), ({"image": 2}, 2), ('{"image": 2, "video": 0}', 2), ({"video": 0}, 0)],
+    [
+        (3, 3),
+        ("3", 3),
+        ({"image": 2}, 2),
+        ('{"image": 2, "video": 0}', 2),
+        ({"video": 0}, 4),
+        ("{}", 4),
+    ],
 )
 def test_limit_mm_per_prompt_takes_vllms_forms(value, want):
     """vLLM takes `--limit-mm-per-prompt '{"image": 2}'` (and a dict in `LLM(...)`); a count
-    works too. The CLI hands the string over as it is (the option is typed str)."""
+    works too. The CLI hands the string over as it is (the option is typed str). A modality
+    the mapping leaves out keeps its default (vLLM's `MultiModalConfig.get_limit_per_prompt`):
+    '{"video": 0}', vLLM's way to turn video off, leaves images at the default 4, not 0."""
     from hyla.cli_options import config_options
 
     assert EngineConfig.from_kwargs(limit_mm_per_prompt=value).limit_mm_per_prompt == want

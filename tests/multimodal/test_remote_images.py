@@ -5,9 +5,11 @@ the field. Oracle: the same PNG decoded from its bytes directly."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import threading
 import time
+import tracemalloc
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -28,6 +30,7 @@ def _png(size=(8, 6), seed=0) -> bytes:
 
 
 PNG, BIG = _png(), _png((64, 64), seed=1)
+BOMB = gzip.compress(gzip.compress(bytes(100 << 20), 1), 9)  # ~2 KB on the wire, 100 MiB decoded
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -44,11 +47,21 @@ class _Handler(BaseHTTPRequestHandler):
             "/away": lambda: self._redirect("http://localhost:1/cat.png"),
             "/loop": lambda: self._redirect("/loop"),
             "/slow": self._slow,
+            "/bomb": lambda: self._send(200, BOMB, encoding="gzip, gzip"),
+            "/identity": lambda: self._send(200, PNG, encoding="Identity"),
+            "/blank-encoding": lambda: self._send(200, PNG, encoding=" "),
+            "/drip": self._drip,
+            "/bad-location": lambda: self._redirect("http://[::1/cat.png"),
+            "/bad-host-location": lambda: self._redirect("http://[zzz]/cat.png"),
+            "/to-data": lambda: self._redirect("data:image/png;base64,AAAA"),
+            "/to-file": lambda: self._redirect("file:///etc/hostname"),
         }
         routes.get(self.path, lambda: self._send(404, b""))()
 
-    def _send(self, status: int, body: bytes, length: bool = True) -> None:
+    def _send(self, status: int, body: bytes, length: bool = True, encoding: str = "") -> None:
         self.send_response(status)
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
         if length:
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -70,6 +83,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(2.0 * 16 / len(PNG))
         except (BrokenPipeError, ConnectionResetError):  # the client gave up: expected
+            pass
+
+    def _drip(self) -> None:  # a byte every 0.95 s: each read is within a 1 s timeout
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PNG)))
+        self.end_headers()
+        try:
+            for i in range(4):
+                self.wfile.write(PNG[i : i + 1])
+                self.wfile.flush()
+                time.sleep(0.95)
+        except (BrokenPipeError, ConnectionResetError, OSError):  # the client gave up: expected
             pass
 
 
@@ -94,6 +119,8 @@ def test_an_allowed_host_is_fetched_and_decoded(base):
     want = Image.open(io.BytesIO(PNG))
     assert got.size == want.size and np.array_equal(np.asarray(got), np.asarray(want))
     assert load_image_url(f"{base}/hop", "f", _opts()).size == want.size  # same-host redirect
+    for path in ("/identity", "/blank-encoding"):  # no content coding, spelled out or blank
+        assert load_image_url(f"{base}{path}", "f", _opts()).size == want.size
 
 
 @pytest.mark.parametrize(
@@ -126,3 +153,55 @@ def test_domains_option_forms():
             EngineConfig(allowed_media_domains=bad)
     with pytest.raises(ConfigError, match="media_fetch_timeout"):
         EngineConfig(media_fetch_timeout=0)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), 1e300, float("nan"), True, "5"])
+def test_a_timeout_no_socket_takes_is_refused_at_startup(bad):
+    """inf / 1e300 passed `> 0` and then every remote image request ended in a 500
+    (OverflowError from the socket's timeout); a bool is no number of seconds."""
+    with pytest.raises(ConfigError, match="media_fetch_timeout"):
+        EngineConfig(media_fetch_timeout=bad)
+
+
+def test_a_compression_bomb_is_not_decoded(base):
+    """A 2 KB body sent with `Content-Encoding: gzip, gzip` decodes to 100 MiB: the fetch must
+    refuse it without ever holding much more than max_image_bytes (oracle: tracemalloc's peak)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises((InvalidRequestError, MediaTooLargeError)) as e:
+            load_image_url(f"{base}/bomb", "f", _opts())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert e.value.field == "f"
+    assert peak < 16 << 20, f"peak {peak >> 20} MiB while fetching a 2 KB body"
+
+
+def test_the_timeout_bounds_a_drip_fed_body(base):
+    """Every read of /drip comes within the 1 s timeout, but the whole fetch may not take more."""
+    t0 = time.monotonic()
+    with pytest.raises(InvalidRequestError, match="media_fetch_timeout|timed out"):
+        load_image_url(f"{base}/drip", "f", _opts(timeout=1.0))
+    assert time.monotonic() - t0 < 1.5  # 1.9 s before: the third byte's read ended it
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://evil.example\t@127.0.0.1/cat.png",
+        "http://127.0.0.1/a\x00b.png",
+        "http://[::1/cat.png",
+        "http://[zzz]/cat.png",
+        "{base}/bad-location",
+        "{base}/bad-host-location",
+        "{base}/to-data",
+        "{base}/to-file",
+    ],
+)
+@pytest.mark.parametrize("domains", [("127.0.0.1",), ()])
+def test_a_malformed_url_is_a_400(base, url, domains):
+    """URLs that urllib or httpx cannot parse, given or in a redirect's Location (500 before),
+    and redirects to data: (500 before: httpx's InvalidURL) or file: URLs."""
+    with pytest.raises(InvalidRequestError) as e:
+        load_image_url(url.format(base=base), "f", _opts(domains=domains))
+    assert e.value.field == "f"

@@ -309,3 +309,26 @@ def test_a_pool_that_cannot_start_leaves_the_server_without_one(make_server, mon
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
                    json={"model": MODEL, "messages": [USER], "max_tokens": 2})  # fmt: skip
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain+json",
+        "application/a/b+json",
+        "application/json",
+        "Application/JSON; charset=utf-8",
+    ],
+)
+def test_the_pool_reads_a_body_as_json_exactly_when_fastapi_does(pair, content_type):
+    """FastAPI parses a body as JSON only for an application/json or application/*+json
+    content type; for another (text/plain+json) it validates the bytes, and the pooled server
+    must answer the same 422 as the plain one, not the errors of the body read as JSON."""
+    body = json.dumps({"model": MODEL, **CHAT_BODIES["schema_error"]}).encode()
+    answers = []
+    for server in pair:
+        r = httpx.post(f"{server.url}/v1/chat/completions", content=body,
+                       headers={"content-type": content_type}, timeout=60)  # fmt: skip
+        answers.append((r.status_code, r.json()))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == 422
