@@ -29,11 +29,13 @@ in-process path (images are fetched and processed beside the engine).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -139,6 +141,12 @@ class TokenizerPool:
                 if proc.is_alive():
                     proc.kill()
                     proc.join(1.0)
+            # workers gone: the manager thread ends at once; joining it lets its queues be
+            # freed here, since the server exits by os._exit, which skips the finalizers that
+            # unlink their semaphores (the resource tracker then warned of 5 leaked ones)
+            executor.shutdown(wait=True)
+        executors.clear()
+        gc.collect()
 
     def _current(self) -> ProcessPoolExecutor:
         if self._executor is None:
@@ -182,6 +190,9 @@ def swap_in_stub(data: dict, field: str) -> None:
 def _init_worker(tokenizer: Any) -> None:
     global _tokenizer
     _tokenizer = tokenizer
+    # Ctrl-C in a terminal signals the whole process group: the server drains and closes the
+    # pool; a worker interrupted inside the executor's queue read only printed a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is not None:  # a server killed by SIGKILL closes no pool: end with it anyway
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()

@@ -341,14 +341,18 @@ def _is_running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads child processes from /proc")
-def test_sigterm_leaves_no_tokenizer_pool_process():
+@pytest.mark.parametrize("group", [False, True], ids=["sigterm", "ctrl-c"])
+def test_sigterm_leaves_no_tokenizer_pool_process(group, tmp_path):
     """`hyla serve` starts a tokenizer pool worker (and multiprocessing's resource tracker);
-    after SIGTERM the server exits 0 and none of its child processes outlives it."""
+    after SIGTERM, or SIGINT to the whole process group (Ctrl-C in a terminal), the server
+    exits 0, none of its child processes outlives it, and nothing alarming is printed (the
+    worker's KeyboardInterrupt traceback, the resource tracker's leaked-semaphore warning)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", str(port), "--max-model-len",
            "4096", "--log-level", "warning", "--tokenizer-pool-size", "1"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    log = (tmp_path / "stderr").open("w+")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=log, start_new_session=group)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 90
@@ -361,12 +365,21 @@ def test_sigterm_leaves_no_tokenizer_pool_process():
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
+        httpx.post(f"{url}/v1/completions", json={"model": "default", "prompt": "hi",
+                                                   "max_tokens": 2}, timeout=60)  # fmt: skip
+        if group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         deadline = time.monotonic() + 10
         while any(_is_running(pid) for pid in children):
             assert time.monotonic() < deadline, f"left behind: {children}"
             time.sleep(0.1)
+        time.sleep(0.5)  # the resource tracker warns after the server is gone
+        log.seek(0)
+        printed = log.read()
+        assert "Traceback" not in printed and "leaked" not in printed, printed
     finally:
         if proc.poll() is None:
             proc.kill()
