@@ -306,8 +306,8 @@ def plan(
     context: int = typer.Option(131072, min=1, help="Tokens per sequence (prompt + output)."),
     concurrency: int = typer.Option(64, min=1, help="Sequences running at once."),
     dtype: str | None = typer.Option(None, help="Weight dtype: bfloat16, float16, fp8, float32 "
-                                     "(default: the config's)."),
-    kv_cache_dtype: str | None = typer.Option(None, help="Cache dtype (default: the config's)."),
+                                     "(default: the config's); a float one is the cache's too."),
+    kv_cache_dtype: str | None = typer.Option(None, help="Cache dtype (default: the model's)."),
     memory_fraction: float = typer.Option(0.9, min=0.01, max=1.0,
                                           help="Share of each GPU's memory hyla may use."),
     reserve_gib: float = typer.Option(2.0, min=0.0,

@@ -226,18 +226,21 @@ class LLM:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         params: SamplingParams | None = None,
         add_generation_prompt: bool = True,
-    ) -> RequestOutput:
-        """Generate the reply to one conversation of OpenAI-style messages, rendered with the
-        tokenizer's chat template (or the server's plain fallback); content parts may be text,
-        `image_url` (data: URLs) or {"type": "image_pil", "image_pil": img}.
+    ) -> list[RequestOutput]:
+        """The replies to one conversation of OpenAI-style messages, or to a list of them (as
+        vLLM's `LLM.chat`: a list of outputs either way), each rendered with the tokenizer's
+        chat template (or the server's plain fallback); content parts may be text, `image_url`
+        (data: URLs) or {"type": "image_pil", "image_pil": img}.
 
         Raises: InvalidRequestError naming the field (`messages[0].content[1]`) and limit.
         """
-        prompt = chat_prompt(self.engine, messages, add_generation_prompt)
-        return self.generate([prompt], params)[0]
+        one = not messages or isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
+        prompts = [chat_prompt(self.engine, c, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, params)
 
     def _run(self, rids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}

@@ -31,9 +31,10 @@ _VISION_TOWERS = {  # family -> hyla tower (hyla.models.vision_loader.TOWERS)
     "glm5_next": "layers/glm5_next_vision.Glm5NextVisionTower (ops/vision)",
     "qwen3_5": "layers/qwen3_5_vision.Qwen35VisionTower (ops/vision)",
 }
-# Said of every family with a vision tower, true while `LLM.generate` takes no images (tested)
-IMAGES_IN_ENGINE = "images through LLM.generate / the server (encoder cache, image hash in "
-IMAGES_IN_ENGINE += "prefix keys, per-request M-RoPE positions)"
+# Said of every family with a vision tower (tests/multimodal holds it against transformers)
+IMAGES_IN_ENGINE = "multimodal/runtime.MultimodalRuntime (images through LLM.generate / "
+IMAGES_IN_ENGINE += "LLM.chat / the server: encoder cache, image hash in prefix keys, "
+IMAGES_IN_ENGINE += "per-request M-RoPE positions)"
 
 # (class-name pattern, status, hyla target); first match wins; names are lowercased with the
 # model prefix kept, so patterns match the class's tail
@@ -237,7 +238,7 @@ def _vision_fields(config: dict[str, Any], fam: str | None) -> list[tuple[str, A
         return [("vision_config", "present", MISSING, "vision tower / image inputs")]
     tower = _VISION_TOWERS[fam] + " (model level: HybridModel.forward; PyTorch only)"
     return [("vision_config", "present", OK, tower),
-            ("vision_config", "present", MISSING, IMAGES_IN_ENGINE)]  # fmt: skip
+            ("vision_config", "present", OK, IMAGES_IN_ENGINE)]  # fmt: skip
 
 
 def _field_checks(config: dict[str, Any]) -> list[tuple[str, Any, str, str]]:

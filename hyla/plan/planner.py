@@ -17,7 +17,8 @@ from hyla.plan.estimate import Estimate, Workload, estimate
 from hyla.plan.gpus import GPUSpec
 
 ESTIMATE_NOTE = (
-    "hyla runs one GPU per engine today: tensor/expert-parallel layouts are estimates "
+    "tensor/expert-parallel layouts are estimates: hyla runs them (--tensor-parallel-size) "
+    "but has not measured them on several GPUs yet "
     "(roofline: ideal bandwidth and FLOPs; measured steps are slower, see "
     "bench/results/plan_vs_measured.json)"
 )
@@ -78,11 +79,15 @@ def plan(
     kv_cache_dtype: str | None = None,
     config: ModelConfig | None = None,
 ) -> PlanReport:
-    """Plan `work` on `gpu` for the model at `path` (checkpoint dir or config.json).
+    """Plan `work` on `gpu` for the model at `path` (checkpoint dir or config.json). A float
+    `work.weight_dtype` is the model's dtype too, so the cache follows it unless
+    `kv_cache_dtype` says otherwise (as the engine's `--dtype` does).
 
     Raises: ConfigError (bad config.json), FileNotFoundError, ValueError (bad workload).
     """
     cfg = config if config is not None else load_config(path)
+    if work.weight_dtype in ("float32", "bfloat16", "float16"):
+        cfg = cfg.replace(dtype=work.weight_dtype)
     if kv_cache_dtype is not None:
         cfg = cfg.replace(kv_cache_dtype=kv_cache_dtype)
     split = param_split(cfg)

@@ -61,11 +61,13 @@ def test_chat_with_image_parts(llm):
         [{"type": "image_url", "image_url": {"url": url}}, text],
     ]
     with one_torch_thread():
-        outs = [model.chat([{"role": "user", "content": p}], PARAMS) for p in parts]
+        outs = [model.chat([{"role": "user", "content": p}], PARAMS)[0] for p in parts]
+        both = model.chat([[{"role": "user", "content": p}] for p in parts], PARAMS)
         marker = "<|vision_start|><|image_pad|><|vision_end|>"
         plain = model.generate({"prompt": f"User: {marker}hello world\nAssistant:",
                                 "multi_modal_data": {"image": image}}, PARAMS)[0]  # fmt: skip
     assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
+    assert [o.outputs[0].token_ids for o in both] == [o.outputs[0].token_ids for o in outs]
     assert outs[0].outputs[0].token_ids == plain.outputs[0].token_ids
     assert outs[0].prompt_token_ids == plain.prompt_token_ids
     with pytest.raises(InvalidRequestError, match=r"messages\[0\].content\[0\].image_url"):

@@ -172,3 +172,19 @@ def test_cli_plan_names_the_peak_it_times_matmuls_at(tmp_path, dtype, label):
     result = CliRunner().invoke(app, ["plan", str(path), "--gpu", "H200", "--dtype", dtype])
     assert result.exit_code == 0, result.output
     assert label in result.output, result.output
+
+
+def test_a_float_weight_dtype_is_the_caches_too(tmp_path):
+    """As the engine's --dtype: a config saved in float32 planned with bfloat16 weights keeps
+    its cache in bfloat16 (half the bytes a token), unless --kv-cache-dtype says otherwise."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**KIMI_LINEAR_48B, "torch_dtype": "float32"}))
+
+    def per_token(weight_dtype, **kw):
+        work = Workload(num_gpus=1, context=4096, concurrency=1, weight_dtype=weight_dtype)
+        return plan(path, gpu_spec("H200"), work, **kw).layouts[0].cache_bytes_per_token
+
+    fp32 = per_token("float32")
+    assert per_token("bfloat16") * 2 == fp32
+    assert per_token("bfloat16", kv_cache_dtype="float32") == fp32
+    assert per_token("fp8") == fp32  # fp8 weights: the model computes in the config's dtype
