@@ -190,7 +190,8 @@ def _make_pool(engine: AsyncEngine, size: int, min_bytes: int) -> TokenizerPool 
 async def _prepare_in_pool(ctx: Context, request: Request, data: Any,
                            field: str) -> Outcome | None:
     """The pool's outcome for a JSON body of at least its `min_bytes` (None: too small, not
-    JSON, or no pool). Raises RequestValidationError with the errors FastAPI would find."""
+    JSON, no pool, or the pool gave up). Raises RequestValidationError with the errors
+    FastAPI would find."""
     pool = ctx.pool
     if pool is None or not isinstance(data, dict) or not _parsed_as_json(request):
         return None
@@ -199,6 +200,8 @@ async def _prepare_in_pool(ctx: Context, request: Request, data: Any,
         return None
     prepare = pool.prepare_chat if field == "messages" else pool.prepare_completion
     outcome = await prepare(body, _vocab_size(ctx.engine), _block_size(ctx.engine))
+    if outcome is None:  # the pool gave up: in-process, as without one
+        return None
     if outcome.errors is not None:
         raise RequestValidationError(outcome.errors)
     swap_in_stub(data, field)

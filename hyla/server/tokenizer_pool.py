@@ -20,8 +20,13 @@ order, with the same message.
     422 (as FastAPI's) <-- Outcome ---------
     stub prompt; FastAPI validates the rest; the route raises the worker's error or admits its ids
 
-A worker that dies (killed, out of memory) fails the requests it was serving with 503
-`tokenizer_pool_failed` (retryable) and the pool is replaced; `close()` (app shutdown) ends the
+A worker that dies (killed, out of memory), or a request not prepared within `timeout` seconds
+(a hung worker: the pool's workers are killed), fails the requests that pool was serving with
+503 `tokenizer_pool_failed` (retryable, as a dead worker: the server is fine, its pool is
+replaced) and the next request gets a new pool. A pool that cannot prepare anything gives up:
+when a pool fails before any worker became ready (the tokenizer does not load in the worker,
+no processes), or after `max_failures` failures in a row, that request and every later one are
+prepared in-process, as without a pool (logged once). `close()` (app shutdown) ends the
 workers, and a worker ends with the server process if that is killed. Vision models keep the
 in-process path (images are fetched and processed beside the engine).
 """
@@ -37,7 +42,7 @@ import multiprocessing.connection
 import os
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +54,8 @@ from hyla.server.errors import APIError
 logger = logging.getLogger("hyla.server")
 
 POOL_MIN_BYTES = 64 << 10  # ~50 ms of host work for a chat body: above that, a worker pays off
+POOL_TIMEOUT = 60.0  # s; the largest body (8 MiB) takes a few seconds: past this, it is hung
+POOL_MAX_FAILURES = 3  # pools failed in a row before requests are prepared in-process
 STUB_MESSAGES = [{"role": "user", "content": ""}]
 STUB_PROMPT = [0]
 _SCALARS = (str, int, float, bool, type(None))
@@ -94,33 +101,74 @@ class TokenizerPool:
         tokenizer: the engine's tokenizer (None: a model served by token ids only).
         size: worker processes (>= 1).
         min_bytes: bodies of at least this many bytes use the pool (`wants`).
+        timeout: seconds a request may wait for its worker (queue included) before the pool
+            counts as hung.
+        max_failures: failed pools in a row (dead or hung workers) before the pool gives up.
     """
 
-    def __init__(self, tokenizer: Any, size: int = 1, min_bytes: int = POOL_MIN_BYTES) -> None:
+    def __init__(
+        self, tokenizer: Any, size: int = 1, min_bytes: int = POOL_MIN_BYTES,
+        timeout: float = POOL_TIMEOUT, max_failures: int = POOL_MAX_FAILURES,
+    ) -> None:  # fmt: skip
         if size < 1:
             raise ValueError(f"tokenizer_pool_size: must be >= 1, got {size}")
+        if not timeout > 0 or max_failures < 1:
+            raise ValueError(f"timeout must be > 0 and max_failures >= 1, got {timeout}, "
+                             f"{max_failures}")  # fmt: skip
         self.tokenizer, self.size, self.min_bytes = tokenizer, size, min_bytes
+        self.timeout, self.max_failures = timeout, max_failures
+        self.gave_up = False  # the pool cannot prepare anything: every request in-process
+        self._failures = 0  # pools failed since the last request a worker prepared
         self._executor: ProcessPoolExecutor | None = None
+        self._warmup: list[Future] = []  # the current executor's: done without error = ready
         self._retired: list[ProcessPoolExecutor] = []
 
     def wants(self, num_bytes: int) -> bool:
-        return num_bytes >= self.min_bytes
+        return not self.gave_up and num_bytes >= self.min_bytes
 
     def start(self) -> None:
         """Spawn the workers now (app startup), so the first large request does not wait."""
-        executor = self._current()
-        for _ in range(self.size):
-            executor.submit(int)
+        self._current()
 
     async def prepare_chat(
         self, body: bytes, vocab_size: int | None, block_size: int | None = None
-    ) -> Outcome:
-        return await self._run(prepare_chat, body, vocab_size, block_size)
+    ) -> Outcome | None:
+        """The worker's outcome; None: the pool gave up, prepare the request in-process."""
+        return await self._run_or_none(prepare_chat, body, vocab_size, block_size)
 
     async def prepare_completion(
         self, body: bytes, vocab_size: int | None, block_size: int | None = None
-    ) -> Outcome:
-        return await self._run(prepare_completion, body, vocab_size, block_size)
+    ) -> Outcome | None:
+        """As `prepare_chat`, for a completion body."""
+        return await self._run_or_none(prepare_completion, body, vocab_size, block_size)
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` in a worker (`fn` picklable by reference). Raises APIError 503
+        `tokenizer_pool_failed` when the worker dies or `timeout` passes, PoolGaveUp when the
+        pool gives up (now or before)."""
+        if self.gave_up:
+            raise PoolGaveUp
+        executor = self._current()
+        try:
+            future = executor.submit(fn, *args)
+            result = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout)
+        except BrokenProcessPool as e:
+            self._failed(executor, "a worker died")
+            raise _pool_error("the tokenizer pool's worker process died while preparing this "
+                              "request") from e  # fmt: skip
+        except TimeoutError as e:
+            self._failed(executor, f"a request was not prepared within {self.timeout:g} s")
+            raise _pool_error(f"the tokenizer pool did not prepare this request within "
+                              f"{self.timeout:g} s") from e  # fmt: skip
+        if self._executor is executor:
+            self._failures = 0
+        return result
+
+    async def _run_or_none(self, fn: Any, *args: Any) -> Outcome | None:
+        try:
+            return await self.run(fn, *args)
+        except PoolGaveUp:
+            return None
 
     def worker_pids(self) -> list[int]:
         """Pids of the live workers (for tests and logs)."""
@@ -156,22 +204,47 @@ class TokenizerPool:
                 self.size, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker, initargs=(self.tokenizer,),
             )  # fmt: skip
+            # queued first: done before any request unless no worker gets through its start
+            self._warmup = [self._executor.submit(int) for _ in range(self.size)]
         return self._executor
 
-    async def _run(self, fn: Any, *args: Any) -> Outcome:
-        executor = self._current()
-        try:
-            return await asyncio.wrap_future(executor.submit(fn, *args))
-        except BrokenProcessPool as e:
-            if self._executor is executor:
-                logger.error("tokenizer pool worker died; starting a new pool")
-                self._executor = None
-                executor.shutdown(wait=False, cancel_futures=True)
-                self._retired = [e for e in [*self._retired, executor] if _has_live_workers(e)]
-            raise APIError(
-                503, "the tokenizer pool's worker process died while preparing this request; "
-                "retry it", code="tokenizer_pool_failed", headers={"Retry-After": "1"},
-            ) from e  # fmt: skip
+    def _failed(self, executor: ProcessPoolExecutor, why: str) -> None:
+        """Retire `executor` (its workers killed: a hung one would never end) once, for the
+        first request that saw it fail; give up when it never got a worker ready or pools
+        failed `max_failures` times in a row. Raises PoolGaveUp then."""
+        if self._executor is executor:
+            ready = any(f.done() and not f.cancelled() and f.exception() is None
+                        for f in self._warmup)  # fmt: skip
+            self._executor, self._warmup = None, []
+            self._failures += 1
+            _kill_workers(executor)
+            executor.shutdown(wait=False, cancel_futures=True)
+            self._retired = [e for e in [*self._retired, executor] if _has_live_workers(e)]
+            if not ready or self._failures >= self.max_failures:
+                self.gave_up = True
+                logger.error("tokenizer pool: %s, %s; large requests are prepared in-process "
+                             "from now on", why, "its workers never became ready" if not ready
+                             else f"{self._failures} pools failed in a row")  # fmt: skip
+                self.close()
+            else:
+                logger.error("tokenizer pool: %s; starting a new pool", why)
+        if self.gave_up:
+            raise PoolGaveUp
+
+
+class PoolGaveUp(Exception):
+    """The pool cannot prepare anything: prepare the request in-process."""
+
+
+def _pool_error(what: str) -> APIError:
+    return APIError(503, f"{what}; retry it", code="tokenizer_pool_failed",
+                    headers={"Retry-After": "1"})  # fmt: skip
+
+
+def _kill_workers(executor: ProcessPoolExecutor) -> None:
+    for proc in (getattr(executor, "_processes", None) or {}).values():
+        if proc.is_alive():
+            proc.kill()
 
 
 def _has_live_workers(executor: ProcessPoolExecutor) -> bool:

@@ -21,10 +21,10 @@ import httpx
 import pytest
 
 from hyla.cache.prefix import extend_block_hashes
-from hyla.server import convert
+from hyla.server import convert, tokenizer_pool
 from hyla.server.errors import APIError
 from hyla.server.protocol import ChatCompletionRequest, CompletionRequest
-from hyla.server.tokenizer_pool import TokenizerPool
+from hyla.server.tokenizer_pool import PoolGaveUp, TokenizerPool
 from tests.server.conftest import MODEL
 
 BLOCK = 16
@@ -152,6 +152,81 @@ def test_pooled_validation_errors_equal_fastapis(pool):
         ChatCompletionRequest.model_validate(body)
     expected = [{**err, "loc": ("body", *err["loc"])} for err in e.value.errors(include_url=False)]
     assert outcome.errors == expected
+
+
+def _plain_chat(pool: TokenizerPool, tok: Any) -> None:
+    """A request the pool prepares as the in-process path does (it serves)."""
+    body = {"model": MODEL, **CHATS["plain"]}
+    expected = convert.chat_prompt_ids(tok, ChatCompletionRequest.model_validate(body))
+    outcome = asyncio.run(pool.prepare_chat(json.dumps(body).encode(), len(tok), BLOCK))
+    assert outcome.prompt_list(len(tok))[0] == expected
+
+
+def _pool_error(awaitable: Any) -> APIError:
+    with pytest.raises(APIError) as e:
+        asyncio.run(awaitable)
+    assert (e.value.status, e.value.code) == (503, "tokenizer_pool_failed")
+    assert e.value.headers == {"Retry-After": "1"}
+    return e.value
+
+
+def test_a_hung_worker_times_out_and_its_pool_is_replaced(template_tokenizer):
+    """A worker that never finishes: its request and the one queued behind it get the
+    retryable 503 after `timeout` s (not never), the hung worker is killed and the next request
+    is prepared by a new pool."""
+    pool = TokenizerPool(template_tokenizer, size=1, min_bytes=0)
+    try:
+        _plain_chat(pool, template_tokenizer)  # workers ready (spawn takes seconds here)
+        [pid] = pool.worker_pids()
+        pool.timeout = 1.0
+
+        async def hung_and_queued() -> list[Any]:
+            body = json.dumps({"model": MODEL, **CHATS["plain"]}).encode()
+            return await asyncio.gather(pool.run(time.sleep, 60), pool.prepare_chat(body, None),
+                                        return_exceptions=True)  # fmt: skip
+
+        start = time.monotonic()
+        errors = asyncio.run(hung_and_queued())
+        assert time.monotonic() - start < 30
+        for error in errors:
+            assert isinstance(error, APIError), error
+            assert (error.status, error.code) == (503, "tokenizer_pool_failed")
+        assert "within 1 s" in errors[0].message
+        assert pool.worker_pids() == [] or pid not in pool.worker_pids()
+        time.sleep(0.5)
+        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), "hung worker left running"
+        pool.timeout = 60.0
+        _plain_chat(pool, template_tokenizer)
+        assert pid not in pool.worker_pids() and not pool.gave_up
+    finally:
+        pool.close()
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_pools_that_keep_failing_give_up_for_in_process(template_tokenizer):
+    """`max_failures` pools failed in a row: the pool gives up (the request that made it is
+    prepared in-process: `prepare_*` answers None) and takes no body any more."""
+    pool = TokenizerPool(template_tokenizer, size=1, min_bytes=0, max_failures=2)
+    try:
+        _plain_chat(pool, template_tokenizer)
+        _pool_error(pool.run(os._exit, 1))  # a worker dies: 503, a new pool
+        assert not pool.gave_up and pool.wants(1)
+        with pytest.raises(PoolGaveUp):
+            asyncio.run(pool.run(os._exit, 1))
+        assert pool.gave_up and not pool.wants(1 << 20) and pool.worker_pids() == []
+        body = json.dumps({"model": MODEL, **CHATS["plain"]}).encode()
+        assert asyncio.run(pool.prepare_chat(body, None)) is None
+    finally:
+        pool.close()
+
+
+def _refuse_to_start(tokenizer: Any) -> None:
+    """A worker initializer that fails, as when the tokenizer does not load in the worker."""
+    raise RuntimeError("no tokenizer here")
 
 
 # -- the server with a pool against the server without -------------------------------------------
@@ -309,6 +384,27 @@ def test_a_pool_that_cannot_start_leaves_the_server_without_one(make_server, mon
     r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
                    json={"model": MODEL, "messages": [USER], "max_tokens": 2})  # fmt: skip
     assert r.status_code == 200, r.text
+
+
+def test_a_pool_whose_workers_cannot_start_serves_in_process(
+    make_server, pair, monkeypatch, caplog
+):
+    """Workers whose initializer raises: large requests are answered as by the server without
+    a pool (not a 503 each), and the pool's giving up is logged once."""
+    monkeypatch.setattr(tokenizer_pool, "_init_worker", _refuse_to_start)
+    broken = make_server(tokenizer_pool_size=1, tokenizer_pool_min_bytes=0)
+    pool = broken.server.config.app.state.ctx.pool
+    _, plain = pair
+    caplog.set_level("ERROR", logger="hyla.server")
+    for name in ("greedy", "schema_error", "too_long_rendered"):
+        body = {"model": MODEL, **CHAT_BODIES[name]}
+        got = _answer(broken, "/v1/chat/completions", body)
+        assert got == _answer(plain, "/v1/chat/completions", body)
+    body = {"model": MODEL, **COMPLETION_BODIES["echo_logprobs"]}
+    assert _answer(broken, "/v1/completions", body) == _answer(plain, "/v1/completions", body)
+    assert pool.gave_up and pool.worker_pids() == []
+    gave_up = [r for r in caplog.records if "in-process from now on" in r.getMessage()]
+    assert len(gave_up) == 1, [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize(
