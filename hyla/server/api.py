@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import email.message
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -66,6 +67,10 @@ from hyla.server.tokenizer_pool import POOL_MIN_BYTES, Outcome, TokenizerPool, s
 
 logger = logging.getLogger("hyla.server")
 
+# Chats with http(s) images rendered at once (each waits on a remote host, up to
+# media_fetch_timeout per image); more queue for these threads, not for the loop's default ones,
+# which render every other chat and tokenize completions.
+MEDIA_FETCH_THREADS = 4
 ROUTES = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -96,7 +101,8 @@ def build_app(
     """
     metrics = ServerMetrics(engine)
     ctx = Context(engine, served_model_name or engine.model_name, metrics,
-                  pool=_make_pool(engine, tokenizer_pool_size, tokenizer_pool_min_bytes))
+                  pool=_make_pool(engine, tokenizer_pool_size, tokenizer_pool_min_bytes),
+                  media_executor=_make_media_executor(engine))  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):  # noqa: ANN202
@@ -108,6 +114,8 @@ def build_app(
         finally:
             if ctx.pool is not None:  # not in a worker thread: all may be busy tokenizing
                 ctx.pool.close()
+            if ctx.media_executor is not None:
+                ctx.media_executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="hyla", version="0.1.0", lifespan=lifespan)
     app.state.ctx = ctx
@@ -185,6 +193,24 @@ def _make_pool(engine: AsyncEngine, size: int, min_bytes: int) -> TokenizerPool 
     if size <= 0 or getattr(getattr(engine, "engine", None), "multimodal", None) is not None:
         return None
     return TokenizerPool(engine.tokenizer, size, min_bytes)
+
+
+def _make_media_executor(engine: AsyncEngine) -> ThreadPoolExecutor | None:
+    inner = getattr(engine, "engine", None)
+    domains = getattr(getattr(inner, "config", None), "allowed_media_domains", ())
+    if getattr(inner, "multimodal", None) is None or not domains:
+        return None
+    return ThreadPoolExecutor(MEDIA_FETCH_THREADS, thread_name_prefix="hyla-media")
+
+
+def _fetches_media(req: ChatCompletionRequest) -> bool:
+    """Whether rendering `req` fetches an image from a remote host."""
+    return any(
+        isinstance(part, dict) and part.get("type") == "image_url"
+        and isinstance(part.get("image_url"), dict)
+        and str(part["image_url"].get("url", ""))[:8].lower().startswith(("http:", "https:"))
+        for m in req.messages if isinstance(m.content, list) for part in m.content
+    )  # fmt: skip
 
 
 async def _prepare_in_pool(ctx: Context, request: Request, data: Any,
@@ -354,7 +380,10 @@ async def create_chat_completion(
 ) -> Response:
     convert.check_model(req.model, ctx.model_name)
     params = convert.chat_params(req, ctx.engine.max_model_len)
-    if pooled is None:  # not on the loop: a few ms for a small conversation
+    if pooled is None and ctx.media_executor is not None and _fetches_media(req):
+        loop = asyncio.get_running_loop()
+        prompt = await loop.run_in_executor(ctx.media_executor, _chat_prompt, ctx, req)
+    elif pooled is None:  # not on the loop: a few ms for a small conversation
         prompt = await asyncio.to_thread(_chat_prompt, ctx, req)
     else:  # `req.messages` is a stub: the worker rendered and tokenized them
         prompt = pooled.prompt_list(_vocab_size(ctx.engine))[0]

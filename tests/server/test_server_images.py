@@ -155,3 +155,65 @@ def test_an_image_from_an_allowed_host_equals_the_same_image_inline(live):
         media.server_close()
     assert outs[0].choices[0].message.content == outs[1].choices[0].message.content
     assert outs[0].usage == outs[1].usage
+
+
+def test_slow_image_hosts_leave_other_chats_their_threads(live):
+    """As many chats with an image on a host that does not answer as the event loop has default
+    threads: a text-only chat sent meanwhile is answered before the host answers (their fetches
+    run on the server's media threads, not the threads that render every chat); the image chats
+    are then served."""
+    import os
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    _, server = live
+    png = base64.b64decode(data_url(random_images([(20, 28)], seed=3)[0]).split(",", 1)[1])
+    release, arrived = threading.Event(), []
+
+    class Stalled(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            arrived.append(1)
+            release.wait(20)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+    media = ThreadingHTTPServer(("127.0.0.1", 0), Stalled)
+    threading.Thread(target=media.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{media.server_address[1]}/a.png"
+    default_threads = min(32, (os.cpu_count() or 1) + 4)  # the loop's default executor's size
+
+    def post(content, answers):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": content}],
+                "max_tokens": 1}  # fmt: skip
+        r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+        answers.append((time.monotonic(), r.status_code))
+
+    image_answers, text_answers = [], []
+    senders = [threading.Thread(target=post, args=([image_part(url)], image_answers))
+               for _ in range(default_threads)]  # fmt: skip
+    try:
+        for t in senders:
+            t.start()
+        deadline = time.monotonic() + 20
+        while len(arrived) < min(default_threads, 4) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # every image chat in flight
+        text = threading.Thread(target=post, args=("hello world", text_answers))
+        text.start()
+        text.join(3.0)  # under the server's 5 s media_fetch_timeout
+        answered = list(text_answers)
+    finally:
+        release.set()
+        for t in [*senders, text]:
+            t.join(60)
+        media.shutdown()
+        media.server_close()
+    assert answered and answered[0][1] == 200, "a text-only chat waited for a slow image host"
+    assert [status for _, status in image_answers] == [200] * default_threads
+    assert answered[0][0] < min(at for at, _ in image_answers)
