@@ -180,7 +180,7 @@ class TokenizerPool:
         """Cancel queued work and end every worker: an idle one exits at once, a busy one (its
         request is not admitted any more) is killed after `timeout` seconds."""
         executors = [*self._retired, *([self._executor] if self._executor else [])]
-        self._executor, self._retired = None, []
+        self._executor, self._retired, self._warmup = None, [], []
         for executor in executors:
             procs = list((getattr(executor, "_processes", None) or {}).values())
             executor.shutdown(wait=False, cancel_futures=True)
