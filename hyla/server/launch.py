@@ -135,6 +135,7 @@ def exit_now(code: int) -> None:
     busy (the engine thread after a forced exit): that aborted the process with SIGABRT
     ("terminate called without an active exception").
     """
+    _release_multiprocessing_objects()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -142,6 +143,19 @@ def exit_now(code: int) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def _release_multiprocessing_objects() -> None:
+    """Run multiprocessing's exit-time finalizers, which `os._exit` skips: they unlink the
+    semaphores of the tokenizer pool's queues (else the resource tracker warns of leaked ones
+    after the server is gone). Priority >= 0 only, as at a normal exit before children are
+    joined; a finalizer that fails must not keep the process from exiting."""
+    import multiprocessing.util
+
+    try:
+        multiprocessing.util._run_finalizers(0)
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
 
 
 def run_until_signal(server: DrainingServer, sockets: list[socket.socket] | None = None) -> None:
