@@ -33,17 +33,21 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
     local pytest="python3 -m pytest -q -p no:cacheprovider -rs -s" la=tests/gpu/test_linear_attention_gpu.py
     local g=tests/gpu t=${GPU_TEST_LIMIT:-420}  # kernel files in groups (as one, they overran 420 s)
     run $t gpu_tests_dsa $pytest $g/test_dsa_gpu.py $g/test_sparse_safe_gpu.py > /dev/null &
-    run $t gpu_tests_moe_linear $pytest $g/test_moe_gpu.py $g/test_linear_gpu.py \
-        $g/test_greedy_gpu.py $g/test_moe_grouped_gpu.py > /dev/null &
+    run $t gpu_tests_mla $pytest $g/test_mla_prefill_gpu.py > /dev/null &
+    run $t gpu_tests_moe $pytest $g/test_moe_gpu.py $g/test_moe_grouped_gpu.py > /dev/null &
+    run $t gpu_tests_linear $pytest $g/test_linear_gpu.py $g/test_greedy_gpu.py > /dev/null &
     run $t gpu_tests_kernels $pytest $g/test_norm_paged_gpu.py $g/test_kernel_strides.py \
         $g/test_short_conv_gpu.py $g/test_gates_gpu.py $g/test_activation_gpu.py \
         $g/test_short_conv_varlen_gpu.py $g/test_gqa_gpu.py > /dev/null &
     run $t gpu_tests_graphs $pytest $g/test_cuda_graphs_gpu.py $g/test_piecewise_graphs_gpu.py \
+        $g/test_mixed_graphs_gpu.py \
         > /dev/null &
     run $t gpu_tests_fp8 $pytest $g/test_fp8_gpu.py > /dev/null &
     run $t gpu_tests_prefix $pytest $g/test_prefix_reuse_gpu.py $g/test_state_boundaries_gpu.py > /dev/null &
     run $t gpu_tests_models $pytest $g/test_glm5_next_gpu.py $g/test_images_gpu.py > /dev/null &
-    run $t gpu_tests_la_kda $pytest $la -k "chunk and kda and not 100k" > /dev/null &
+    run $t gpu_tests_validate $pytest $g/test_validate_vision_gpu.py > /dev/null &
+    run $t gpu_tests_tp $pytest $g/test_tp_world1_gpu.py > /dev/null &
+    run $t gpu_tests_la_kda $pytest -n 2 $la -k "chunk and kda and not 100k" > /dev/null &
     run $t gpu_tests_la_gdn $pytest $la -k "chunk and gdn and not 100k" > /dev/null &
     run $t gpu_tests_la_100k $pytest $la -k "100k" > /dev/null &
     run $t gpu_tests_la_decode $pytest $la -k "recurrent or decode or tiny_model" > /dev/null &

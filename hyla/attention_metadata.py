@@ -14,6 +14,7 @@ asks whether it runs eagerly, on which device, or inside a CUDA-graph capture.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,9 @@ class AttentionMetadata:
             only (one launch over all rows; no host value of the step shapes the work).
         graph_kernels: ops pick the forms that are fastest when replayed from a CUDA graph
             (the DSA indexer's radix top-k select).
+        has_state: [N] int64 1 where a sequence continues its slot's state, 0 where it starts
+            from zeros, in a static multi-token step (`hyla.engine.mixed_graphs`): the linear
+            layers then run one fixed-grid call over all sequences; None otherwise.
     """
 
     seq_lens: torch.Tensor
@@ -43,6 +47,7 @@ class AttentionMetadata:
     seq_lens_host: list[int] | None
     lengths_on_device: bool
     graph_kernels: bool = False
+    has_state: torch.Tensor | None = None
 
     @classmethod
     def eager(cls, seq_lens_host: list[int], seq_lens: torch.Tensor) -> AttentionMetadata:
@@ -60,3 +65,7 @@ class AttentionMetadata:
         """A static step's metadata over its capture buffer `seq_lens` (filled before each
         replay) and its context bucket `max_seq_len`."""
         return cls(seq_lens, max_seq_len, None, lengths_on_device=True, graph_kernels=True)
+
+    def with_state_mask(self, has_state: torch.Tensor) -> AttentionMetadata:
+        """This static step's metadata for a multi-token step with the state mask `has_state`."""
+        return dataclasses.replace(self, has_state=has_state)

@@ -810,6 +810,11 @@ class EngineConfig:
         metadata={"help": "Replay mixed prefill+decode steps from CUDA graphs too: norms and "
                   "MLP/MoE captured per token bucket, mixers eager (experimental; default off)."},
     )  # fmt: skip
+    mixed_cuda_graphs: bool = field(
+        default=True,
+        metadata={"help": "Replay whole mixed prefill+decode steps of up to 2048 tokens from "
+                  "CUDA graphs captured per token, sequence and context bucket (KDA/MLA models)."},
+    )  # fmt: skip
     tensor_parallel_size: int = field(
         default=1,
         metadata={"help": "Ranks (processes, one GPU each) the model is sharded over."},

@@ -38,6 +38,7 @@ from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
+from hyla.engine.mixed_graphs import mixed_graph_buckets
 from hyla.engine.piecewise_graphs import token_buckets
 from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
@@ -165,11 +166,14 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, self.cache, budget)
         sizes: tuple[int, ...] = ()
         buckets: tuple[int, ...] = ()
+        mixed: tuple[int, ...] = ()
         if device.type == "cuda" and not engine_config.enforce_eager:
             if kernels_capturable(self.model_config):
                 sizes = graph_batch_sizes(self.model_config, sched.max_num_seqs)
                 if engine_config.piecewise_cuda_graphs:
                     buckets = token_buckets(sched.max_num_batched_tokens)
+                if engine_config.mixed_cuda_graphs:
+                    mixed = mixed_graph_buckets(self.model_config, sched.max_num_batched_tokens)
             else:
                 logger.warning("no CUDA graphs: triton or fla-core is missing")
         if executor is not None:
@@ -179,7 +183,9 @@ class LLMEngine:
         else:
             if device.type == "cuda":  # one matmul per projection group (one kernel, not n + 1)
                 self.model.stack_projections()
-            self.runner = ModelRunner(self.model, plan, sizes, self.max_model_len, buckets)
+            self.runner = ModelRunner(
+                self.model, plan, sizes, self.max_model_len, buckets, mixed
+            )
         self.runner.multimodal = multimodal
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device

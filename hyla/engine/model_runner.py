@@ -26,6 +26,7 @@ import torch
 from hyla.cache.manager import CacheManager
 from hyla.engine.cuda_graphs import CaptureFailed, DecodeGraphs, DecodeInputs
 from hyla.engine.memory import CachePlan
+from hyla.engine.mixed_graphs import MixedGraphs, MixedInputs
 from hyla.engine.piecewise_graphs import PiecewiseGraphs
 from hyla.engine.sampler import top_logprobs
 from hyla.engine.state_copies import copy_state_rows, set_state_boundaries, state_tensors
@@ -62,6 +63,8 @@ class ModelRunner:
         max_model_len: the longest sequence, the last context bucket of the graphs.
         token_buckets: token buckets of the piecewise graphs of other steps (CUDA only;
             empty: none; `hyla.engine.piecewise_graphs`).
+        mixed_buckets: token buckets of whole captured mixed steps (CUDA only; empty: none;
+            `hyla.engine.mixed_graphs`).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class ModelRunner:
         graph_batch_sizes: tuple[int, ...] = (),
         max_model_len: int | None = None,
         token_buckets: tuple[int, ...] = (),
+        mixed_buckets: tuple[int, ...] = (),
     ) -> None:
         self.model = model
         self.config = model.config
@@ -88,6 +92,11 @@ class ModelRunner:
                 model, self.caches, self.block_size, graph_batch_sizes,
                 max_model_len=max_model_len,
             )  # fmt: skip
+        self.mixed: MixedGraphs | None = None
+        if mixed_buckets and self.device.type == "cuda":
+            self.mixed = MixedGraphs(
+                model, self.caches, self.block_size, mixed_buckets, max_model_len
+            )
         self.piecewise: PiecewiseGraphs | None = None
         if token_buckets and self.device.type == "cuda":
             self.piecewise = PiecewiseGraphs(model, token_buckets)
@@ -136,6 +145,12 @@ class ModelRunner:
                 hidden = self.graphs.run(step, device_tokens)
             except CaptureFailed:  # the graphs are off now: this step and the next run eagerly
                 hidden = None
+        elif self._mixed_runs(out, query_lens, context_lens):
+            step = mixed_inputs(tokens, query_lens, context_lens, tables, slots, self.block_size)
+            try:
+                hidden = self.mixed.run(step, device_tokens)
+            except CaptureFailed:
+                hidden = None
         if hidden is None:
             batch = build_forward_batch(
                 query_lens=query_lens,
@@ -162,6 +177,16 @@ class ModelRunner:
                 hidden = self._forward(input_ids, batch)
         copy_state_rows(self.state_tensors, out.state_saves)  # slot at its chunk end -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
+
+    def _mixed_runs(self, out: SchedulerOutput, query_lens: list[int], context_lens: list[int]) -> bool:
+        """Whether this step replays a whole mixed-step graph: no image rows, no checkpoint
+        inside a chunk, and a bucket that holds it."""
+        return (
+            self.mixed is not None
+            and self.multimodal is None
+            and not out.state_boundaries
+            and self.mixed.key(query_lens, context_lens) is not None
+        )
 
     def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """An eager step: its token-wise pieces from CUDA graphs when they are on."""
@@ -242,5 +267,32 @@ def decode_inputs(
         slot_mapping=slots,
         state_indices=list(state_indices),
         seq_lens=[c + 1 for c in context_lens],
+        block_tables=block_tables,
+    )
+
+
+def mixed_inputs(
+    tokens: list[int],
+    query_lens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    state_indices: list[int],
+    block_size: int,
+) -> MixedInputs:
+    """A step's inputs for a mixed-step graph: sequence i's tokens sit at positions
+    context_lens[i] .. + query_lens[i] - 1, in cache slots through its block table."""
+    positions: list[int] = []
+    slots: list[int] = []
+    for table, c, q in zip(block_tables, context_lens, query_lens, strict=True):
+        positions.extend(range(c, c + q))
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(c, c + q))
+    return MixedInputs(
+        input_ids=list(tokens),
+        positions=positions,
+        slot_mapping=slots,
+        state_indices=list(state_indices),
+        seq_lens=[c + q for c, q in zip(context_lens, query_lens, strict=True)],
+        has_state=[int(c > 0) for c in context_lens],
+        query_lens=list(query_lens),
         block_tables=block_tables,
     )

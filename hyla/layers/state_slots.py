@@ -47,6 +47,8 @@ def short_conv_step(
     (CUDA) the slots are read and written in place: one launch for a pure decode step
     (`kernels.conv_update_slots`), two for any other (`varlen_kernels.conv_varlen_slots`)."""
     pool = cache["conv_state"]
+    if batch.attn.has_state is not None:  # a static multi-token step (mixed CUDA graphs)
+        return _conv_static(mixed, weight, pool, batch)
     if _is_pure_decode(batch) and triton_runs_on(pool):
         from hyla.ops.short_conv import kernels
 
@@ -76,6 +78,30 @@ def _conv_varlen(
     return varlen_kernels.conv_varlen_slots(
         mixed, weight, None, batch.cu_seqlens, pool, batch.state_indices, has_state, "silu"
     )
+
+
+def _conv_static(
+    mixed: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, batch: ForwardBatch
+) -> torch.Tensor:
+    """The short conv of a static step: lengths and the state mask only on the device."""
+    has_state = batch.attn.has_state
+    if triton_runs_on(pool):
+        from hyla.ops.short_conv import varlen_kernels
+
+        return varlen_kernels.conv_varlen_slots(
+            mixed, weight, None, batch.cu_seqlens, pool, batch.state_indices, has_state, "silu"
+        )
+    state = _masked_rows(pool, batch)
+    out, new_state = causal_conv1d(mixed, weight, None, batch.cu_seqlens, state, "silu")
+    pool.index_copy_(0, batch.state_indices, new_state)
+    return out
+
+
+def _masked_rows(pool: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    """The step's slot rows, zeros where `attn.has_state` is 0 (garbage and NaN included)."""
+    rows = pool.index_select(0, batch.state_indices)
+    fresh = (batch.attn.has_state == 0).view(-1, *([1] * (rows.dim() - 1)))
+    return rows.masked_fill_(fresh, 0)
 
 
 def _write_conv_boundaries(
@@ -207,6 +233,14 @@ def delta_rule_step(
     """
     lens = batch.query_lens
     pool = cache["recurrent_state"]
+    if batch.attn.has_state is not None:  # a static multi-token step: one fixed-grid call
+        state = _masked_rows(pool, batch)
+        o, final = chunk_fn(
+            q, k, v, g, beta, batch.cu_seqlens, state, use_qk_l2norm=True, inplace_state=True,
+            graph_safe=True,
+        )  # fmt: skip
+        pool.index_copy_(0, batch.state_indices, final.to(pool.dtype))
+        return o
     inside = _boundary_buffer(batch, pool)
     if _is_pure_decode(batch):
         if pool.is_cuda:  # the op reads and writes the slots in place (fla), no host sync

@@ -26,7 +26,7 @@ def test_image_requests_on_cuda_defaults_match_eager_synchronous(family, tmp_pat
     }
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = []
-    for opts in ({}, {"enforce_eager": True, "async_output": False}):
+    for opts in ({}, {"enforce_eager": True}):
         engine = LLMEngine.from_path(
             str(tmp_path), device="cuda", dtype="float32", max_model_len=512,
             max_num_batched_tokens=32, **opts,

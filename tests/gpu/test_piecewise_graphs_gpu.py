@@ -30,7 +30,8 @@ pytestmark = [
 
 def _engine(model, eager: bool):
     engine = make_engine(
-        model, enforce_eager=eager, piecewise_cuda_graphs=not eager, max_num_seqs=8,
+        model, enforce_eager=eager, piecewise_cuda_graphs=not eager, mixed_cuda_graphs=False,
+        max_num_seqs=8,
         max_num_batched_tokens=16, device="cuda",
     )  # fmt: skip
     if eager:  # the oracle: eager, each step's tokens on the host before the next step

@@ -65,6 +65,7 @@ def dispatch(cpu_fn: DeltaRuleOp, fla_fn: DeltaRuleOp) -> DeltaRuleOp:
     def op(q: torch.Tensor, *args, **options) -> tuple[torch.Tensor, torch.Tensor]:
         if q.is_cuda and fla_available():
             return fla_fn(q, *args, **options)
+        options.pop("graph_safe", None)  # the CPU ops may read cu_seqlens on the host
         if options.get("state_indices") is None:
             options.pop("state_indices", None)
             return cpu_fn(q, *args, **options)
@@ -363,6 +364,7 @@ def chunk_kda(
     cu_seqlens_cpu: torch.Tensor | None = None,
     state_boundaries: Sequence[Sequence[int]] | None = None,
     boundary_states: torch.Tensor | None = None,
+    graph_safe: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA in chunks (`reference.chunk_kda`: same arguments and results up to the precision
     noted in the module docstring). Shapes as in `recurrent_kda` (initial_state [N, HV, K, V]).
@@ -379,6 +381,9 @@ def chunk_kda(
         state_boundaries, boundary_states: states inside each sequence, as in
             `reference.chunk_kda`: the call is split into rounds of fla calls at the boundaries
             (`boundaries.split_at_boundaries`).
+        graph_safe: no host read of cu_seqlens (a CUDA-graph capture): fla plans a fixed grid
+            of ceil(T / 64) + N - 1 chunks on the device (`use_graph`), zero-length sequences
+            allowed; not with state_boundaries.
     Raises:
         ValueError: inconsistent shapes or cu_seqlens, chunk_size < 1, or a `cu_seqlens_cpu`
             that is not a CPU tensor.
@@ -392,7 +397,41 @@ def chunk_kda(
             inplace_state=inplace_state, cu_seqlens_cpu=cu_seqlens_cpu, chunk_size=chunk_size,
             recurrent_fn=recurrent_kda,
         )  # fmt: skip
+    if graph_safe:
+        return _chunk_kda_fixed_grid(q, k, v, g, beta, cu_seqlens, initial_state, scale,
+                                     use_qk_l2norm, inplace_state)  # fmt: skip
     inputs = (q, k, v, g, beta, cu_seqlens, initial_state)
     fla_chunk_size = chunk_size if chunk_size in FLA_KDA_CHUNK_SIZES else 64
     return run_fla_chunk(fla_chunk_kda, inputs, 3, scale, use_qk_l2norm, chunk_size,
                          fla_chunk_size, inplace_state, cu_seqlens_cpu)  # fmt: skip
+
+
+def _chunk_kda_fixed_grid(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    scale: float | None,
+    use_qk_l2norm: bool,
+    inplace_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunk KDA with its chunk plan built on the device for a fixed grid (capturable)."""
+    from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+    check_step_shapes(q, k, v, g, beta, cu_seqlens, initial_state, None, g_dims=3)
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    with on_device(v):
+        o, final = fla_chunk_kda(
+            *(fla_rows(x) for x in (q, k, v, g, beta)),
+            scale=scale,
+            initial_state=h0,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=use_qk_l2norm,
+            cu_seqlens=cu_seqlens.long(),
+            use_graph=True,
+            max_num_seqs=cu_seqlens.numel() - 1,
+        )
+    return o[0].to(v.dtype), final_state(initial_state, final, inplace_state)
