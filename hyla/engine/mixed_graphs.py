@@ -167,13 +167,17 @@ class MixedGraphs:
         seqs = next((b for b in BATCH_SIZES if b >= len(query_lens) + 1), None)
         if tokens is None or seqs is None or not query_lens or 2 * num_tokens < tokens:
             return None
-        longest = max(max(c + q for c, q in zip(context_lens, query_lens)), tokens - num_tokens)
+        longest = max(
+            max(c + q for c, q in zip(context_lens, query_lens, strict=True)), tokens - num_tokens
+        )
         return tokens, seqs, context_bucket(longest, self.max_model_len)
 
     def run(self, step: MixedInputs, device_tokens: DeviceTokens | None = None) -> torch.Tensor:
         """Hidden states [T, D] of the step (a view of the graph's output, valid until the next
         step). Raises ValueError when no key holds it."""
-        key = self.key(step.query_lens, [n - q for n, q in zip(step.seq_lens, step.query_lens)])
+        key = self.key(
+            step.query_lens, [n - q for n, q in zip(step.seq_lens, step.query_lens, strict=True)]
+        )
         if key is None:
             raise ValueError(f"mixed graphs: a step of {len(step.input_ids)} tokens does not fit")
         static = self.steps.get(key)
