@@ -655,8 +655,9 @@ class CacheConfig:
     prefix_checkpoint_policy: str = field(
         default="all",
         metadata={
-            "help": "Stride boundaries whose linear state is checkpointed: 'all', or 'deepest' "
-            "(per chunk, plus those a waiting request asks for); LRU under the budget."
+            "help": "Stride boundaries whose linear state is checkpointed: 'all', 'deepest' "
+            "(per chunk, plus those a waiting request asks for), or 'repeat' (chunk ends, and "
+            "inside a chunk only prefixes seen before); LRU under the budget."
         },
     )
 
@@ -675,9 +676,9 @@ class CacheConfig:
             value = getattr(self, name)
             _require(value is None or value in allowed, name, f"not in {allowed}, got {value!r}")
         _require(
-            self.prefix_checkpoint_policy in ("all", "deepest"),
+            self.prefix_checkpoint_policy in ("all", "deepest", "repeat"),
             "prefix_checkpoint_policy",
-            "must be 'all' or 'deepest'",
+            "must be 'all', 'deepest' or 'repeat'",
         )
         _require(
             self.state_checkpoint_stride % self.block_size == 0,

@@ -21,6 +21,11 @@ Which states are saved (the keep policy; LRU under the checkpoint budget either 
                floor(S / s) * s whatever the chunking and arrival order)
     "deepest"  the deepest stride boundary of each chunk, plus the boundaries a waiting
                request asks a running one for (fewer checkpoints written, fewer hits)
+    "repeat"   every boundary at a chunk's end, and one inside a chunk only for a prefix seen
+               before (a bounded set of recently passed prefix hashes): a first-seen prompt
+               writes no interior state, so its prefill stays one plain pass (a whole-step CUDA
+               graph on the GPU); the second request with the prefix checkpoints it, the third
+               hits
 
 plus, for every request, the state where the last full block before its prompt's last token
 ends (the same prompt again reuses all of it but that token), and a tail: the state where its
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -53,8 +59,9 @@ from hyla.multimodal.spans import block_extra_keys
 from hyla.request import Request
 
 ROOT_HASH = 0
-CheckpointPolicy = Literal["all", "deepest"]
-CHECKPOINT_POLICIES = ("all", "deepest")
+CheckpointPolicy = Literal["all", "deepest", "repeat"]
+CHECKPOINT_POLICIES = ("all", "deepest", "repeat")
+SEEN_PREFIXES = 1 << 16  # prefix hashes the "repeat" policy remembers (LRU)
 
 
 def hash_block(parent: int, token_ids: Sequence[int], extra_keys: tuple = ()) -> int:
@@ -183,6 +190,7 @@ class PrefixCache:
         self._restoring: list[int] = []
         self._in_flight: dict[int, str] = {}  # hash of a block being computed -> request id
         self._in_flight_of: dict[str, list[int]] = {}
+        self._seen: OrderedDict[int, None] = OrderedDict()  # "repeat": prefixes passed before
 
     def _on_block_evicted(self, block_hash: int) -> None:
         self.checkpoints.drop(block_hash)
@@ -301,6 +309,8 @@ class PrefixCache:
         # placeholder token now; the synchronous engine must plan the same): a redundant one is
         # found out and freed when its step commits.
         tail = end // self.block_size * self.block_size
+        if self.policy == "repeat" and tail < end:
+            return  # a tail inside the chunk: the next one at a chunk's end replaces it
         if tail > start and tail not in kept:
             self._reserve(req, tail, is_tail=True)
 
@@ -326,7 +336,23 @@ class PrefixCache:
         last = (req.num_prompt_tokens - 1) // self.block_size * self.block_size
         if start < last <= end and last not in ends:  # the same prompt again can hit here
             ends = sorted([*ends, last])
+        if self.policy == "repeat":
+            ends = [p for p in ends if p == end or self._seen_before(req, p)]
         return ends
+
+    def _seen_before(self, req: Request, end: int) -> bool:
+        """Whether a prefix of `req` of `end` tokens was passed before (and remember it)."""
+        hashes, j = self.hashes(req), end // self.block_size
+        if len(hashes) < j:
+            return False
+        key = hashes[j - 1]
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return True
+        self._seen[key] = None
+        if len(self._seen) > SEEN_PREFIXES:
+            self._seen.popitem(last=False)
+        return False
 
     def _has_checkpoint(self, req: Request, end: int) -> bool:
         """A checkpoint is filed for `req`'s first `end` tokens. False when a block ending there
