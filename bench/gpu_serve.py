@@ -191,10 +191,13 @@ def served_phase(args: argparse.Namespace, path: Path, work: Path) -> dict:
         warm = Scenario("warmup", 8, 16 if not args.smoke else 2, 512 if not args.smoke else 16, 8)
         rows["warmup"] = summary(bench_serve(url, warm, work / "warm.json", args.timeout, 99))
         for s in scenarios(args):
+            before = step_counters(url) if args.profile else None
             t0 = time.perf_counter()
             raw = bench_serve(url, s, work / f"{s.name}.json", args.timeout, args.seed)
             rows[s.name] = {"scenario": s.__dict__, **summary(raw)}
             rows[s.name]["wall_s"] = time.perf_counter() - t0
+            if before is not None:
+                rows[s.name]["steps"] = step_split(before, step_counters(url), raw)
             if proc.poll() is not None:
                 rows["error"] = f"server died: {tail(log)}"
                 break
@@ -202,6 +205,39 @@ def served_phase(args: argparse.Namespace, path: Path, work: Path) -> dict:
         stop_server(proc)
         rows["server_log_tail"] = tail(log)
     return rows
+
+
+def step_counters(url: str) -> dict[tuple[str, str], float]:
+    """The server's per-path step counters (`hyla_engine_{steps,launch_seconds,device_seconds}`)."""
+    import httpx
+
+    counters = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        for key in ("steps", "launch_seconds", "device_seconds"):
+            head = f'hyla_engine_{key}_total{{path="'
+            if line.startswith(head):
+                path = line[len(head) : line.index('"', len(head))]
+                counters[(key, path)] = float(line.split()[-1])
+    return counters
+
+
+def step_split(before: dict, after: dict, raw: dict) -> dict:
+    """Per path over one scenario: steps, host ms to launch one, device ms one spans; and the
+    share of the scenario's duration the device spent inside steps (1 - that is host-bound)."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    paths = sorted({p for _, p in delta})
+    split = {}
+    for p in paths:
+        n = delta.get(("steps", p), 0.0)
+        split[p] = dict(steps=n, launch_ms=1e3 * delta.get(("launch_seconds", p), 0.0) / max(n, 1),
+                        device_ms=1e3 * delta.get(("device_seconds", p), 0.0) / max(n, 1))
+    busy = sum(delta.get(("device_seconds", p), 0.0) for p in paths)
+    duration = raw.get("duration") or 0.0
+    split["device_busy_share"] = busy / duration if duration else None
+    print("steps: " + ", ".join(f"{p} {v['steps']:.0f} x ({v['launch_ms']:.2f} ms host, "
+          f"{v['device_ms']:.2f} ms device)" for p, v in split.items() if isinstance(v, dict))
+          + f"; device busy {split['device_busy_share'] or 0:.0%}", flush=True)  # fmt: skip
+    return split
 
 
 def summary(raw: dict) -> dict:
@@ -295,6 +331,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, fp32: a bug check")
     p.add_argument("--quick", action="store_true", help="fewer requests per scenario")
+    p.add_argument("--profile", action="store_true",
+                   help="per scenario: the server's steps by path, host ms to launch and device "
+                        "ms per step, and the device's busy share (from /metrics)")
     p.add_argument("--rates", default="8,32", help="Poisson request rates (req/s), comma list")
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-model-len", type=int, default=4096, help="1024 words: ~1700 tokens")

@@ -40,6 +40,7 @@ from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner
 from hyla.engine.mixed_graphs import mixed_graph_buckets
 from hyla.engine.piecewise_graphs import token_buckets
+from hyla.engine.step_stats import StepStats
 from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.engine.warmup import warm_up
@@ -104,6 +105,7 @@ class EngineStats:
     encoder_cache_bytes: int = 0
     num_encoded_images: int = 0
     encoder_cache_hits: int = 0
+    step_stats: dict = dataclasses.field(default_factory=dict)
 
 
 class LLMEngine:
@@ -189,6 +191,7 @@ class LLMEngine:
         self.runner.multimodal = multimodal
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
+        self.step_stats = StepStats()
         self.eos_token_ids = self._eos_token_ids()
         self._groups: dict[str, RequestGroup] = {}
         self._seq_owner: dict[str, RequestGroup] = {}
@@ -398,6 +401,7 @@ class LLMEngine:
                 num_preemptions=self.scheduler.num_preemptions,
                 **self._prefix_stats(),
                 **self._encoder_stats(),
+                step_stats=self.step_stats.snapshot(),
             )
 
     def _encoder_stats(self) -> dict[str, Any]:
@@ -503,12 +507,15 @@ class LLMEngine:
         if device_tokens is not None and device_tokens.dst:
             self.num_device_token_steps += 1
         try:
+            t0, begin = time.perf_counter(), self.step_stats.start(self.device)
             result = self.runner.execute(out, requests, self.cache, plp, device_tokens)
             rows = [self._sampling_row(rid) for rid in result.sample_ids]
             sample = None
             if rows:
                 pending = self._pending_tokens(result.sample_ids, rows)
                 sample = self.sampler.launch(result.logits, rows, pending)
+            path = getattr(self.runner, "last_path", "eager")  # (a TP runner proxy has none)
+            self.step_stats.stop(path, time.perf_counter() - t0, begin)
         except ExecutorError:  # a rank died or hung: the engine cannot go on
             raise
         except Exception as e:  # noqa: BLE001 - any failure of a step ends only its requests

@@ -97,6 +97,7 @@ class ModelRunner:
             self.mixed = MixedGraphs(
                 model, self.caches, self.block_size, mixed_buckets, max_model_len
             )
+        self.last_path = "eager"  # how the last step ran (`hyla.engine.step_stats.PATHS`)
         self.piecewise: PiecewiseGraphs | None = None
         if token_buckets and self.device.type == "cuda":
             self.piecewise = PiecewiseGraphs(model, token_buckets)
@@ -137,18 +138,21 @@ class ModelRunner:
         if num_pending != (0 if device_tokens is None else len(device_tokens.dst)):
             raise ValueError(f"device_tokens: {num_pending} input ids are not on the host")
         hidden = None
+        self.last_path = "eager"
         if self.graphs is not None and self.graphs.can_run(query_lens, context_lens):
             step = decode_inputs(tokens, context_lens, tables, slots, self.block_size)
             if self.multimodal is not None:  # M-RoPE: positions after an image are shifted
                 step.positions = self.multimodal.decode_positions(ids, context_lens)
             try:
                 hidden = self.graphs.run(step, device_tokens)
+                self.last_path = "decode_graph"
             except CaptureFailed:  # the graphs are off now: this step and the next run eagerly
                 hidden = None
         elif self._mixed_runs(out, query_lens, context_lens):
             step = mixed_inputs(tokens, query_lens, context_lens, tables, slots, self.block_size)
             try:
                 hidden = self.mixed.run(step, device_tokens)
+                self.last_path = "mixed_graph"
             except CaptureFailed:
                 hidden = None
         if hidden is None:

@@ -92,6 +92,22 @@ class _EngineCollector:
         for name, value in values.items():
             if name not in named:
                 yield _gauge(f"hyla_engine_{name}", f"engine stat {name}", value)
+        yield from _step_counters(getattr(stats, "step_stats", None) or {})
+
+
+_STEP_DOCS = {
+    "steps": "engine steps launched, by path (decode_graph, mixed_graph, eager)",
+    "launch_seconds": "host seconds spent launching steps (forward + sampler), by path",
+    "device_seconds": "device seconds the launched steps spanned (CUDA events), by path",
+}
+
+
+def _step_counters(step_stats: dict):  # noqa: ANN202
+    for key, by_path in step_stats.items():
+        family = CounterMetricFamily(f"hyla_engine_{key}", _STEP_DOCS[key], labels=["path"])
+        for path, value in by_path.items():
+            family.add_metric([path], value)
+        yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

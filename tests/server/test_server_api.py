@@ -197,6 +197,12 @@ def test_health_and_metrics(server):
                  "hyla_num_requests_running", "hyla_num_requests_waiting",
                  "hyla_cache_block_usage_ratio", "hyla_state_slot_usage_ratio"):
         assert name in text, name
+    steps = {path: float(line.split()[-1]) for line in text.splitlines()
+             for path in ("decode_graph", "mixed_graph", "eager")
+             if line.startswith(f'hyla_engine_steps_total{{path="{path}"}}')}  # fmt: skip
+    assert set(steps) == {"decode_graph", "mixed_graph", "eager"} and steps["eager"] >= 2
+    assert steps["decode_graph"] == steps["mixed_graph"] == 0  # the CPU runs steps eagerly
+    assert 'hyla_engine_launch_seconds_total{path="eager"}' in text
 
 
 def test_streaming_echo_and_logprobs_equal_non_streaming(server):
