@@ -653,11 +653,12 @@ class CacheConfig:
                   "float32)."},
     )  # fmt: skip
     prefix_checkpoint_policy: str = field(
-        default="all",
+        default="auto",
         metadata={
             "help": "Stride boundaries whose linear state is checkpointed: 'all', 'deepest' "
             "(per chunk, plus those a waiting request asks for), or 'repeat' (chunk ends, and "
-            "inside a chunk only prefixes seen before); LRU under the budget."
+            "inside a chunk only prefixes seen before), or 'auto' (repeat on CUDA, all "
+            "elsewhere); LRU under the budget."
         },
     )
 
@@ -676,9 +677,9 @@ class CacheConfig:
             value = getattr(self, name)
             _require(value is None or value in allowed, name, f"not in {allowed}, got {value!r}")
         _require(
-            self.prefix_checkpoint_policy in ("all", "deepest", "repeat"),
+            self.prefix_checkpoint_policy in ("auto", "all", "deepest", "repeat"),
             "prefix_checkpoint_policy",
-            "must be 'all', 'deepest' or 'repeat'",
+            "must be 'auto', 'all', 'deepest' or 'repeat'",
         )
         _require(
             self.state_checkpoint_stride % self.block_size == 0,

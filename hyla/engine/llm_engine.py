@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from hyla.cache.manager import CacheManager
-from hyla.config import ConfigError, EngineConfig, ModelConfig
+from hyla.config import CacheConfig, ConfigError, EngineConfig, ModelConfig
 from hyla.distributed.groups import ExecutorError
 from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
@@ -108,6 +108,15 @@ class EngineStats:
     step_stats: dict = dataclasses.field(default_factory=dict)
 
 
+def checkpoint_policy(cache: CacheConfig, device: torch.device) -> str:
+    """`prefix_checkpoint_policy`, "auto" resolved: "repeat" on CUDA (a state inside a chunk
+    costs a split fla call and an eager step there: 2.6x an 8K prefill step's time measured,
+    bench/results/gpu_serve_policy_h200.json), "all" elsewhere (nearly free on the CPU)."""
+    if cache.prefix_checkpoint_policy != "auto":
+        return cache.prefix_checkpoint_policy
+    return "repeat" if device.type == "cuda" else "all"
+
+
 class LLMEngine:
     """Serves many requests at once over one model.
 
@@ -157,7 +166,7 @@ class LLMEngine:
             enable_prefix_caching=engine_config.cache.enable_prefix_caching,
             checkpoint_stride=engine_config.cache.state_checkpoint_stride if has_state else 0,
             num_checkpoints=plan.num_checkpoints,
-            checkpoint_policy=engine_config.cache.prefix_checkpoint_policy,
+            checkpoint_policy=checkpoint_policy(engine_config.cache, device),
         )
         self.multimodal = multimodal
         self.max_encoder_tokens = sched.max_num_encoder_input_tokens or sched.max_num_batched_tokens

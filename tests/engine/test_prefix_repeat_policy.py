@@ -29,8 +29,8 @@ def test_interior_checkpoints_only_for_a_repeated_prefix(models, family):  # noq
                          prefix_checkpoint_policy="repeat")  # fmt: skip
     interior: list[bool] = []
     execute = engine.runner.execute
-    engine.runner.execute = lambda out, *a, **kw: interior.append(bool(out.state_boundaries)) or (
-        execute(out, *a, **kw)
+    engine.runner.execute = lambda out, *a, **kw: (
+        interior.append(bool(out.state_boundaries)) or (execute(out, *a, **kw))
     )
     base = prompt_ids(70, seed=3)
     turns = [base + prompt_ids(20, seed=10 + k) for k in range(3)]
@@ -45,3 +45,19 @@ def test_interior_checkpoints_only_for_a_repeated_prefix(models, family):  # noq
     assert outs["r2"].num_cached_tokens == 64  # floor(70 / 32) * 32
     assert_same_completion(outs["r2"], cold(model, turns[2], PARAMS))
     assert_conserved(engine)
+
+
+def test_auto_is_repeat_on_cuda_and_all_elsewhere():
+    import torch
+
+    from hyla.config import CacheConfig
+    from hyla.engine.llm_engine import checkpoint_policy
+
+    auto = CacheConfig()
+    assert auto.prefix_checkpoint_policy == "auto"
+    assert checkpoint_policy(auto, torch.device("cpu")) == "all"
+    assert checkpoint_policy(auto, torch.device("cuda", 0)) == "repeat"
+    assert (
+        checkpoint_policy(CacheConfig(prefix_checkpoint_policy="deepest"), torch.device("cuda"))
+        == "deepest"
+    )
