@@ -1,8 +1,9 @@
 """xgrammar behind a small interface: compile a request's constraint, one matcher per sequence.
 
 xgrammar was chosen over llguidance by measured per-step mask cost on the CPU: ~14 us against
-~130 us per `fill_next_token_bitmask` on the embedded model's 8K vocabulary (bench/grammar_mask_cost.py,
-bench/results/grammar_mask_cost_cpu.json). Its compiler caches compiled grammars by content.
+~130 us per `fill_next_token_bitmask` on the embedded model's 8K vocabulary
+(bench/grammar_mask_cost.py, bench/results/grammar_mask_cost_cpu.json). Its compiler caches
+compiled grammars by content.
 """
 
 from __future__ import annotations

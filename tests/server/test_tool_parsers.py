@@ -46,7 +46,7 @@ def _render(fmt: str, calls: list) -> str:
     if fmt == "deepseek_v32":
         body = "".join(
             f'<｜DSML｜invoke name="{n}">\n' + "".join(
-                f'<｜DSML｜parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}"'
+                f'<｜DSML｜parameter name="{k}" string="{str(isinstance(v, str)).lower()}"'
                 f">{_xml_value(v)}</｜DSML｜parameter>\n" for k, v in a.items())
             + "</｜DSML｜invoke>\n" for n, a in calls)
         return f"<｜DSML｜function_calls>\n{body}</｜DSML｜function_calls>"

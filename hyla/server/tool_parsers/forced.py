@@ -43,6 +43,7 @@ def required_calls_schema(tools: list[dict], parallel: bool) -> dict:
         "properties": {"name": {"const": t["function"]["name"]},
                        "parameters": t["function"].get("parameters") or {"type": "object"}},
         "required": ["name", "parameters"],
+        "additionalProperties": False,
     } for t in tools]
     schema: dict = {"type": "array", "items": {"anyOf": items}, "minItems": 1}
     if not parallel:

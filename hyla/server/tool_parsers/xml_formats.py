@@ -1,8 +1,8 @@
 """Formats whose parameters are tagged one by one; the arguments JSON is built member by member
 (`{"k": v` once a parameter closes, `}` when the call does), typed by the tool's schema.
 
-    GLM-4.5 / 4.7:   <tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n</tool_call>
-                     (4.7 writes no newlines)
+    GLM-4.5 / 4.7:   <tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n
+                     </tool_call> (4.7 writes no newlines)
     Qwen3-Coder,     <tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n</function>
     Qwen3.5:         \\n</tool_call>
     DeepSeek-V3.2:   <｜DSML｜function_calls>\\n<｜DSML｜invoke name="NAME">\\n<｜DSML｜parameter
