@@ -183,7 +183,7 @@ def _masked(logits: torch.Tensor, rows: list[SamplingRow], bitmask: torch.Tensor
     if bitmask is None or bitmask.shape[0] != len(constrained):
         got = None if bitmask is None else bitmask.shape[0]
         raise ValueError(f"bitmask: {got} rows for {len(constrained)} constrained rows")
-    idx = index_tensor(constrained, logits.device)
+    idx = None if len(constrained) == len(rows) else index_tensor(constrained, logits.device)
     return apply_token_bitmask(logits, _to_device(bitmask, logits.device), idx)
 
 

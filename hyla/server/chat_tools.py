@@ -138,10 +138,10 @@ def _checked(params: StructuredOutputsParams | None) -> StructuredOutputsParams 
 
 def tool_plan(req: Any) -> ToolPlan:
     """The checked plan of a chat request. Raises APIError 400 naming the field."""
-    for name in ("functions", "function_call"):
-        if getattr(req, name):
-            raise _bad(name, "deprecated by OpenAI and not supported; use tools and "
-                       "tool_choice", "unsupported_parameter")
+    if req.functions or req.function_call not in (None, "none", "auto"):
+        name = "functions" if req.functions else "function_call"
+        raise _bad(name, "deprecated by OpenAI and not supported; use tools and tool_choice",
+                   "unsupported_parameter")
     tools = check_tools(req.tools) if req.tools else None
     choice, name = _choice(req, tools)
     structured = _response_format(req.response_format)

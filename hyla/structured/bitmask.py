@@ -13,10 +13,13 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 
 def apply_token_bitmask(
-    logits: torch.Tensor, bitmask: torch.Tensor, row_indices: torch.Tensor
+    logits: torch.Tensor, bitmask: torch.Tensor, row_indices: torch.Tensor | None
 ) -> torch.Tensor:
-    """`logits: [n, V]` with the rows `row_indices: [m]` restricted to `bitmask: [m, W]` (a
-    disallowed token's logit becomes -inf). Returns a new tensor; `logits` is left as it is."""
+    """`logits: [n, V]` with the rows `row_indices: [m]` (None: all n, in order) restricted to
+    `bitmask: [m, W]` (a disallowed token's logit becomes -inf). Returns a new tensor; `logits`
+    is left as it is."""
     allowed = unpack_bitmask(bitmask, logits.shape[1])
-    rows = logits.index_select(0, row_indices).masked_fill(~allowed, float("-inf"))
+    if row_indices is None:
+        return torch.where(allowed, logits, float("-inf"))
+    rows = torch.where(allowed, logits.index_select(0, row_indices), float("-inf"))
     return logits.index_copy(0, row_indices, rows)
