@@ -2,7 +2,8 @@
 llguidance, same tokenizer (the embedded model's, or `--tokenizer DIR`), same JSON schema, same
 token sequence (a valid answer, tokenized), mask filled before each token is accepted.
 
-    PYTHONPATH=$PWD python3 bench/grammar_mask_cost.py   # writes bench/results/grammar_mask_cost_cpu.json
+    PYTHONPATH=$PWD python3 bench/grammar_mask_cost.py
+(writes bench/results/grammar_mask_cost_cpu.json)
 """
 
 from __future__ import annotations
