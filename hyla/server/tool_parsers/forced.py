@@ -15,8 +15,9 @@ class NamedCallParser(ToolParser):
         self.name = name
 
     def parse(self, text: str, final: bool) -> ParsedText:
-        args = text.strip() if final else text.strip()  # trailing space: none in compact JSON
-        return ParsedText(calls=[ParsedCall(self.name, args)])
+        # stripping keeps partial parses prefixes: a trailing space it drops comes back once
+        # more text follows it
+        return ParsedText(calls=[ParsedCall(self.name, text.strip())])
 
 
 class RequiredCallsParser(ToolParser):
