@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hyla.server.tool_parsers.names import REASONING_PARSERS, TOOL_CALL_PARSERS
+
 LINEAR_KINDS = ("kda", "gdn")
 ATTENTION_KINDS = ("mla", "gqa", "dsa")
 LAYER_KINDS = LINEAR_KINDS + ATTENTION_KINDS
@@ -826,6 +828,17 @@ class EngineConfig:
         metadata={"help": "Split MoE experts whole across the tensor-parallel ranks (default: "
                   "every rank holds a slice of every expert)."},
     )  # fmt: skip
+    tool_call_parser: str = field(
+        default="auto",
+        metadata={"help": "Format of the model's tool calls (vLLM's names): auto (from the chat "
+                  "template, then the model family), kimi_k2, deepseek_v31, deepseek_v32, "
+                  "glm45, glm47, hermes, qwen3_coder."},
+    )  # fmt: skip
+    reasoning_parser: str | None = field(
+        default=None,
+        metadata={"help": "Split <think>...</think> into reasoning_content: auto, deepseek_r1, "
+                  "deepseek_v3, qwen3, glm45, kimi_k2 (all one format); default: none."},
+    )  # fmt: skip
     distributed_executor_backend: str | None = field(
         default=None,
         metadata={"help": "mp (worker processes; also with one rank) or uni (in process, one "
@@ -860,6 +873,10 @@ class EngineConfig:
             isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
             "tensor_parallel_size", f"must be an integer >= 1, got {self.tensor_parallel_size!r}",
         )  # fmt: skip
+        _require(self.tool_call_parser in TOOL_CALL_PARSERS, "tool_call_parser",
+                 f"must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
+        _require(self.reasoning_parser in (None, *REASONING_PARSERS), "reasoning_parser",
+                 f"must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}")
         _require(self.distributed_executor_backend in (None, "mp", "uni"),
                  "distributed_executor_backend",
                  f"must be mp|uni, got {self.distributed_executor_backend!r}")  # fmt: skip

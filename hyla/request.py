@@ -12,7 +12,10 @@ import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hyla.structured.params import StructuredOutputsParams
 
 MAX_N = 16
 MAX_LOGPROBS = 20
@@ -85,6 +88,7 @@ class SamplingParams:
     token, frequency once per occurrence. `max_tokens=None` means up to the context limit.
     `logprobs`/`prompt_logprobs` ask for the top-N log-probabilities (plus the chosen token).
     `output_kind`: cumulative outputs, deltas, or the final output only (`RequestOutputKind`).
+    `structured_outputs`: a grammar the output must follow (`hyla.structured`), None: free text.
 
     Raises:
         SamplingParamsError: a field is out of range; the message names the field and limit.
@@ -110,6 +114,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -126,6 +131,11 @@ class SamplingParams:
         _check(
             isinstance(kind, RequestOutputKind), "output_kind", f"not a RequestOutputKind: {kind!r}"
         )
+        if self.structured_outputs is not None:
+            from hyla.structured.params import StructuredOutputsParams
+
+            _check(isinstance(self.structured_outputs, StructuredOutputsParams),
+                   "structured_outputs", "must be a StructuredOutputsParams")
 
     def _check_counts(self) -> None:
         n = self.n

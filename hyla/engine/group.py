@@ -44,6 +44,7 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
     sampling_row: Any = None  # the engine's cached `SamplingRow` for it
+    grammar: Any = None  # `hyla.structured.backend.GrammarState` of a constrained request
     num_sent_tokens: int = 0  # DELTA outputs: tokens (and logprobs) already sent
     num_sent_chars: int = 0  # DELTA outputs: characters of text already sent
     sent_finish: bool = False

@@ -8,6 +8,7 @@ the values after launching it (`LLMEngine._process`). See docs/architecture.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hyla.cache.manager import CacheManager
 from hyla.engine.sampler import PendingSample, SamplingRow
@@ -27,6 +28,7 @@ class LaunchedStep:
     rows: list[SamplingRow]
     sample: PendingSample | None
     prompt_logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+    logits: Any = None  # [n, V] until a step with constrained rows launches its sampler
 
     def has_tokens_to_read(self) -> bool:
         """Some request it sampled has not ended."""

@@ -10,6 +10,11 @@
                          through `_finish_group`); `_finish` releases the cache and writes
                          the status; RequestOutput per touched request
 
+A step with a constrained row (a grammar, `hyla.structured`) launches only its forward before
+processing N; its sampler follows once N's tokens have advanced the grammars, with the bitmask
+of every constrained row (`_sample_constrained`): the forward of N+1 still overlaps the host work
+of N, and steps without a constrained row keep the order above.
+
 On the CPU the device finishes each launch before the host goes on, so the same code runs the
 steps one after the other; on a GPU the host work of step N hides behind step N+1.
 
@@ -60,6 +65,8 @@ from hyla.request import (
     check_token_stop,
 )
 from hyla.scheduler import Scheduler, SchedulerOutput
+from hyla.structured.backend import GrammarBackend
+from hyla.structured.params import StructuredOutputsError
 
 logger = logging.getLogger("hyla.engine")
 
@@ -211,6 +218,7 @@ class LLMEngine:
         self.num_device_token_steps = 0  # steps that took input ids from the device
         self._suspects: dict[str, None] = {}  # held out after a failed step (`_step_failed`)
         self._probe: str | None = None  # the suspect back in the scheduler, on probation
+        self._grammars: GrammarBackend | None = None  # structured output, on first use
 
     @classmethod
     def from_path(cls, path: str | None = None, **overrides: Any) -> LLMEngine:
@@ -335,6 +343,7 @@ class LLMEngine:
         arrival: float,
         mm: MultimodalPrompt | None = None,
     ) -> None:
+        grammars = self._grammar_states(params)
         requests, generators = [], []
         for k in range(params.num_sequences):
             requests.append(
@@ -355,6 +364,8 @@ class LLMEngine:
             generators.append(None if seed is None else make_generator(seed + k, self.device))
         text = prompt if isinstance(prompt, str) else None
         group = new_group(request_id, text, ids, params, requests, self.tokenizer, generators)
+        for seq, grammar in zip(group.sequences, grammars, strict=True):
+            seq.grammar = grammar
         self._groups[request_id] = group
         hashes = getattr(ids, "block_hashes", None)  # computed off this thread (TokenIds)
         if hashes and mm is None and getattr(ids, "block_size", 0) == self.cache.block_size:
@@ -364,6 +375,20 @@ class LLMEngine:
             self._seq_owner[seq.request.request_id] = group
             self._seq_of[seq.request.request_id] = seq
             self.scheduler.add_request(seq.request)
+
+    def _grammar_states(self, params: SamplingParams) -> list[Any]:
+        """One grammar matcher per sequence of a constrained request (None each otherwise).
+        Raises StructuredOutputsError for a constraint that does not compile."""
+        so = params.structured_outputs
+        if so is None:
+            return [None] * params.num_sequences
+        if self.tokenizer is None:
+            raise StructuredOutputsError(so.field, "structured output needs a tokenizer")
+        if self._grammars is None:  # built on first use: a few ms to seconds by vocabulary
+            self._grammars = GrammarBackend(
+                self.tokenizer, self.model_config.vocab_size, self.eos_token_ids
+            )
+        return [self._grammars.matcher(so) for _ in range(params.num_sequences)]
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Finish requests with reason "abort", freeing their blocks and slots now (tokens still
@@ -464,6 +489,8 @@ class LLMEngine:
             out = self._schedule()
             launched = None if out.is_empty else self._launch(out)
             self._drain()  # the host work of step N while N+1 runs
+            if launched is not None and launched.logits is not None:
+                launched = self._sample_constrained(launched)
             if launched is not None:
                 self._advance(launched)
                 if not launched.has_tokens_to_read():
@@ -520,7 +547,8 @@ class LLMEngine:
             result = self.runner.execute(out, requests, self.cache, plp, device_tokens)
             rows = [self._sampling_row(rid) for rid in result.sample_ids]
             sample = None
-            if rows:
+            constrained = any(r.grammar is not None for r in rows)
+            if rows and not constrained:
                 pending = self._pending_tokens(result.sample_ids, rows)
                 sample = self.sampler.launch(result.logits, rows, pending)
             path = getattr(self.runner, "last_path", "eager")  # (a TP runner proxy has none)
@@ -532,6 +560,27 @@ class LLMEngine:
             return None
         step = LaunchedStep(out, result.sample_ids, requests, rows, sample)
         step.prompt_logprobs = result.prompt_logprobs
+        if constrained:
+            step.logits = result.logits
+        return step
+
+    def _sample_constrained(self, step: LaunchedStep) -> LaunchedStep | None:
+        """Launch the sampler of a step with constrained rows, after the step before it was
+        processed: every grammar has accepted every token before this row's. None when it
+        failed (as a failed launch)."""
+        logits, step.logits = step.logits, None
+        try:
+            step.rows = [self._sampling_row(rid) for rid in step.sample_ids]
+            grammars = [r.grammar for r in step.rows if r.grammar is not None]
+            bitmask = self._grammars.allocate_bitmask(len(grammars))
+            for j, grammar in enumerate(grammars):
+                grammar.fill_bitmask(bitmask, j)
+            step.sample = self.sampler.launch(logits, step.rows, None, bitmask)
+        except ExecutorError:
+            raise
+        except Exception as e:  # noqa: BLE001 - as in `_launch`
+            self._step_failed(step.out, e)
+            return None
         return step
 
     def _advance(self, step: LaunchedStep) -> None:
@@ -633,8 +682,11 @@ class LLMEngine:
 
     def _take_token(self, rid: str, token: int, sample: SamplerOutput, i: int, now: float) -> None:
         """Row `i` of `sample` is `rid`'s new token: resolve its placeholder, then its stops."""
-        group = self._seq_owner[rid]
-        self._seq_of[rid].request.resolve_placeholder(token)
+        group, seq = self._seq_owner[rid], self._seq_of[rid]
+        seq.request.resolve_placeholder(token)
+        if seq.grammar is not None and not seq.grammar.is_terminated \
+                and not seq.grammar.accept(token):
+            raise RuntimeError(f"the grammar does not allow the sampled token {token}")
         self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
         if group.metrics.first_token_time is None:
             group.metrics.first_token_time = now
@@ -684,7 +736,7 @@ class LLMEngine:
         if seq.sampling_row is None:  # its lists are the request's own: valid for its lifetime
             seq.sampling_row = SamplingRow(
                 req.params, req.prompt_token_ids, req.output_token_ids, req.eos_token_ids,
-                seq.generator,
+                seq.generator, grammar=seq.grammar,
             )  # fmt: skip
         seq.sampling_row.num_pending = req.num_placeholders
         return seq.sampling_row

@@ -1,12 +1,14 @@
 """Token sampling for every row at once, on the logits' device, with no host wait.
 
-    logits [n, V] --penalties--> --ban (min_tokens)--> greedy rows: argmax
+    logits [n, V] --grammar bitmask--> --penalties--> --ban (min_tokens)--> greedy rows: argmax
                                                        other rows: /T -> top-k -> top-p -> min-p
                                                        -> softmax -> argmax(p / q), q ~ Exp(1)
 
 Each row follows `hyla.engine.sampling_reference.sample_row` (the definition; tests compare the
 two). `q` of a seeded request comes from its own `torch.Generator`, which only it advances, so
 its tokens do not depend on its batch neighbours; rows without a seed share the sampler's.
+Rows with a grammar (`SamplingRow.grammar`) get their bitmask (filled on the host by the engine,
+`hyla.structured`) applied on the device first: disallowed tokens' logits become -inf.
 Reported logprobs are the model's raw log-softmax (before penalties and temperature), as OpenAI
 reports them. A row whose raw logprob is not finite (a NaN or +inf logit anywhere in the row, or
 all -inf) is flagged `is_finite=False`: the engine ends its request with an error.
@@ -18,12 +20,14 @@ tokens also stay on the device (`PendingSample.tokens`), where the next step rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from hyla.forward_batch import index_tensor
 from hyla.ops.greedy import greedy_logprobs
 from hyla.request import SamplingParams
+from hyla.structured.bitmask import apply_token_bitmask
 
 
 @dataclass
@@ -41,6 +45,7 @@ class SamplingRow:
     eos_token_ids: tuple[int, ...] = ()
     generator: torch.Generator | None = None
     num_pending: int = 0
+    grammar: Any = None  # `hyla.structured.backend.GrammarState`, None: unconstrained
 
     @property
     def num_output_tokens(self) -> int:
@@ -61,7 +66,8 @@ class SamplingRow:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy with nothing that changes the logits first (no penalty, no banned token)."""
-        return self.params.is_greedy and not self.has_penalties and not self.banned_token_ids()
+        return (self.params.is_greedy and not self.has_penalties and self.grammar is None
+                and not self.banned_token_ids())
 
 
 @dataclass
@@ -105,6 +111,7 @@ class Sampler:
         logits: torch.Tensor,
         rows: list[SamplingRow],
         pending_tokens: torch.Tensor | None = None,
+        bitmask: torch.Tensor | None = None,
     ) -> PendingSample:
         """Queue the sampling of `logits: [n, V]` and the copy of its results to the host.
 
@@ -112,7 +119,9 @@ class Sampler:
             rows: one per logits row.
             pending_tokens: [n] int64 on the logits' device; entry i is row i's token still on
                 the device when `rows[i].num_pending` (counted by its penalties), else ignored.
-        Raises: ValueError when `rows` and `logits` disagree in length.
+            bitmask: [m, ceil(V / 32)] int32 on the host, one row per row with a `grammar`, in
+                row order (`hyla.structured.bitmask`); None: no row is constrained.
+        Raises: ValueError when `rows` and `logits` (or the bitmask) disagree in length.
         """
         if logits.shape[0] != len(rows):
             raise ValueError(f"rows: {len(rows)} rows for {logits.shape[0]} logits")
@@ -120,7 +129,8 @@ class Sampler:
         if all(r.is_plain_greedy for r in rows):
             tokens, lps = greedy_logprobs(logits)  # one pass (one kernel on CUDA)
         else:
-            x = self._penalized(logits, rows, pending_tokens)
+            x = _masked(logits, rows, bitmask)
+            x = self._penalized(x, rows, pending_tokens)
             tokens = self._choose(x, rows)
             lps = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
         top = _top(logits, rows, tokens)
@@ -163,6 +173,24 @@ class Sampler:
             gen = rows[i].generator if rows[i].generator is not None else self.generator
             q[j].exponential_(generator=gen)
         return tokens.index_copy(0, idx, torch.argmax(probs / q, dim=-1))
+
+
+def _masked(logits: torch.Tensor, rows: list[SamplingRow], bitmask: torch.Tensor | None
+            ) -> torch.Tensor:
+    constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
+    if not constrained:
+        return logits
+    if bitmask is None or bitmask.shape[0] != len(constrained):
+        got = None if bitmask is None else bitmask.shape[0]
+        raise ValueError(f"bitmask: {got} rows for {len(constrained)} constrained rows")
+    idx = None if len(constrained) == len(rows) else index_tensor(constrained, logits.device)
+    return apply_token_bitmask(logits, _to_device(bitmask, logits.device), idx)
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _penalize(

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from hyla.engine.async_engine import AsyncEngine
 from hyla.multimodal.chat import chat_images
 from hyla.server import convert, limits
+from hyla.server.chat_output import ChatOutput
 from hyla.server.errors import (
     GET_RESPONSES,
     POST_RESPONSES,
@@ -44,7 +45,6 @@ from hyla.server.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatResponseMessage,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
@@ -387,20 +387,21 @@ async def create_chat_completion(
         prompt = await asyncio.to_thread(_chat_prompt, ctx, req)
     else:  # `req.messages` is a stub: the worker rendered and tokenized them
         prompt = pooled.prompt_list(_vocab_size(ctx.engine))[0]
+    output = ChatOutput.for_request(req, ctx.engine, prompt)  # content, reasoning, calls
     batch = await start_streams(ctx, [prompt], params, random_id("chatcmpl"))
     if req.stream:
-        return StreamingResponse(_chat_events(ctx, req, batch), headers=SSE_HEADERS,
+        return StreamingResponse(_chat_events(ctx, req, batch, output), headers=SSE_HEADERS,
                                  media_type="text/event-stream")
     finals = await collect(request, batch)
     if finals is None:
         return Response(status_code=499)
     out = finals[0]
-    choices = [
-        ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                   logprobs=_chat_logprobs(ctx, req, c, 0),
-                   finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-        for c in out.outputs
-    ]
+    choices = []
+    for c in out.outputs:
+        message, finish_reason = output.message(c)
+        choices.append(ChatChoice(index=c.index, message=message,
+                                  logprobs=_chat_logprobs(ctx, req, c, 0),
+                                  finish_reason=finish_reason, stop_reason=c.stop_reason))
     return _json(ChatCompletionResponse(id=batch.id, created=batch.created, model=ctx.model_name,
                                         choices=choices, usage=usage_of(finals)))
 
@@ -421,7 +422,8 @@ def _chat_logprobs(ctx: Context, req: ChatCompletionRequest, completion: Any, fi
     return convert.chat_logprobs(ctx.engine.tokenizer, ids, lps, req.top_logprobs or 0)
 
 
-async def _chat_events(ctx: Context, req: ChatCompletionRequest, batch: Batch) -> Any:
+async def _chat_events(ctx: Context, req: ChatCompletionRequest, batch: Batch,
+                       output: ChatOutput) -> Any:
     usage = UsageCounter(1)
 
     def chunk(choices: list[ChatChunkChoice], usage: Any = None) -> str:
@@ -433,14 +435,14 @@ async def _chat_events(ctx: Context, req: ChatCompletionRequest, batch: Batch) -
 
     def events(i: int, out: Any) -> list[str]:
         usage.observe(i, out)
-        choices = [  # deltas: each token, piece of text and finish once
-            ChatChunkChoice(
-                index=c.index, delta=DeltaMessage(content=c.text or None),
+        choices = []
+        for c in out.outputs:  # deltas: each token, piece of text and finish once
+            delta, finish_reason = output.delta(c)
+            choices.append(ChatChunkChoice(
+                index=c.index, delta=delta or DeltaMessage(),
                 logprobs=_chat_logprobs(ctx, req, c, 0),
-                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-            )
-            for c in out.outputs
-        ]
+                finish_reason=finish_reason, stop_reason=c.stop_reason,
+            ))
         return [chunk(choices)] if choices else []
 
     def finish() -> list[str]:

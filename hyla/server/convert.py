@@ -13,6 +13,7 @@ import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from hyla.request import RequestOutputKind, SamplingParams, SamplingParamsError
+from hyla.server.chat_tools import check_tools, template_tool_calls, tool_plan
 from hyla.server.errors import APIError
 from hyla.server.protocol import (
     ChatCompletionRequest,
@@ -33,7 +34,8 @@ MAX_STOP_TOKEN_IDS = 1024
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # apply_chat_template arguments a client may not override through chat_template_kwargs.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "tokenize", "chat_template", "return_dict",
-                             "add_generation_prompt", "tokenizer_kwargs", "return_tensors"}
+                             "add_generation_prompt", "tokenizer_kwargs", "return_tensors",
+                             "tools"}
 # apply_chat_template arguments that are not template variables but act with tokenize=False.
 _TEMPLATE_ARGUMENTS = {"continue_final_message"}
 _OPTIONAL_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
@@ -83,8 +85,13 @@ def completion_params(req: CompletionRequest, max_model_len: int) -> SamplingPar
 
 
 def chat_params(req: ChatCompletionRequest, max_model_len: int) -> SamplingParams:
-    """SamplingParams of a chat request (max_completion_tokens wins over max_tokens)."""
+    """SamplingParams of a chat request (max_completion_tokens wins over max_tokens); a grammar
+    for `response_format` and forced tool calls (`chat_tools.tool_plan`)."""
     _check_unsupported_chat(req)
+    plan = tool_plan(req)
+    extra: dict[str, Any] = {"structured_outputs": plan.structured}
+    if plan.choice == "auto" and plan.tools:  # call markers are often special tokens
+        extra["skip_special_tokens"] = False
     use_new = req.max_completion_tokens is not None
     if use_new and req.max_tokens not in (None, req.max_completion_tokens):
         raise APIError(400, f"max_completion_tokens: {req.max_completion_tokens} conflicts with "
@@ -96,33 +103,13 @@ def chat_params(req: ChatCompletionRequest, max_model_len: int) -> SamplingParam
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     names = {"max_tokens": "max_completion_tokens" if use_new else "max_tokens",
              "logprobs": "top_logprobs"}
-    return _build_params(req, max_model_len, names, max_tokens=max_tokens, logprobs=logprobs)
+    return _build_params(req, max_model_len, names, max_tokens=max_tokens, logprobs=logprobs,
+                         **extra)
 
 
 def _check_unsupported_chat(req: ChatCompletionRequest) -> None:
-    """Refuse what would be silently ignored: tools, constrained output formats, other
-    output modalities.
-
-    Raises: APIError 400 for non-empty `tools` or `functions` (hyla makes no tool calls),
-        `tool_choice` / `function_call` other than "none" or "auto" (with no tools, both mean
-        a text answer), `response_format` other than {"type": "text"}, `modalities` other
-        than ["text"].
-    """
-    for name in ("tools", "functions"):
-        if getattr(req, name):
-            raise APIError(400, f"{name}: tool calling is not supported by this server; omit "
-                           f"{name}", param=name, code="unsupported_parameter")
-    for name in ("tool_choice", "function_call"):
-        choice = getattr(req, name)
-        if choice is not None and choice not in ("auto", "none"):
-            raise APIError(400, f"{name}: {choice!r:.80} is not supported (this server makes "
-                           "no tool calls); use 'auto', 'none' or omit it", param=name,
-                           code="unsupported_value")
-    fmt = req.response_format
-    if fmt and (fmt.get("type", "text") != "text" or set(fmt) != {"type"}):
-        raise APIError(400, f"response_format: {fmt!r:.80} is not supported (no constrained "
-                       "decoding); use {'type': 'text'} or omit it",
-                       param="response_format", code="unsupported_value")
+    """Raises APIError 400 for `modalities` other than ["text"] (tools and response formats:
+    `chat_tools.tool_plan`)."""
     if req.modalities is not None and req.modalities != ["text"]:
         raise APIError(400, f"modalities: {req.modalities!r:.80} is not supported; use "
                        "['text'] or omit it", param="modalities", code="unsupported_value")
@@ -142,6 +129,7 @@ def _check_unsupported_common(req: Any) -> None:
 
 def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any) -> SamplingParams:
     _check_common(req, max_model_len, kw.get("max_tokens"), names["max_tokens"])
+    kw.setdefault("skip_special_tokens", req.skip_special_tokens)
     for name in _OPTIONAL_FLOATS + ("top_k", "min_tokens"):
         value = getattr(req, name)
         if value is not None:
@@ -159,7 +147,6 @@ def _build_params(req: Any, max_model_len: int, names: dict[str, str], **kw: Any
         return SamplingParams(
             n=req.n, seed=req.seed, stop=tuple(stop), output_kind=RequestOutputKind.DELTA,
             stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
-            skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output, **kw,
         )
     except SamplingParamsError as e:
@@ -218,6 +205,10 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest, images: Any = No
             raise APIError(400, "chat_template_kwargs: this model has no chat template (its "
                            "plain fallback takes no arguments); omit it",
                            param="chat_template_kwargs", code="unsupported_parameter")
+        if req.tools and req.tool_choice in (None, "auto"):
+            raise APIError(400, "tools: this model has no chat template to show tools to the "
+                           "model; use tool_choice 'required' or a named function",
+                           param="tools", code="unsupported_parameter")
         text = default_chat_prompt(conversation, req.add_generation_prompt)
         return list(tokenizer(text)["input_ids"])
     text = _render(tokenizer, conversation, req)
@@ -243,6 +234,13 @@ def _render(tokenizer: Any, conversation: list[dict], req: ChatCompletionRequest
         raise APIError(400, f"chat_template_kwargs.{unread[0]}: this model's chat template does "
                        "not use it; omit it", param=f"chat_template_kwargs.{unread[0]}",
                        code="unsupported_parameter")
+    if req.tools:
+        kwargs["tools"] = check_tools(req.tools)
+        if read is not None and "tools" not in read and req.tool_choice in (None, "auto"):
+            raise APIError(400, "tools: this model's chat template does not show tools to the "
+                           "model, so it cannot choose to call one; use tool_choice 'required' "
+                           "or a named function (a grammar makes the call)", param="tools",
+                           code="unsupported_parameter")
     try:
         return tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=req.add_generation_prompt,
@@ -253,14 +251,24 @@ def _render(tokenizer: Any, conversation: list[dict], req: ChatCompletionRequest
                        param="messages") from e
 
 
-def _message_dict(i: int, message: ChatMessage, images: Any = None) -> dict[str, str]:
+def _message_dict(i: int, message: ChatMessage, images: Any = None) -> dict[str, Any]:
     if message.role not in ROLES:
         raise APIError(400, f"messages[{i}].role: unknown role {message.role!r}; expected one "
                        f"of {', '.join(ROLES)}", param=f"messages[{i}].role")
     role = "system" if message.role == "developer" else message.role
-    out = {"role": role, "content": _message_text(i, message.content, images)}
+    out: dict[str, Any] = {"role": role, "content": _message_text(i, message.content, images)}
     if message.name is not None:  # for the chat template, as Hugging Face templates take it
         out["name"] = check_text(message.name, f"messages[{i}].name")
+    if message.tool_calls is not None:
+        if role != "assistant":
+            raise APIError(400, f"messages[{i}].tool_calls: only assistant messages make "
+                           "calls", param=f"messages[{i}].tool_calls")
+        out["tool_calls"] = template_tool_calls(i, message.tool_calls)
+    if message.tool_call_id is not None:
+        if role != "tool":
+            raise APIError(400, f"messages[{i}].tool_call_id: only tool messages answer a "
+                           "call", param=f"messages[{i}].tool_call_id")
+        out["tool_call_id"] = check_text(message.tool_call_id, f"messages[{i}].tool_call_id")
     return out
 
 

@@ -9,7 +9,7 @@ field these models do not declare (an OpenAI field hyla does not implement, such
 refuses the rest with 400), or no-ops by OpenAI's own semantics: `user`, `safety_identifier`
 (end-user ids for abuse monitoring), `prompt_cache_key` (a cache-routing hint; prefix caching here
 is automatic), `stream_options.include_obfuscation` (side-channel padding, never needed on a local
-link), `parallel_tool_calls` (no tool can be called); `messages[].name` goes to the chat template,
+link); `messages[].name` goes to the chat template,
 as Hugging Face templates take it (a 400 when the template renders the same prompt without it;
 so is a `chat_template_kwargs` key the template does not read).
 An explicit `null` for an optional field means its default (the
@@ -122,9 +122,7 @@ UNSUPPORTED_FIELDS = {
     "reasoning_effort": "this server's models have no reasoning-effort control",
     "verbosity": "this server's models have no verbosity control",
     "metadata": "stored completions are not supported",
-    "tool_calls": "tool calls are not supported",
-    "tool_call_id": "tool calls are not supported",
-    "function_call": "function calls are not supported",
+    "function_call": "function calls are not supported (deprecated by OpenAI); use tools",
     "refusal": "refusal messages are not supported",
     "continuous_usage_stats": "per-chunk usage is not supported; use include_usage",
 }
@@ -221,6 +219,8 @@ class ChatMessage(_Request):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn's answer to this call
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -234,15 +234,15 @@ class ChatCompletionRequest(_SamplingFields):
     logit_bias: dict[str, Number] | None = None
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    # Accepted only with values equal to hyla's behaviour (checked in `convert.chat_params`):
-    # text output, no tools.
+    # Checked in `convert.chat_params` / `hyla.server.chat_tools`: text, json_object or
+    # json_schema output; tools with auto/none/required/named choice; text modality only.
     response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
-    parallel_tool_calls: StrictBool | None = None  # no-op: no tool can be called
+    parallel_tool_calls: StrictBool | None = None
 
 
 class TopLogprob(_Response):
@@ -262,9 +262,53 @@ class ChatLogprobs(_Response):
     content: list[TokenLogprob] | None = None
 
 
+class FunctionCall(_Response):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Response):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(_Response):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaToolCall(_Response):
+    """One call's piece in a streamed delta: `id`, `type` and the whole `function.name` in its
+    first piece, then `function.arguments` text."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class ChatResponseMessage(_Response):
+    """`reasoning_content` and `tool_calls` appear only when there are some."""
+
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items()
+                if v is not None or k not in ("reasoning_content", "tool_calls")}
 
 
 class ChatChoice(_Response):
@@ -290,6 +334,8 @@ class DeltaMessage(_Response):
 
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _without_none(self, handler: Any) -> dict[str, Any]:

@@ -58,14 +58,15 @@ def test_null_required_field_still_names_it(server):
 
 @pytest.mark.parametrize(
     "extra,param",
-    [({"response_format": {"type": "json_object"}}, "response_format"),
-     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-      "response_format"),
+    [({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+      "response_format.json_schema.schema"),
      ({"tool_choice": "required"}, "tool_choice"),
-     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+     ({"tool_choice": {"type": "function", "function": {"name": "f"}}},
+      "tool_choice.function.name"),
      ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
       "tools")],
-    ids=["json_object", "json_schema", "tool-required", "tool-named", "tools-auto"],
+    ids=["json_schema-without-schema", "tool-required-without-tools",
+         "tool-named-not-in-tools", "tools-auto-template-shows-none"],
 )
 def test_constraints_that_cannot_be_honoured_are_refused(server, extra, param):
     r = _post(server, "/v1/chat/completions", {"model": MODEL, "messages": USER,
