@@ -10,11 +10,11 @@ from `hyla.cache.spec`; FLOPs are the matmul count (2 per multiply-add) of the f
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from hyla.cache.spec import DTYPE_BYTES, conv_dim, kv_dtype
+from hyla.cache.spec import bytes_per_state_slot, bytes_per_token, layer_cache_specs
 from hyla.config import ModelConfig
+from hyla.distributed.sharding import rank_config
 from hyla.models.loader import build_empty_model
 
 LINEAR_CHUNK = 64  # tokens per chunk of the chunked delta rule (intra-chunk FLOPs)
@@ -50,57 +50,34 @@ def param_split(config: ModelConfig) -> ParamSplit:
     return ParamSplit(embedding, experts, dense, config.ffn_pattern.count("moe"))
 
 
-def _heads_per_gpu(heads: int, tp: int) -> int:
-    return math.ceil(heads / tp)
+def cache_bytes_per_token(config: ModelConfig, tp: int = 1, ep: bool = False) -> int:
+    """Paged-cache bytes one token costs on one GPU of a tensor-parallel group of `tp`: the
+    engine's own allocation (`hyla.cache.spec` tables of the rank's config, fp8 scales and
+    GLM-5.3-Flash's pooled-indexer caches included).
 
-
-def cache_bytes_per_token(config: ModelConfig, tp: int = 1) -> int:
-    """Paged-cache bytes one token costs on one GPU of a tensor-parallel group of `tp`.
-
-    MLA/DSA latents and index keys are shared by all heads, so every rank holds them whole; GQA
-    k/v are split by kv head (a rank holds ceil(num_kv_heads / tp), so heads are replicated
-    once tp exceeds them).
+    MLA/DSA latents and index keys are shared by all heads, so every rank holds them whole;
+    GQA k/v are split by kv head (replicated once tp exceeds them).
     """
-    kvb = DTYPE_BYTES[kv_dtype(config)]
-    total = 0
-    for kind in config.layer_pattern:
-        if kind in ("mla", "dsa"):
-            total += config.mla.latent_dim * kvb
-        if kind == "dsa":
-            total += config.dsa.index_head_dim * kvb
-        if kind == "gqa":
-            total += 2 * _heads_per_gpu(config.gqa.num_kv_heads, tp) * config.gqa.head_dim * kvb
-    return total
+    return bytes_per_token(rank_config(config, tp, ep))
 
 
-def state_bytes_per_seq(config: ModelConfig, tp: int = 1) -> int:
-    """Linear-layer state bytes of one sequence on one GPU of a TP group of `tp`: recurrent
-    state (fp32 `[HV, K, V]`) and conv state split by head, ceil(heads / tp) per rank."""
-    if config.linear is None:
-        return 0
-    lin = config.linear
-    hv = _heads_per_gpu(lin.num_v_heads, tp)
-    recurrent = hv * lin.head_k_dim * lin.head_v_dim * 4
-    conv = math.ceil(conv_dim(config) / tp) * (lin.conv_kernel_size - 1)
-    per_layer = recurrent + conv * DTYPE_BYTES[config.dtype]
-    return per_layer * sum(k in ("kda", "gdn") for k in config.layer_pattern)
+def state_bytes_per_seq(config: ModelConfig, tp: int = 1, ep: bool = False) -> int:
+    """Linear-layer state bytes of one sequence on one GPU of a TP group of `tp` (recurrent
+    state in `mamba_ssm_cache_dtype` and conv state, each rank its own heads), as allocated."""
+    return bytes_per_state_slot(rank_config(config, tp, ep))
 
 
 def attention_read_bytes(config: ModelConfig, context: int, tp: int = 1) -> float:
-    """Cache bytes one decode token reads at `context` on one GPU: every cached token of
-    mla/gqa layers, every index key but only `index_topk` latents of dsa layers."""
-    kvb = DTYPE_BYTES[kv_dtype(config)]
+    """Cache bytes one decode token reads at `context` on one GPU: every cached tensor of every
+    token, but only `index_topk` tokens' latents in dsa layers (the indexer picks them)."""
+    own = rank_config(config, tp, False)
     total = 0.0
-    for kind in config.layer_pattern:
-        if kind == "mla":
-            total += context * config.mla.latent_dim * kvb
-        elif kind == "dsa":
-            chosen = min(context, config.dsa.index_topk)
-            total += chosen * config.mla.latent_dim * kvb
-            total += context * config.dsa.index_head_dim * kvb
-        elif kind == "gqa":
-            heads = _heads_per_gpu(config.gqa.num_kv_heads, tp)
-            total += context * 2 * heads * config.gqa.head_dim * kvb
+    for i, kind in enumerate(own.layer_pattern):
+        for spec in layer_cache_specs(own, i):
+            if spec.per != "token":
+                continue
+            sparse = kind == "dsa" and spec.name.startswith("latent")
+            total += (min(context, own.dsa.index_topk) if sparse else context) * spec.nbytes
     return total
 
 

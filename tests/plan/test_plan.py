@@ -86,7 +86,9 @@ def test_deepseek_fp8_on_8xh200_weights_and_concurrency():
     assert e.weight_bytes == weights
     assert 83e9 < weights < 85e9  # ~84 GB of fp8 per GPU
     free = int(140.4 * GiB * 0.9) - 2 * GiB - weights
-    per_seq = 61 * 704 * 131072  # fp8 latent + index key per token
+    # fp8 latent (576) + index key (128) per token, each with its float32 scale
+    assert e.cache_bytes_per_token == 61 * (704 + 2 * 4)
+    per_seq = 61 * (704 + 2 * 4) * 131072
     assert e.free_bytes == free
     assert e.max_seqs == free // per_seq  # dp = 1
     assert e.fits and e.max_seqs < 64 and e.binding.startswith("cache memory")
