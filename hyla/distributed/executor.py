@@ -244,11 +244,8 @@ def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) ->
         raise ConfigError("quantization: not supported with tensor_parallel_size > 1 yet")
     if config.piecewise_cuda_graphs:
         raise ConfigError("piecewise_cuda_graphs: not supported with the mp executor yet")
-    if "vision_config" in read_config(path):
-        raise ConfigError(
-            "tensor_parallel_size: image inputs (the checkpoint's vision_config) are not "
-            "supported with the mp executor yet; serve this model with tensor_parallel_size 1"
-        )
+    check_parallel(model_config, config.tensor_parallel_size, config.enable_expert_parallel,
+                   vision="vision_config" in read_config(path))  # fmt: skip
     cache = config.cache
     changes = {"kv_cache_dtype": cache.kv_cache_dtype,
                "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype}  # fmt: skip

@@ -57,13 +57,21 @@ class Shard:
         return [-(-size // self.num_parts) for size in self.segments]
 
 
-def check_parallel(config: ModelConfig, tp_size: int, expert_parallel: bool) -> None:
+def check_parallel(
+    config: ModelConfig, tp_size: int, expert_parallel: bool, vision: bool = False
+) -> None:
     """Raise ConfigError naming the field and the limit when `tp_size` cannot shard `config`
-    (called before any weight is read)."""
+    (`vision`: the checkpoint has a vision tower). The engine calls it before any weight is
+    read and `hyla plan` to refuse the layouts the engine would: one rule for both."""
     if tp_size < 1:
         raise ConfigError(f"tensor_parallel_size: must be >= 1, got {tp_size}")
     if tp_size == 1:
         return
+    if vision:
+        raise ConfigError(
+            "tensor_parallel_size: image inputs (the checkpoint's vision_config) are not "
+            "supported with the mp executor yet; serve this model with tensor_parallel_size 1"
+        )
     unsupported = sorted(set(config.layer_pattern) - set(SUPPORTED_KINDS))
     if unsupported:
         raise ConfigError(f"tensor_parallel_size: layer kinds {unsupported} cannot be sharded")
