@@ -20,6 +20,10 @@ def _peak(gpu: Any, weight_dtype: str) -> str:
     return f"{name} peak" if same else f"{name} peak, used for {weight_dtype} weights"
 
 
+def _replicas(e: Any) -> str:
+    return f"  (x {e.dp} servers, {e.tp} GPU{'s' * (e.tp > 1)} each)" if e.dp > 1 else ""
+
+
 def format_plan(report: PlanReport) -> str:
     """Human-readable plan: the model's costs, then one row per layout, best first."""
     c, w, g, s = report.config, report.work, report.gpu, report.split
@@ -66,8 +70,7 @@ def format_plan(report: PlanReport) -> str:
         for r in rows
     ]
     best = next((e for e in report.layouts if e.fits), None)
-    tail = [] if best is None else [
-        f"serve     {serve_command(best)}" + (f"  (x {best.dp} servers, {best.tp} GPU{'s' * (best.tp > 1)} each)" if best.dp > 1 else "")]
+    tail = [] if best is None else [f"serve     {serve_command(best)}" + _replicas(best)]
     tail += [f"refused   {name}: {why}" for name, why in report.refused]
     return "\n".join(head + body + tail + ["", f"note: {ESTIMATE_NOTE}"])
 

@@ -48,7 +48,8 @@ def test_validate_takes_every_engine_option_serve_takes():
                  "tokenizer_pool_size", "drain_timeout", "log_level"}  # fmt: skip
     missing = serve - own_serve - validate
     assert not missing, missing
-    assert {"max_model_len", "kv_cache_memory", "tensor_parallel_size", "kv_cache_dtype"} <= validate
+    wanted = {"max_model_len", "kv_cache_memory", "tensor_parallel_size", "kv_cache_dtype"}
+    assert wanted <= validate
 
 
 def test_engine_options_reach_the_started_server_as_serve_parses_them():
