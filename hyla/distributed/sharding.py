@@ -67,11 +67,6 @@ def check_parallel(
         raise ConfigError(f"tensor_parallel_size: must be >= 1, got {tp_size}")
     if tp_size == 1:
         return
-    if vision:
-        raise ConfigError(
-            "tensor_parallel_size: image inputs (the checkpoint's vision_config) are not "
-            "supported with the mp executor yet; serve this model with tensor_parallel_size 1"
-        )
     unsupported = sorted(set(config.layer_pattern) - set(SUPPORTED_KINDS))
     if unsupported:
         raise ConfigError(f"tensor_parallel_size: layer kinds {unsupported} cannot be sharded")
@@ -91,6 +86,11 @@ def check_parallel(
             )
     if expert_parallel and config.moe is None:
         raise ConfigError("enable_expert_parallel: the model has no MoE layers")
+    if vision:
+        raise ConfigError(
+            "tensor_parallel_size: image inputs (the checkpoint's vision_config) are not "
+            "supported with the mp executor yet; serve this model with tensor_parallel_size 1"
+        )
 
 
 def _divisible_fields(config: ModelConfig, expert_parallel: bool) -> list[tuple[str, int]]:
