@@ -70,8 +70,6 @@ def check_parallel(
     unsupported = sorted(set(config.layer_pattern) - set(SUPPORTED_KINDS))
     if unsupported:
         raise ConfigError(f"tensor_parallel_size: layer kinds {unsupported} cannot be sharded")
-    if config.hc_mult > 1 or (config.dsa is not None and config.dsa.index_kpool):
-        raise ConfigError(f"tensor_parallel_size: {config.architecture} cannot be sharded yet")
     if config.quantization is not None:
         raise ConfigError("tensor_parallel_size: fp8 weights cannot be sharded yet (use 1)")
     for name, value in _divisible_fields(config, expert_parallel):

@@ -67,6 +67,16 @@ class ExpertParallelExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_local, hidden_size, intermediate))
         self.packed = (Prepacked(), Prepacked())
 
+    def local_routing(
+        self, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, local ids) of global routing [T, k]: a pair routed to another rank's
+        expert goes to local expert 0 with weight 0 (exact), for kernels that take the whole
+        routing (GLM-5.3-Flash's clamped experts)."""
+        local = topk_ids - self.first
+        outside = (local < 0) | (local >= self.num_local)
+        return topk_weights.masked_fill(outside, 0), local.masked_fill(outside, 0)
+
     def forward(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
