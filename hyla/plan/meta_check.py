@@ -107,8 +107,8 @@ def write_config(raw: dict, directory: Path) -> Path:
 FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
        "weight_block_size": [128, 128]}  # fmt: skip
 
-# (name, transformers config class, extra config.json fields, weight dtype, cache dtype,
-#  layouts (tp, ep))
+# (name, transformers config class, extra config.json fields ("text_only": the text config
+#  alone, no vision tower), weight dtype, cache dtype, layouts (tp, ep))
 CASES = (
     ("Kimi-Linear-48B", "KimiLinearConfig", {}, "bfloat16", None, ((1, 1), (8, 8))),
     ("DeepSeek-V3.2 fp8", "DeepseekV32Config", {"quantization_config": FP8}, "fp8", "fp8",
@@ -116,6 +116,8 @@ CASES = (
     ("Qwen3-Next-80B", "Qwen3NextConfig", {}, "bfloat16", None, ((4, 1), (8, 8))),
     ("Qwen3.5", "Qwen3_5Config", {}, "bfloat16", None, ((1, 1), (4, 1))),
     ("GLM-5.3-Flash bf16", "Glm5NextConfig", {}, "bfloat16", None, ((8, 8), (8, 1))),
+    ("GLM-5.3-Flash text bf16", "Glm5NextConfig", {"text_only": True}, "bfloat16", None,
+     ((8, 8), (8, 1))),
     ("GLM-5.3-Flash fp8", "Glm5NextConfig", {}, "fp8", "fp8", ((8, 8),)),
 )  # fmt: skip
 
@@ -126,8 +128,11 @@ def default_config(class_name: str, extra: dict) -> dict:
     import transformers
 
     cls = getattr(transformers, class_name)
-    raw = cls().to_dict()
-    raw["architectures"] = [_architecture(raw["model_type"])]
+    raw, extra = cls().to_dict(), dict(extra)
+    family = raw["model_type"]
+    if extra.pop("text_only", False):  # a text-only release: the text fields at the top level
+        raw = {**raw["text_config"], "model_type": family}
+    raw["architectures"] = [_architecture(family)]
     return {**raw, "torch_dtype": "bfloat16", **extra}
 
 

@@ -103,6 +103,10 @@ def test_deepseek_fp8_on_8xh200_weights_and_concurrency(tmp_path):
     assert e.free_bytes == free
     assert e.max_seqs == free // per_seq == 8  # dp = 1
     assert e.fits and e.binding.startswith("cache memory")
+    # the engine shards fp8 checkpoints (128x128 blocks split whole at TP8): the plan ranks
+    # TP8 layouts and its best one fits
+    best = report.layouts[0]
+    assert best.tp == 8 and best.fits and not report.refused
 
 
 def test_qwen3_next_decode_memory_term_by_hand():
