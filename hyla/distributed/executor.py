@@ -16,10 +16,12 @@ timeout (`HYLA_COLLECTIVE_TIMEOUT`, seconds, default 60) ends the step with that
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
 import time
+import weakref
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,8 @@ class MultiprocExecutor(Executor):
             self.shutdown()  # the ranks are killed: they may wait for this one
             raise
         self.driver = Worker(self.tp, model, config)
+        # an engine dropped without shutdown(): its ranks and group go when it is collected
+        self._release = weakref.finalize(self, _release, list(self.procs), self.tp)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -190,10 +194,34 @@ class MultiprocExecutor(Executor):
                 logger.exception("shutdown message failed")
         for proc in self.procs:
             proc.join(JOIN_TIMEOUT_S if self.failed is None else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(JOIN_TIMEOUT_S)
-        destroy_tp_group(self.tp)
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release()
+        else:
+            _release(self.procs, self.tp)
+
+
+def _release(procs: list, tp: TPGroup) -> None:
+    """Kill the ranks still alive and leave the group (the process may start another)."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(JOIN_TIMEOUT_S)
+    destroy_tp_group(tp)
+
+
+def _check_no_live_group() -> None:
+    """A TP engine of this process that was dropped without shutdown() still holds the
+    process group until it is collected: collect it; one still referenced is an error."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()  # runs the finalizers of unreachable executors (`_release`)
+    if dist.is_available() and dist.is_initialized():
+        raise ConfigError(
+            "tensor_parallel_size: another tensor-parallel engine is still running in this "
+            "process; call shutdown() on it (LLM.shutdown(), or `with LLM(...) as llm:`) first"
+        )
 
 
 class DriverRunner:
@@ -235,6 +263,7 @@ def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) ->
     from hyla.models.loader import DTYPES, load_config
     from hyla.multimodal.inputs import read_config
 
+    _check_no_live_group()
     model_config = load_config(path)
     if dtype is not None:
         if dtype not in DTYPES:
