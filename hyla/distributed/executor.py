@@ -38,7 +38,7 @@ from hyla.distributed.groups import (
 )
 from hyla.distributed.loader import check_checkpoint, load_rank_model
 from hyla.distributed.sharding import check_parallel
-from hyla.distributed.worker import Worker, make_step_plan, worker_main
+from hyla.distributed.worker import Worker, make_step_plan, step_images, worker_main
 from hyla.engine.memory import CachePlan
 from hyla.engine.model_runner import ModelRunner, RunnerOutput
 from hyla.models.hybrid import FFNS, MIXERS
@@ -239,7 +239,11 @@ class DriverRunner:
         executor = self.executor
         executor.check_health()
         try:
-            executor.tp.broadcast_object(("execute", (make_step_plan(out, requests, cache, plp),)))
+            plan = make_step_plan(out, requests, cache, plp)
+            mm = self.__dict__.get("multimodal")  # the engine's runtime (images on rank 0)
+            plan.images = None if mm is None else step_images(mm, out, requests)
+            executor.tp.broadcast_object(("execute", (plan,)))
+            self.runner.multimodal = plan.images
             return self.runner.execute(out, requests, cache, plp, device_tokens)
         except Exception as e:
             raise executor.fail("step", e) from e
@@ -261,7 +265,6 @@ def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) ->
     Raises: ConfigError naming the field (TP size, devices, dtype, quantization) before any
     process starts or any weight is read; CheckpointError for tensors that do not fit."""
     from hyla.models.loader import DTYPES, load_config
-    from hyla.multimodal.inputs import read_config
 
     _check_no_live_group()
     model_config = load_config(path)
@@ -273,8 +276,6 @@ def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) ->
         raise ConfigError("quantization: not supported with tensor_parallel_size > 1 yet")
     if config.piecewise_cuda_graphs:
         raise ConfigError("piecewise_cuda_graphs: not supported with the mp executor yet")
-    check_parallel(model_config, config.tensor_parallel_size, config.enable_expert_parallel,
-                   vision="vision_config" in read_config(path))  # fmt: skip
     cache = config.cache
     changes = {"kv_cache_dtype": cache.kv_cache_dtype,
                "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype}  # fmt: skip

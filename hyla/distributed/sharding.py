@@ -57,12 +57,10 @@ class Shard:
         return [-(-size // self.num_parts) for size in self.segments]
 
 
-def check_parallel(
-    config: ModelConfig, tp_size: int, expert_parallel: bool, vision: bool = False
-) -> None:
-    """Raise ConfigError naming the field and the limit when `tp_size` cannot shard `config`
-    (`vision`: the checkpoint has a vision tower). The engine calls it before any weight is
-    read and `hyla plan` to refuse the layouts the engine would: one rule for both."""
+def check_parallel(config: ModelConfig, tp_size: int, expert_parallel: bool) -> None:
+    """Raise ConfigError naming the field and the limit when `tp_size` cannot shard `config`.
+    The engine calls it before any weight is read and `hyla plan` to refuse the layouts the
+    engine would: one rule for both."""
     if tp_size < 1:
         raise ConfigError(f"tensor_parallel_size: must be >= 1, got {tp_size}")
     if tp_size == 1:
@@ -84,11 +82,6 @@ def check_parallel(
             )
     if expert_parallel and config.moe is None:
         raise ConfigError("enable_expert_parallel: the model has no MoE layers")
-    if vision:
-        raise ConfigError(
-            "tensor_parallel_size: image inputs (the checkpoint's vision_config) are not "
-            "supported with the mp executor yet; serve this model with tensor_parallel_size 1"
-        )
 
 
 def _check_fp8_blocks(config: ModelConfig, tp: int, expert_parallel: bool) -> None:

@@ -34,7 +34,7 @@ class ParamSplit:
     `head_bytes` is the output head's (read whole every decode step), `replicated_bytes` the
     part of `dense_bytes` every tensor-parallel rank holds whole (the sharding code's rules:
     norms, routers, MLA's q_a/kv_a, the DSA indexer, ...), `vision_bytes` a vision tower's
-    (replicated; not counted in the parameters above)."""
+    (held by rank 0, which runs it: the busiest rank's bytes; not in the parameters above)."""
 
     embedding: int
     experts: int

@@ -4,7 +4,7 @@ compare one rank's weight, cache and state bytes with the plan's.
 
     rank model   `build_rank_model` (the TP loader's: rank_config, vocab-parallel embedding and
                  head, EP experts) on the meta device; fp8 as the loader converts it
-                 (`choose_fp8` + `convert_modules`), plus a vision tower (replicated)
+                 (`choose_fp8` + `convert_modules`), plus a vision tower (on rank 0, which runs it)
     cache        the engine's allocator (`allocate_caches`) for that rank's config, on meta:
                  bytes of one token's paged tensors and of one state slot
 
@@ -79,7 +79,7 @@ def check_layout(
     report = plan(path, gpu, work, kv_cache_dtype=kv_cache_dtype)
     cfg, split = report.config, report.split
     try:
-        check_parallel(cfg, tp, ep > 1, vision=split.vision_bytes > 0)
+        check_parallel(cfg, tp, ep > 1)
         refused = None
     except ConfigError as e:
         refused = str(e)

@@ -41,9 +41,7 @@ class PlanReport:
     refused: tuple[tuple[str, str], ...]
 
 
-def candidate_layouts(
-    cfg: ModelConfig, num_gpus: int, vision: bool = False
-) -> tuple[list[tuple[int, int]], list]:
+def candidate_layouts(cfg: ModelConfig, num_gpus: int) -> tuple[list[tuple[int, int]], list]:
     """(tp, ep) pairs to estimate, and (layout, reason) pairs refused: tp divides num_gpus, ep
     is 1 or tp (expert parallelism runs inside the TP group), and the engine's own check
     (`check_parallel`, which `hyla serve` runs before loading weights) accepts the pair."""
@@ -52,7 +50,7 @@ def candidate_layouts(
         for ep in [1] if cfg.moe is None or tp == 1 else [1, tp]:
             name = f"TP{tp} DP{num_gpus // tp} EP{ep}"
             try:
-                check_parallel(cfg, tp, ep > 1, vision=vision)
+                check_parallel(cfg, tp, ep > 1)
             except ConfigError as e:
                 refused.append((name, str(e)))
             else:
@@ -105,7 +103,7 @@ def plan(
     vision = vision_tower_bytes(raw, cfg.dtype)
     directory = Path(path) if config is None and Path(path).is_dir() else None
     split = param_split(cfg, directory, quantize_floats, vision)
-    layouts, refused = candidate_layouts(cfg, work.num_gpus, vision=vision > 0)
+    layouts, refused = candidate_layouts(cfg, work.num_gpus)
     estimates = sorted(
         (estimate(cfg, split, gpu, work, tp, ep) for tp, ep in layouts),
         key=lambda e: _rank_key(e, work.concurrency),
