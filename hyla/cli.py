@@ -365,12 +365,13 @@ def validate(
     device: str = typer.Option("auto", help="cpu, cuda, or auto."),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 "
                                      "on the CPU, the checkpoint's dtype on a GPU)."),
-    kv_cache_memory: int | None = typer.Option(None, help="Cache budget in bytes for the "
-                                               "throughput grid."),
+    engine_options: dict | None = None,
 ) -> None:
-    """Run the acceptance checklist on MODEL; exit 0 only when every check passes its bound."""
+    """Run the acceptance checklist on MODEL; exit 0 only when every check passes its bound.
+    Takes `hyla serve`'s engine options (--max-model-len, --kv-cache-memory, ...)."""
     names = tuple(c.strip() for c in checks.split(",") if c.strip())
-    _check_validate_args(model, names)
+    options = engine_options or {}
+    _check_validate_args(model, names, options)
     import torch
 
     from hyla.engine.llm_engine import DEFAULT_MODEL_DIR
@@ -382,7 +383,6 @@ def validate(
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = dtype or ("float32" if device == "cpu" else load_config(path).dtype)
-        options = {} if kv_cache_memory is None else {"kv_cache_memory": kv_cache_memory}
         ctx = Context(model=path, reference=Path(reference) if reference else path,
                       out_dir=Path(out), device=device, dtype=dtype, quick=quick, url=url,
                       engine_options=options)
@@ -396,7 +396,8 @@ def validate(
         raise typer.Exit(1)
 
 
-def _check_validate_args(model: str | None, names: tuple[str, ...]) -> None:
+def _check_validate_args(model: str | None, names: tuple[str, ...], options: dict[str, Any]
+                         ) -> None:  # fmt: skip
     """Fail cleanly (exit 2) before importing torch: an unknown check, a missing model, or
     checks whose report plots need matplotlib (the `validate` extra) when it is absent."""
     import importlib.util
@@ -406,7 +407,7 @@ def _check_validate_args(model: str | None, names: tuple[str, ...]) -> None:
     unknown = [c for c in names if c not in CHECK_NAMES]
     if unknown:
         _fail(f"checks: unknown {unknown}; choose from {', '.join(CHECK_NAMES)}")
-    _check_args(model, {}, needs_tokenizer=False)
+    _check_args(model, options, needs_tokenizer=False)
     plotted = [c for c in names if c in ("precision", "long_context", "throughput")]
     if plotted and importlib.util.find_spec("matplotlib") is None:
         hint = "pip install 'hyla[validate]' (from a checkout: pip install -e '.[validate]')"
@@ -455,7 +456,7 @@ app.command()(add_options(serve, _engine_specs()))
 app.command()(add_options(generate, _engine_specs(exclude=("seed",))))
 app.command()(inspect)
 app.command()(plan)
-app.command()(validate)
+app.command()(add_options(validate, _engine_specs()))
 
 
 def main() -> None:  # pragma: no cover - `python -m hyla.cli`

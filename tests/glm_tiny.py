@@ -76,3 +76,25 @@ def save_tiny_glm(path: Path, seed: int = 0, **overrides):
     model = build_tiny_glm(seed, **overrides)
     model.save_pretrained(path, safe_serialization=True)
     return model
+
+
+def save_tiny_glm_text(path: Path, seed: int = 0, **overrides):
+    """The tiny model saved as a text-only release: the text fields at the top level of
+    config.json, tensors under `model.` (no `language_model.`, no vision tower)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    model = build_tiny_glm(seed, **overrides)
+    path.mkdir(parents=True, exist_ok=True)
+    full = model.config.to_dict()
+    flat = dict(full["text_config"], model_type="glm5_next",
+                architectures=["Glm5NextForConditionalGeneration"])  # fmt: skip
+    (path / "config.json").write_text(json.dumps(flat))
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if not name.startswith("model.visual."):
+            key = name.replace("model.language_model.", "model.")
+            tensors[key] = t.detach().contiguous().clone()
+    save_file(tensors, path / "model.safetensors")
+    return model

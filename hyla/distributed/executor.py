@@ -16,10 +16,12 @@ timeout (`HYLA_COLLECTIVE_TIMEOUT`, seconds, default 60) ends the step with that
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
 import time
+import weakref
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from hyla.distributed.groups import (
 )
 from hyla.distributed.loader import check_checkpoint, load_rank_model
 from hyla.distributed.sharding import check_parallel
-from hyla.distributed.worker import Worker, make_step_plan, worker_main
+from hyla.distributed.worker import Worker, make_step_plan, step_images, worker_main
 from hyla.engine.memory import CachePlan
 from hyla.engine.model_runner import ModelRunner, RunnerOutput
 from hyla.models.hybrid import FFNS, MIXERS
@@ -139,6 +141,8 @@ class MultiprocExecutor(Executor):
             self.shutdown()  # the ranks are killed: they may wait for this one
             raise
         self.driver = Worker(self.tp, model, config)
+        # an engine dropped without shutdown(): its ranks and group go when it is collected
+        self._release = weakref.finalize(self, _release, list(self.procs), self.tp)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -190,10 +194,34 @@ class MultiprocExecutor(Executor):
                 logger.exception("shutdown message failed")
         for proc in self.procs:
             proc.join(JOIN_TIMEOUT_S if self.failed is None else 0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(JOIN_TIMEOUT_S)
-        destroy_tp_group(self.tp)
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release()
+        else:
+            _release(self.procs, self.tp)
+
+
+def _release(procs: list, tp: TPGroup) -> None:
+    """Kill the ranks still alive and leave the group (the process may start another)."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(JOIN_TIMEOUT_S)
+    destroy_tp_group(tp)
+
+
+def _check_no_live_group() -> None:
+    """A TP engine of this process that was dropped without shutdown() still holds the
+    process group until it is collected: collect it; one still referenced is an error."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()  # runs the finalizers of unreachable executors (`_release`)
+    if dist.is_available() and dist.is_initialized():
+        raise ConfigError(
+            "tensor_parallel_size: another tensor-parallel engine is still running in this "
+            "process; call shutdown() on it (LLM.shutdown(), or `with LLM(...) as llm:`) first"
+        )
 
 
 class DriverRunner:
@@ -211,7 +239,11 @@ class DriverRunner:
         executor = self.executor
         executor.check_health()
         try:
-            executor.tp.broadcast_object(("execute", (make_step_plan(out, requests, cache, plp),)))
+            plan = make_step_plan(out, requests, cache, plp)
+            mm = self.__dict__.get("multimodal")  # the engine's runtime (images on rank 0)
+            plan.images = None if mm is None else step_images(mm, out, requests)
+            executor.tp.broadcast_object(("execute", (plan,)))
+            self.runner.multimodal = plan.images
             return self.runner.execute(out, requests, cache, plp, device_tokens)
         except Exception as e:
             raise executor.fail("step", e) from e
@@ -233,8 +265,8 @@ def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) ->
     Raises: ConfigError naming the field (TP size, devices, dtype, quantization) before any
     process starts or any weight is read; CheckpointError for tensors that do not fit."""
     from hyla.models.loader import DTYPES, load_config
-    from hyla.multimodal.inputs import read_config
 
+    _check_no_live_group()
     model_config = load_config(path)
     if dtype is not None:
         if dtype not in DTYPES:
@@ -244,11 +276,6 @@ def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) ->
         raise ConfigError("quantization: not supported with tensor_parallel_size > 1 yet")
     if config.piecewise_cuda_graphs:
         raise ConfigError("piecewise_cuda_graphs: not supported with the mp executor yet")
-    if "vision_config" in read_config(path):
-        raise ConfigError(
-            "tensor_parallel_size: image inputs (the checkpoint's vision_config) are not "
-            "supported with the mp executor yet; serve this model with tensor_parallel_size 1"
-        )
     cache = config.cache
     changes = {"kv_cache_dtype": cache.kv_cache_dtype,
                "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype}  # fmt: skip

@@ -58,8 +58,9 @@ class Shard:
 
 
 def check_parallel(config: ModelConfig, tp_size: int, expert_parallel: bool) -> None:
-    """Raise ConfigError naming the field and the limit when `tp_size` cannot shard `config`
-    (called before any weight is read)."""
+    """Raise ConfigError naming the field and the limit when `tp_size` cannot shard `config`.
+    The engine calls it before any weight is read and `hyla plan` to refuse the layouts the
+    engine would: one rule for both."""
     if tp_size < 1:
         raise ConfigError(f"tensor_parallel_size: must be >= 1, got {tp_size}")
     if tp_size == 1:
@@ -67,10 +68,8 @@ def check_parallel(config: ModelConfig, tp_size: int, expert_parallel: bool) -> 
     unsupported = sorted(set(config.layer_pattern) - set(SUPPORTED_KINDS))
     if unsupported:
         raise ConfigError(f"tensor_parallel_size: layer kinds {unsupported} cannot be sharded")
-    if config.hc_mult > 1 or (config.dsa is not None and config.dsa.index_kpool):
-        raise ConfigError(f"tensor_parallel_size: {config.architecture} cannot be sharded yet")
     if config.quantization is not None:
-        raise ConfigError("tensor_parallel_size: fp8 weights cannot be sharded yet (use 1)")
+        _check_fp8_blocks(config, tp_size, expert_parallel)
     for name, value in _divisible_fields(config, expert_parallel):
         if value % tp_size:
             raise ConfigError(f"tensor_parallel_size: {tp_size} does not divide {name}={value}")
@@ -83,6 +82,55 @@ def check_parallel(config: ModelConfig, tp_size: int, expert_parallel: bool) -> 
             )
     if expert_parallel and config.moe is None:
         raise ConfigError("enable_expert_parallel: the model has no MoE layers")
+
+
+def _check_fp8_blocks(config: ModelConfig, tp: int, expert_parallel: bool) -> None:
+    """fp8 weights are sharded as stored, each block scale with its block: every rank's slice
+    must be whole blocks (`quantization.weight_block_size`)."""
+    quant = config.quantization
+    if quant.weight_block_size is None:
+        raise ConfigError("tensor_parallel_size: fp8 weights with per-tensor or per-channel "
+                          "scales cannot be sharded yet (use 1)")  # fmt: skip
+    if set(config.layer_pattern) & {"kda", "gdn"}:
+        raise ConfigError("tensor_parallel_size: fp8 weights of linear-attention layers "
+                          "(kda/gdn) cannot be sharded yet (use 1)")  # fmt: skip
+    bn, bk = quant.weight_block_size
+    for field_name, size, block in _fp8_cuts(config, tp, expert_parallel, bn, bk):
+        if size % block:
+            raise ConfigError(
+                f"tensor_parallel_size: {tp} cuts fp8 blocks: {field_name} gives {size} per "
+                f"rank, not a multiple of quantization.weight_block_size's {block}"
+            )
+
+
+def _fp8_cuts(
+    config: ModelConfig, tp: int, expert_parallel: bool, bn: int, bk: int
+) -> list[tuple[str, int, int]]:
+    """(what, rows or columns per rank, block dim) of every split fp8 weight kind."""
+    kinds, out = set(config.layer_pattern), []
+    if kinds & {"mla", "dsa"}:
+        m, heads = config.mla, config.mla.num_heads // tp
+        out += [("mla.num_heads x qk_head_dim (q rows)", heads * m.qk_head_dim, bn),
+                ("mla.num_heads x v_head_dim (o_proj columns)", heads * m.v_head_dim, bk)]
+    if "gqa" in kinds:
+        g, heads = config.gqa, config.gqa.num_heads // tp
+        gate = 2 if g.output_gate else 1
+        out += [("gqa.num_heads x head_dim (q rows)", heads * g.head_dim * gate, bn),
+                ("gqa.num_kv_heads x head_dim (k/v rows)",
+                 max(g.num_kv_heads // tp, 1) * g.head_dim, bn),
+                ("gqa.num_heads x head_dim (o_proj columns)", heads * g.head_dim, bk)]
+    widths = []
+    if "dense" in config.ffn_pattern:
+        widths.append(("intermediate_size", config.intermediate_size))
+    moe = config.moe
+    if moe is not None and "moe" in config.ffn_pattern:
+        if not expert_parallel:
+            widths.append(("moe.moe_intermediate_size", moe.moe_intermediate_size))
+        if shared_width(moe):
+            widths.append(("moe.shared_intermediate_size", shared_width(moe)))
+    for name, width in widths:
+        out += [(name, width // tp, bn), (name, width // tp, bk)]
+    return out  # fmt: skip
 
 
 def _divisible_fields(config: ModelConfig, expert_parallel: bool) -> list[tuple[str, int]]:

@@ -24,6 +24,7 @@ from hyla.engine.memory import CachePlan, memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner, RunnerOutput
 from hyla.engine.startup import cpu_threads
 from hyla.models.hybrid import HybridModel
+from hyla.multimodal.spans import spans_in
 from hyla.scheduler import SchedulerOutput
 
 logger = logging.getLogger("hyla.distributed")
@@ -44,12 +45,57 @@ class RequestPlan:
 
 
 @dataclass
+class StepImages:
+    """A step's image inputs as rank 0's vision tower made them (the tower lives on rank 0
+    only): `rows` (packed row, embedding rows [n, D] on the host) overwrite the embedded
+    placeholders on every rank; `step_positions` are the step's positions when they are not
+    the context indices (M-RoPE, shifted rows after an image). Every rank's ModelRunner takes
+    it as its `multimodal`, so the (collective) embedding runs on all of them alike."""
+
+    rows: list[tuple[int, torch.Tensor]]
+    step_positions: torch.Tensor | None
+
+    def embeddings(self, ids, context_lens, query_lens, input_ids, embed):  # noqa: ANN001, ANN201
+        if not self.rows:
+            return None
+        embeds = embed(input_ids)
+        for start, rows in self.rows:
+            embeds[start : start + rows.shape[0]] = rows.to(embeds.device, embeds.dtype)
+        return embeds
+
+    def positions(self, ids, context_lens, query_lens, flat):  # noqa: ANN001, ANN201
+        return flat if self.step_positions is None else self.step_positions.to(flat.device)
+
+
+def step_images(mm: Any, out: SchedulerOutput, requests: dict[str, Any]) -> StepImages | None:
+    """Rank 0: the image rows and positions of step `out` from the engine's multimodal
+    runtime (encoding the images it has not cached), or None for a text-only step."""
+    ids = list(out.num_scheduled_tokens)
+    query_lens = [out.num_scheduled_tokens[r] for r in ids]
+    context_lens = [requests[r].num_computed_tokens for r in ids]
+    rows, start = [], 0
+    for rid, c, q in zip(ids, context_lens, query_lens, strict=True):
+        prompt = mm.prompts.get(rid)
+        for span in spans_in(prompt.spans, c, c + q) if prompt is not None else ():
+            image = mm._rows(rid, prompt, prompt.spans.index(span))
+            lo, hi = max(c, span.offset), min(c + q, span.end)
+            rows.append((start + lo - c, image[lo - span.offset : hi - span.offset].cpu()))
+        start += q
+    pairs = zip(context_lens, query_lens, strict=True)
+    flat = torch.cat([torch.arange(c, c + q) for c, q in pairs])
+    positions = mm.positions(ids, context_lens, query_lens, flat)
+    moved = None if positions is flat else positions.cpu()
+    return StepImages(rows, moved) if rows or moved is not None else None
+
+
+@dataclass
 class StepPlan:
     """One step as it crosses the process boundary."""
 
     out: SchedulerOutput
     requests: dict[str, RequestPlan] = field(default_factory=dict)
     prompt_logprob_from: dict[str, int] | None = None
+    images: StepImages | None = None
 
 
 def make_step_plan(
@@ -145,6 +191,7 @@ class Worker:
     def execute(self, plan: StepPlan) -> RunnerOutput:
         """The forward of `plan` on this rank (rank 0 runs it through the engine instead)."""
         requests = {rid: _PlannedRequest(p) for rid, p in plan.requests.items()}
+        self.runner.multimodal = plan.images
         return self.runner.execute(
             plan.out, requests, _PlannedCache(plan), plan.prompt_logprob_from, None
         )

@@ -172,6 +172,17 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel ranks, if any (idempotent): another TP engine can start in
+        this process afterwards. `with LLM(...) as llm:` does it on exit."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def _add(
         self, prompt: str | list[int] | dict | PreparedPrompt, params: SamplingParams | None
     ) -> str:

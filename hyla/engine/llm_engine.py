@@ -246,7 +246,10 @@ class LLMEngine:
             from hyla.distributed.executor import start_executor
 
             executor = start_executor(directory, config, _load_dtype(config))
-            engine = cls(executor.driver.model, tokenizer, config, executor=executor)
+            limits = ImageLimits(config.limit_mm_per_prompt, config.max_image_pixels)
+            # the vision tower on rank 0 only: its rows reach the ranks in the step plan
+            multimodal = MultimodalRuntime.from_path(directory, executor.driver.model, limits)
+            engine = cls(executor.driver.model, tokenizer, config, multimodal, executor=executor)
         else:
             model = load_model(
                 str(directory), dtype=_load_dtype(config), device=config.device,

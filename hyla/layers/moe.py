@@ -173,6 +173,9 @@ class MoE(nn.Module):
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
         e = self.experts
+        route = getattr(e, "local_routing", None)  # expert parallel: this rank's experts only
+        if route is not None:
+            topk_weights, topk_ids = route(topk_weights, topk_ids)
         out = moe_experts_clamped(
             hidden_states, e.gate_up_proj, e.down_proj, topk_weights, topk_ids, self.swiglu_limit
         )

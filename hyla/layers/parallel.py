@@ -7,7 +7,8 @@
                             over the ranks into [n, V] (only the sampled rows reach it)
     ExpertParallelExperts   E / N whole experts: only the (token, expert) pairs routed to them
                             (on CUDA, without a host sync: the others weigh 0); the other
-                            ranks' pairs come in the FFN's all-reduce
+                            ranks' pairs come in the FFN's all-reduce (fp8:
+                            Fp8ExpertParallelExperts)
 
 Parameter names are those of the single-device modules, so the loader's names do not change.
 """
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyla.distributed.groups import TPGroup
+from hyla.layers.fp8_experts import Fp8Experts
 from hyla.ops.linear import Prepacked
 from hyla.ops.moe import moe_experts
 
@@ -67,6 +69,16 @@ class ExpertParallelExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_local, hidden_size, intermediate))
         self.packed = (Prepacked(), Prepacked())
 
+    def local_routing(
+        self, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, local ids) of global routing [T, k]: a pair routed to another rank's
+        expert goes to local expert 0 with weight 0 (exact), for kernels that take the whole
+        routing (GLM-5.3-Flash's clamped experts)."""
+        local = topk_ids - self.first
+        outside = (local < 0) | (local >= self.num_local)
+        return topk_weights.masked_fill(outside, 0), local.masked_fill(outside, 0)
+
     def forward(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
@@ -88,3 +100,23 @@ class ExpertParallelExperts(nn.Module):
             hidden_states, self.gate_up_proj, self.down_proj, weights,
             local.masked_fill(outside, 0), packed=self.packed,
         )  # fmt: skip
+
+
+class Fp8ExpertParallelExperts(Fp8Experts):
+    """`ExpertParallelExperts` with block-scaled fp8 weights (`Fp8Experts`' layout for the
+    rank's E / N experts): pairs routed to another rank weigh 0 on local expert 0."""
+
+    def __init__(
+        self, hidden_size: int, intermediate: int, num_local: int, first: int,
+        block_size: tuple[int, int], device: torch.device | str | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(num_local, hidden_size, intermediate, block_size, device)
+        self.first, self.num_local = first, num_local
+
+    local_routing = ExpertParallelExperts.local_routing
+
+    def forward(
+        self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """As `ExpertParallelExperts.forward`: this rank's part of the sum [T, D]."""
+        return super().forward(hidden_states, *self.local_routing(topk_weights, topk_ids))

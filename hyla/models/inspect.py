@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch import nn
+
 from hyla.cache.spec import bytes_per_state_slot, bytes_per_token, kv_dtype
 from hyla.config import ModelConfig
 from hyla.models.checkpoint import plan_checkpoint, targets_of
@@ -87,21 +89,29 @@ def count_params(config: ModelConfig) -> tuple[int, int]:
     return total, total - inactive
 
 
-def stored_weight_bytes(config: ModelConfig, path: Path) -> int:
-    """Bytes of the weights as the loader keeps them: fp8 modules at one byte per weight plus
-    their float32 block scales (those the checkpoint stores in fp8, from the safetensors
-    headers; without a checkpoint, every candidate), the rest in `config.dtype`."""
+def stored_model(config: ModelConfig, path: Path | None, quantize_floats: bool | None = None
+                 ) -> nn.Module:  # fmt: skip
+    """The model on the meta device with the weights as the loader keeps them: the modules
+    the checkpoint stores in fp8 (from the safetensors headers) as their fp8 forms with float32
+    block scales, the rest in `config.dtype`. `quantize_floats` (default: when there is no
+    checkpoint to read) makes every fp8 candidate fp8, as `--quantization fp8` does."""
     model = build_empty_model(config, "meta")
     if config.quantization is not None:
-        files = list(path.glob("*.safetensors")) if path.is_dir() else []
+        files = list(path.glob("*.safetensors")) if path is not None and path.is_dir() else []
         stored: set[str] = set()
-        if files:
+        if files and not quantize_floats:
             targets, aliases = targets_of(model)
             entries = plan_checkpoint(config, targets, aliases, checkpoint_files(path))
             stored = {p.target for e in entries if e.scale is not None for p in e.placements}
-        chosen = choose_fp8(model, stored, quantize_floats=not files)
+        quantize = not files if quantize_floats is None else quantize_floats
+        chosen = choose_fp8(model, stored, quantize_floats=quantize)
         convert_modules(model, chosen, DTYPES[config.dtype], "meta")
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return model
+
+
+def stored_weight_bytes(config: ModelConfig, path: Path) -> int:
+    """Bytes of the weights as the loader keeps them (`stored_model`)."""
+    return sum(p.numel() * p.element_size() for p in stored_model(config, path).parameters())
 
 
 def _checkpoint_size(path: Path) -> tuple[int, int]:

@@ -27,13 +27,14 @@ from hyla.config import ConfigError, ModelConfig, QuantizationConfig
 from hyla.layers.fp8_experts import Fp8Experts
 from hyla.layers.linear import Fp8Linear, Linear
 from hyla.layers.moe import Experts
+from hyla.layers.parallel import ExpertParallelExperts, Fp8ExpertParallelExperts
 from hyla.models.registry import placement_for
 from hyla.ops.fp8 import FP8, dequantize_stacked, quantize_weight_blockwise
 
 SCALE_SUFFIXES = ("_scale_inv", "_scale")  # DeepSeek/Qwen block scales; per-tensor/channel
 SKIPPED_SUFFIXES = (".input_scale",)  # static activation scales: hyla computes them per token
 NOT_FP8 = ("lm_head", "kv_b_proj", "weights_proj")
-QUANTIZABLE = (Linear, Experts)
+QUANTIZABLE = (Linear, Experts, ExpertParallelExperts)
 
 
 def quantization_from_hf(raw: dict[str, Any]) -> QuantizationConfig | None:
@@ -105,6 +106,8 @@ def _fp8_module(module: nn.Module, block: tuple[int, int] | None, device) -> nn.
                          block, module.bias.dtype if module.bias is not None else None,
                          device)  # fmt: skip
     E, two_i, D = module.gate_up_proj.shape  # experts are candidates with block scales only
+    if isinstance(module, ExpertParallelExperts):  # a TP rank's E / N whole experts
+        return Fp8ExpertParallelExperts(D, two_i // 2, E, module.first, block, device)
     return Fp8Experts(E, D, two_i // 2, block, device)
 
 

@@ -10,11 +10,15 @@ from `hyla.cache.spec`; FLOPs are the matmul count (2 per multiply-add) of the f
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from pathlib import Path
 
-from hyla.cache.spec import DTYPE_BYTES, conv_dim, kv_dtype
+import torch
+
+from hyla.cache.spec import DTYPE_BYTES, bytes_per_state_slot, bytes_per_token, layer_cache_specs
 from hyla.config import ModelConfig
+from hyla.distributed.sharding import rank_config, shard_of
+from hyla.models.inspect import stored_model
 from hyla.models.loader import build_empty_model
 
 LINEAR_CHUNK = 64  # tokens per chunk of the chunked delta rule (intra-chunk FLOPs)
@@ -23,84 +27,118 @@ LINEAR_CHUNK = 64  # tokens per chunk of the chunked delta rule (intra-chunk FLO
 @dataclass(frozen=True)
 class ParamSplit:
     """Parameter counts: `embedding` (input table + output head; one table when tied),
-    `experts` (routed experts of every MoE layer), `dense` (everything else)."""
+    `experts` (routed experts of every MoE layer), `dense` (everything else).
+
+    The `*_bytes` fields are the same groups as the loader stores them (`stored_model`: fp8
+    modules at one byte a weight plus their float32 block scales, the rest in the model dtype);
+    `head_bytes` is the output head's (read whole every decode step), `replicated_bytes` the
+    part of `dense_bytes` every tensor-parallel rank holds whole (the sharding code's rules:
+    norms, routers, MLA's q_a/kv_a, the DSA indexer, ...), `vision_bytes` a vision tower's
+    (held by rank 0, which runs it: the busiest rank's bytes; not in the parameters above)."""
 
     embedding: int
     experts: int
     dense: int
     num_moe_layers: int
+    embedding_bytes: int = 0
+    experts_bytes: int = 0
+    dense_bytes: int = 0
+    head_bytes: int = 0
+    replicated_bytes: int = 0
+    vision_bytes: int = 0
 
     @property
     def total(self) -> int:
         return self.embedding + self.experts + self.dense
 
+    def rank_weight_bytes(self, tp: int, ep: int) -> int:
+        """Weight bytes one rank of a TP group of `tp` holds (`ep` > 1: whole experts split
+        over `ep` ranks, else every expert split by TP)."""
+        split = self.embedding_bytes + self.dense_bytes - self.replicated_bytes
+        whole = self.replicated_bytes + self.vision_bytes
+        return whole + split // tp + self.experts_bytes // (ep if ep > 1 else tp)
 
-def param_split(config: ModelConfig) -> ParamSplit:
+
+def _group(name: str) -> str:
+    if name.startswith(("embed_tokens.", "lm_head.")):
+        return "embedding"
+    return "experts" if ".mlp.experts." in name else "dense"
+
+
+def param_split(
+    config: ModelConfig,
+    path: Path | None = None,
+    quantize_floats: bool | None = None,
+    vision_bytes: int = 0,
+) -> ParamSplit:
     """Split the weights of the model `config` describes: parameters and persistent buffers
-    (e.g. a router's correction bias), built on the meta device (nothing allocated)."""
+    (e.g. a router's correction bias), built on the meta device (nothing allocated); bytes as
+    `hyla inspect` counts them (`hyla.models.inspect.stored_model` of the checkpoint at
+    `path`, fp8 per its `quantization` and `quantize_floats`)."""
+    counts = {"embedding": 0, "experts": 0, "dense": 0}
     model = build_empty_model(config.replace(dtype="float32"), "meta")
-    embedding = experts = dense = 0
     for name, p in model.state_dict(keep_vars=True).items():
-        if name.startswith(("embed_tokens.", "lm_head.")):
-            embedding += p.numel()
-        elif ".mlp.experts." in name:
-            experts += p.numel()
-        else:
-            dense += p.numel()
-    return ParamSplit(embedding, experts, dense, config.ffn_pattern.count("moe"))
+        counts[_group(name)] += p.numel()
+    nbytes = {"embedding": 0, "experts": 0, "dense": 0}
+    head = replicated = 0
+    stored = stored_model(config, path, quantize_floats)
+    for name, p in stored.state_dict(keep_vars=True).items():
+        size = p.numel() * p.element_size()
+        nbytes[_group(name)] += size
+        if name.startswith("lm_head.") or (config.tie_word_embeddings and
+                                           name.startswith("embed_tokens.")):  # fmt: skip
+            head += size
+        weight = name.removesuffix("_scale_inv")  # an fp8 block scale splits with its weight
+        if _group(name) == "dense" and shard_of(weight, config, 0, 2, False) is None:
+            replicated += size
+    return ParamSplit(
+        counts["embedding"], counts["experts"], counts["dense"], config.ffn_pattern.count("moe"),
+        nbytes["embedding"], nbytes["experts"], nbytes["dense"], head, replicated, vision_bytes,
+    )  # fmt: skip
 
 
-def _heads_per_gpu(heads: int, tp: int) -> int:
-    return math.ceil(heads / tp)
+def vision_tower_bytes(raw: dict, dtype: str) -> int:
+    """Bytes of the vision tower a multimodal config.json (`raw`) describes, in `dtype`
+    (built on the meta device; 0 without a `vision_config` hyla loads)."""
+    from hyla.models.vision_loader import TOWERS
 
-
-def cache_bytes_per_token(config: ModelConfig, tp: int = 1) -> int:
-    """Paged-cache bytes one token costs on one GPU of a tensor-parallel group of `tp`.
-
-    MLA/DSA latents and index keys are shared by all heads, so every rank holds them whole; GQA
-    k/v are split by kv head (a rank holds ceil(num_kv_heads / tp), so heads are replicated
-    once tp exceeds them).
-    """
-    kvb = DTYPE_BYTES[kv_dtype(config)]
-    total = 0
-    for kind in config.layer_pattern:
-        if kind in ("mla", "dsa"):
-            total += config.mla.latent_dim * kvb
-        if kind == "dsa":
-            total += config.dsa.index_head_dim * kvb
-        if kind == "gqa":
-            total += 2 * _heads_per_gpu(config.gqa.num_kv_heads, tp) * config.gqa.head_dim * kvb
-    return total
-
-
-def state_bytes_per_seq(config: ModelConfig, tp: int = 1) -> int:
-    """Linear-layer state bytes of one sequence on one GPU of a TP group of `tp`: recurrent
-    state (fp32 `[HV, K, V]`) and conv state split by head, ceil(heads / tp) per rank."""
-    if config.linear is None:
+    family = raw.get("model_type")
+    if family not in TOWERS or "vision_config" not in raw:
         return 0
-    lin = config.linear
-    hv = _heads_per_gpu(lin.num_v_heads, tp)
-    recurrent = hv * lin.head_k_dim * lin.head_v_dim * 4
-    conv = math.ceil(conv_dim(config) / tp) * (lin.conv_kernel_size - 1)
-    per_layer = recurrent + conv * DTYPE_BYTES[config.dtype]
-    return per_layer * sum(k in ("kda", "gdn") for k in config.layer_pattern)
+    tower_cls, config_cls = TOWERS[family]
+    with torch.device("meta"):
+        tower = tower_cls(config_cls.from_hf(raw["vision_config"]))
+    return sum(p.numel() for p in tower.state_dict().values()) * DTYPE_BYTES[dtype]
+
+
+def cache_bytes_per_token(config: ModelConfig, tp: int = 1, ep: bool = False) -> int:
+    """Paged-cache bytes one token costs on one GPU of a tensor-parallel group of `tp`: the
+    engine's own allocation (`hyla.cache.spec` tables of the rank's config, fp8 scales and
+    GLM-5.3-Flash's pooled-indexer caches included).
+
+    MLA/DSA latents and index keys are shared by all heads, so every rank holds them whole;
+    GQA k/v are split by kv head (replicated once tp exceeds them).
+    """
+    return bytes_per_token(rank_config(config, tp, ep))
+
+
+def state_bytes_per_seq(config: ModelConfig, tp: int = 1, ep: bool = False) -> int:
+    """Linear-layer state bytes of one sequence on one GPU of a TP group of `tp` (recurrent
+    state in `mamba_ssm_cache_dtype` and conv state, each rank its own heads), as allocated."""
+    return bytes_per_state_slot(rank_config(config, tp, ep))
 
 
 def attention_read_bytes(config: ModelConfig, context: int, tp: int = 1) -> float:
-    """Cache bytes one decode token reads at `context` on one GPU: every cached token of
-    mla/gqa layers, every index key but only `index_topk` latents of dsa layers."""
-    kvb = DTYPE_BYTES[kv_dtype(config)]
+    """Cache bytes one decode token reads at `context` on one GPU: every cached tensor of every
+    token, but only `index_topk` tokens' latents in dsa layers (the indexer picks them)."""
+    own = rank_config(config, tp, False)
     total = 0.0
-    for kind in config.layer_pattern:
-        if kind == "mla":
-            total += context * config.mla.latent_dim * kvb
-        elif kind == "dsa":
-            chosen = min(context, config.dsa.index_topk)
-            total += chosen * config.mla.latent_dim * kvb
-            total += context * config.dsa.index_head_dim * kvb
-        elif kind == "gqa":
-            heads = _heads_per_gpu(config.gqa.num_kv_heads, tp)
-            total += context * 2 * heads * config.gqa.head_dim * kvb
+    for i, kind in enumerate(own.layer_pattern):
+        for spec in layer_cache_specs(own, i):
+            if spec.per != "token":
+                continue
+            sparse = kind == "dsa" and spec.name.startswith("latent")
+            total += (min(context, own.dsa.index_topk) if sparse else context) * spec.nbytes
     return total
 
 

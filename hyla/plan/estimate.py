@@ -1,10 +1,10 @@
 """Roofline estimates for one parallel layout: memory per GPU, sequences that fit, TTFT, TPOT.
 
-A layout is `tp` (tensor parallel: attention, dense MLP, embedding split over tp ranks),
-`dp = num_gpus / tp` (replicas of that group, each holding its own sequences) and `ep`
-(1: routed experts split by tensor parallelism inside each replica; num_gpus: expert
-parallelism, whole experts spread over every GPU). hyla does not run tensor or expert
-parallelism yet: these are estimates of what such a layout would cost.
+A layout is `tp` (tensor parallel: attention, dense MLP, embedding split over tp ranks: one
+`hyla serve --tensor-parallel-size tp`), `dp = num_gpus / tp` (that many separate servers,
+each holding its own sequences) and `ep` (1: routed experts split by tensor parallelism;
+tp: `--enable-expert-parallel`, whole experts spread over the group's ranks). Weight bytes
+per rank follow the sharding code's rules (replicated tensors whole on every rank).
 
 A step's time is max(bytes / HBM bandwidth, FLOPs / peak) plus its collectives
 (`COLLECTIVE_LATENCY_S` each, plus bytes over one link direction).
@@ -86,18 +86,17 @@ def expected_experts_hit(num_experts: int, top_k: int, num_tokens: float) -> flo
     return num_experts * (1 - (1 - top_k / num_experts) ** num_tokens)
 
 
-def _weight_bytes(split: ParamSplit, tp: int, ep: int, wb: int) -> int:
-    return (split.embedding + split.dense) * wb // tp + split.experts * wb // (ep if ep > 1 else tp)
-
-
-def _expert_step_bytes(
-    cfg: ModelConfig, split: ParamSplit, tokens: float, shards: int, wb: int
-) -> float:
+def _expert_step_bytes(cfg: ModelConfig, split: ParamSplit, tokens: float, shards: int) -> float:
     if cfg.moe is None or split.experts == 0:
         return 0.0
     e, k = cfg.moe.num_experts, cfg.moe.num_experts_per_tok
-    per_expert = split.experts * wb / (e * split.num_moe_layers)
+    per_expert = split.experts_bytes / (e * split.num_moe_layers)
     return expected_experts_hit(e, k, tokens) * split.num_moe_layers * per_expert / shards
+
+
+def _rank_dense_bytes(split: ParamSplit, tp: int) -> float:
+    """Non-expert, non-embedding bytes one rank reads per step (replicated ones whole)."""
+    return split.replicated_bytes + (split.dense_bytes - split.replicated_bytes) / tp
 
 
 def _active_matmul_params(cfg: ModelConfig, split: ParamSplit) -> float:
@@ -127,13 +126,8 @@ def tpot_terms(
 ) -> dict[str, float]:
     """Seconds of one decode step of `batch` sequences per replica at `work.context`:
     `memory` (bytes / bandwidth), `compute` (FLOPs / peak), `comm` (collectives)."""
-    wb, dp = DTYPE_BYTES[work.weight_dtype], work.num_gpus // tp
-    head = (split.dense + cfg.vocab_size * cfg.hidden_size) * wb / tp
-    experts = (
-        _expert_step_bytes(cfg, split, batch * dp, work.num_gpus, wb)
-        if ep > 1
-        else _expert_step_bytes(cfg, split, batch, tp, wb)
-    )
+    head = _rank_dense_bytes(split, tp) + split.head_bytes / tp
+    experts = _expert_step_bytes(cfg, split, batch, ep if ep > 1 else tp)
     cache = batch * attention_read_bytes(cfg, work.context, tp)
     state = 2 * batch * state_bytes_per_seq(cfg, tp)
     flops = batch * (2 * _active_matmul_params(cfg, split) + attention_flops(cfg, work.context))
@@ -149,11 +143,10 @@ def ttft_s(
 ) -> float:
     """Seconds to prefill one prompt of `work.context` tokens on one replica (compute or weight
     reads, whichever is slower, plus the collectives)."""
-    wb, t = DTYPE_BYTES[work.weight_dtype], work.context
+    t = work.context
     flops = 2 * _active_matmul_params(cfg, split) * t + prefill_attention_flops(cfg, t)
-    shards = work.num_gpus if ep > 1 else tp
-    reads = (split.embedding + split.dense) * wb / tp
-    reads += _expert_step_bytes(cfg, split, t, shards, wb)
+    reads = _rank_dense_bytes(split, tp) + split.embedding_bytes / tp
+    reads += _expert_step_bytes(cfg, split, t, ep if ep > 1 else tp)
     compute = flops / tp / gpu.flops(work.weight_dtype)
     return max(compute, reads / gpu.memory_bw) + _comm_s(cfg, gpu, t, tp, ep, work.num_gpus)
 
@@ -163,7 +156,7 @@ def estimate(
 ) -> Estimate:
     """The numbers of layout (tp, ep) for `work` on `gpu`."""
     dp = work.num_gpus // tp
-    weights = _weight_bytes(split, tp, ep, DTYPE_BYTES[work.weight_dtype])
+    weights = split.rank_weight_bytes(tp, ep)
     per_token, state = cache_bytes_per_token(cfg, tp), state_bytes_per_seq(cfg, tp)
     free = int(gpu.memory * work.memory_fraction) - work.reserve_bytes - weights
     per_seq = per_token * work.context + state

@@ -7,18 +7,22 @@ then those that fit fewer sequences, by how many; then those that do not fit at 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hyla.config import ModelConfig
+from hyla.config import ConfigError, ModelConfig, QuantizationConfig
+from hyla.distributed.sharding import check_parallel
 from hyla.models.loader import config_path, load_config
-from hyla.plan.costs import ParamSplit, param_split
+from hyla.plan.costs import ParamSplit, param_split, vision_tower_bytes
 from hyla.plan.estimate import Estimate, Workload, estimate
 from hyla.plan.gpus import GPUSpec
 
 ESTIMATE_NOTE = (
-    "tensor/expert-parallel layouts are estimates: hyla runs them (--tensor-parallel-size) "
-    "but has not measured them on several GPUs yet "
+    "every layout listed is one hyla serve accepts: TPn is --tensor-parallel-size n, EPn "
+    "adds --enable-expert-parallel, DPm is m such servers side by side; tensor/expert-parallel "
+    "layouts have not been measured on several GPUs yet "
     "(roofline: ideal bandwidth and FLOPs; measured steps are slower, see "
     "bench/results/plan_vs_measured.json)"
 )
@@ -37,34 +41,32 @@ class PlanReport:
     refused: tuple[tuple[str, str], ...]
 
 
-def _head_counts(cfg: ModelConfig) -> dict[str, int]:
-    heads = {}
-    if cfg.mla is not None:
-        heads["mla.num_heads"] = cfg.mla.num_heads
-    if cfg.gqa is not None:
-        heads["gqa.num_heads"] = cfg.gqa.num_heads
-    if cfg.linear is not None:
-        heads["linear.num_v_heads"] = cfg.linear.num_v_heads
-        heads["linear.num_k_heads"] = cfg.linear.num_k_heads
-    return heads
-
-
 def candidate_layouts(cfg: ModelConfig, num_gpus: int) -> tuple[list[tuple[int, int]], list]:
-    """(tp, ep) pairs to estimate, and (layout, reason) pairs refused: tp must divide num_gpus
-    and every head count; ep is 1 or num_gpus and must divide num_experts."""
+    """(tp, ep) pairs to estimate, and (layout, reason) pairs refused: tp divides num_gpus, ep
+    is 1 or tp (expert parallelism runs inside the TP group), and the engine's own check
+    (`check_parallel`, which `hyla serve` runs before loading weights) accepts the pair."""
     layouts, refused = [], []
-    eps = [1] if cfg.moe is None or num_gpus == 1 else [1, num_gpus]
     for tp in (d for d in range(1, num_gpus + 1) if num_gpus % d == 0):
-        bad = [f"{k}={v}" for k, v in _head_counts(cfg).items() if v % tp]
-        for ep in eps:
+        for ep in [1] if cfg.moe is None or tp == 1 else [1, tp]:
             name = f"TP{tp} DP{num_gpus // tp} EP{ep}"
-            if bad:
-                refused.append((name, f"tp {tp} does not divide {', '.join(bad)}"))
-            elif ep > 1 and cfg.moe.num_experts % ep:
-                refused.append((name, f"ep {ep} does not divide {cfg.moe.num_experts} experts"))
+            try:
+                check_parallel(cfg, tp, ep > 1)
+            except ConfigError as e:
+                refused.append((name, str(e)))
             else:
                 layouts.append((tp, ep))
     return layouts, refused
+
+
+def serve_command(e: Estimate) -> str:
+    """The `hyla serve` options of layout `e` (one of its `dp` servers)."""
+    flags = f" --tensor-parallel-size {e.tp}" if e.tp > 1 else ""
+    return "hyla serve MODEL" + flags + (" --enable-expert-parallel" if e.ep > 1 else "")
+
+
+def _raw_config(path: str | Path) -> dict:
+    raw = json.loads(config_path(path).read_text())
+    return raw if isinstance(raw, dict) else {}
 
 
 def _rank_key(e: Estimate, concurrency: int) -> tuple:
@@ -81,16 +83,26 @@ def plan(
 ) -> PlanReport:
     """Plan `work` on `gpu` for the model at `path` (checkpoint dir or config.json). A float
     `work.weight_dtype` is the model's dtype too, so the cache follows it unless
-    `kv_cache_dtype` says otherwise (as the engine's `--dtype` does).
+    `kv_cache_dtype` says otherwise (as the engine's `--dtype` does). Weights are fp8 as the
+    loader makes them: the checkpoint's `quantization_config` (whatever `work.weight_dtype`),
+    or `work.weight_dtype` "fp8" on a float checkpoint (`--quantization fp8`).
 
     Raises: ConfigError (bad config.json), FileNotFoundError, ValueError (bad workload).
     """
     cfg = config if config is not None else load_config(path)
     if work.weight_dtype in ("float32", "bfloat16", "float16"):
         cfg = cfg.replace(dtype=work.weight_dtype)
+    quantize_floats = None
+    if work.weight_dtype == "fp8" and cfg.quantization is None:  # as --quantization fp8
+        cfg, quantize_floats = cfg.replace(quantization=QuantizationConfig()), True
+    if cfg.quantization is not None:  # the loader keeps the checkpoint's fp8 weights
+        work = dataclasses.replace(work, weight_dtype="fp8")
     if kv_cache_dtype is not None:
         cfg = cfg.replace(kv_cache_dtype=kv_cache_dtype)
-    split = param_split(cfg)
+    raw = _raw_config(path) if config is None else {}
+    vision = vision_tower_bytes(raw, cfg.dtype)
+    directory = Path(path) if config is None and Path(path).is_dir() else None
+    split = param_split(cfg, directory, quantize_floats, vision)
     layouts, refused = candidate_layouts(cfg, work.num_gpus)
     estimates = sorted(
         (estimate(cfg, split, gpu, work, tp, ep) for tp, ep in layouts),

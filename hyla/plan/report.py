@@ -7,7 +7,7 @@ from typing import Any
 
 from hyla.cache.spec import kv_dtype
 from hyla.models.inspect import _bytes, _count
-from hyla.plan.planner import ESTIMATE_NOTE, PlanReport
+from hyla.plan.planner import ESTIMATE_NOTE, PlanReport, serve_command
 
 
 def _ms(seconds: float) -> str:
@@ -18,6 +18,10 @@ def _peak(gpu: Any, weight_dtype: str) -> str:
     name = gpu.peak_name(weight_dtype)
     same = {"bf16": "bfloat16", "fp8": "fp8"}[name] == weight_dtype
     return f"{name} peak" if same else f"{name} peak, used for {weight_dtype} weights"
+
+
+def _replicas(e: Any) -> str:
+    return f"  (x {e.dp} servers, {e.tp} GPU{'s' * (e.tp > 1)} each)" if e.dp > 1 else ""
 
 
 def format_plan(report: PlanReport) -> str:
@@ -65,7 +69,9 @@ def format_plan(report: PlanReport) -> str:
         "  ".join(v.ljust(wd) for v, wd in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
         for r in rows
     ]
-    tail = [f"refused   {name}: {why}" for name, why in report.refused]
+    best = next((e for e in report.layouts if e.fits), None)
+    tail = [] if best is None else [f"serve     {serve_command(best)}" + _replicas(best)]
+    tail += [f"refused   {name}: {why}" for name, why in report.refused]
     return "\n".join(head + body + tail + ["", f"note: {ESTIMATE_NOTE}"])
 
 
@@ -78,7 +84,8 @@ def plan_to_json(report: PlanReport) -> dict[str, Any]:
         "workload": dataclasses.asdict(report.work),
         "params": {**dataclasses.asdict(report.split), "total": report.split.total},
         "layouts": [
-            {**dataclasses.asdict(e), "output_tokens_per_s": e.output_tokens_per_s}
+            {**dataclasses.asdict(e), "output_tokens_per_s": e.output_tokens_per_s,
+             "serve_command": serve_command(e)}
             for e in report.layouts
         ],
         "refused": [{"layout": n, "reason": r} for n, r in report.refused],

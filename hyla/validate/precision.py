@@ -149,6 +149,8 @@ def run_precision(ctx: Any, progress: Any) -> CheckResult:
     ref = load_reference(ctx.reference, "float32", ctx.device)
     low = None if ctx.dtype == "float32" else load_reference(ctx.reference, ctx.dtype, ctx.device)
     max_tokens, num_greedy = (48, 8) if ctx.quick else (1024, 32)
+    # prompt + greedy tokens + the one scored step fit the engine's --max-model-len
+    max_tokens = max(1, min(max_tokens, ctx.llm.engine.max_model_len - num_greedy - 1))
     samples = ctx.samples(max_tokens)
     seqs = [ids + ref.greedy(ids, num_greedy) for _, ids in samples]
     progress.update(1)

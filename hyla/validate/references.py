@@ -15,15 +15,28 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def transformers_class(path: str | Path):  # noqa: ANN201 - a transformers model class
+    """The transformers class the checkpoint's `architectures` names (e.g. GLM-5.3-Flash's
+    `Glm5NextForConditionalGeneration`, which AutoModelForCausalLM does not map), else
+    AutoModelForCausalLM."""
+    import transformers
+
+    from hyla.multimodal.inputs import read_config
+
+    for name in read_config(path).get("architectures") or ():
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if cls is not None and hasattr(cls, "from_pretrained"):
+            return cls
+    return transformers.AutoModelForCausalLM
+
+
 class HFReference:
-    """`transformers` AutoModelForCausalLM of a checkpoint, eager attention."""
+    """The checkpoint's `transformers` model (`transformers_class`), eager attention."""
 
     def __init__(self, path: str | Path, dtype: str, device: str) -> None:
-        from transformers import AutoModelForCausalLM
-
         self.name = f"transformers ({dtype})"
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(
+        self.model = transformers_class(path).from_pretrained(
             str(path), dtype=DTYPES[dtype], attn_implementation="eager"
         ).to(device).eval()  # fmt: skip
 

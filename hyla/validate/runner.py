@@ -119,6 +119,8 @@ def run_validate(ctx: Context, checks: tuple[str, ...]) -> tuple[dict[str, Any],
                 crashed = CheckResult(name, name)
                 crashed.fail(f"the check crashed: {type(e).__name__}: {str(e)[:300]}")
                 results.append(crashed)
+    if ctx._llm is not None:  # tensor-parallel ranks end here, not at interpreter exit
+        ctx._llm.shutdown()
     meta = {"model": str(ctx.model), "reference": str(ctx.reference), "device": ctx.device,
             "dtype": ctx.dtype, "quick": ctx.quick, "commit": _commit(),
             "host": platform.node(), "wall_s": round(time.perf_counter() - start, 2)}  # fmt: skip

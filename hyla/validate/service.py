@@ -176,6 +176,18 @@ def _subchecks(c: Client, long_tokens: int | None) -> dict[str, Any]:
             "retry_503": lambda: _retry_503(c)}  # fmt: skip
 
 
+def serve_args(options: dict[str, Any]) -> list[str]:
+    """`hyla serve` flags of engine options by field name (`--no-<flag>` for a false bool)."""
+    args: list[str] = []
+    for key, value in options.items():
+        flag = key.replace("_", "-")
+        if isinstance(value, bool):
+            args.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            args += [f"--{flag}", str(value)]
+    return args
+
+
 def run_service(ctx: Any, progress: Any) -> CheckResult:
     """Check (d) against `ctx.url`, or a `hyla serve` of `ctx.model` started for it."""
     result = CheckResult("service", "Service contract")
@@ -183,11 +195,11 @@ def run_service(ctx: Any, progress: Any) -> CheckResult:
     if ctx.url is None:
         from hyla.models.loader import load_config
 
-        long_tokens = min(4000, load_config(ctx.model).max_context_len - 200)
-        args = ["--device", ctx.device, "--dtype", ctx.dtype, "--request-timeout",
-                str(TIMEOUT_S), "--max-queue-len", "4", "--max-num-seqs", "4"]  # fmt: skip
-        for key, value in ctx.engine_options.items():  # e.g. the cache budget
-            args += [f"--{key.replace('_', '-')}", str(value)]
+        limit = ctx.engine_options.get("max_model_len") or load_config(ctx.model).max_context_len
+        long_tokens = min(4000, limit - 200)
+        options = {"request_timeout": TIMEOUT_S, "max_queue_len": 4, "max_num_seqs": 4,
+                   **ctx.engine_options, "device": ctx.device, "dtype": ctx.dtype}  # fmt: skip
+        args = serve_args(options)
         try:
             proc, url = start_server(ctx.model, args, ctx.out_dir / "server.log")
         except RuntimeError as e:

@@ -126,3 +126,31 @@ def qwen3_next_params() -> dict[str, int]:
     dense = 36 * gdn + 12 * gqa + 48 * (router + shared) + norms
     return {"embedding": 2 * 151936 * h, "experts": experts, "dense": dense}
 # fmt: on
+
+
+# fmt: off
+def _fp8(rows: int, cols: int) -> int:
+    """Bytes of one fp8 matrix with 128x128 block scales (float32), DeepSeek's released layout."""
+    return rows * cols + (-(-rows // 128)) * (-(-cols // 128)) * 4
+
+
+def deepseek_v32_fp8_bytes() -> dict[str, int]:
+    """DeepSeek-V3.2 as released (fp8 e4m3, 128x128 blocks): every projection fp8 but the
+    embedding, lm_head, kv_b_proj (its weight is absorbed into the queries) and the indexer's
+    weights_proj, which stay bf16 with the norms and routers (fp32 correction bias).
+    `replicated`: what every tensor-parallel rank holds whole (the latent's and indexer's
+    projections, norms, routers)."""
+    h = 7168
+    split_attn = _fp8(128 * 192, 1536) + 32768 * 512 * 2 + _fp8(h, 128 * 128)  # q_b, kv_b, o
+    whole_attn = (_fp8(1536, h) + _fp8(576, h) + (1536 + 512) * 2     # q_a, kv_a, their norms
+                  + _fp8(64 * 128, 1536) + _fp8(128, h) + 2 * 128 * 2  # indexer wq_b, wk, k_norm
+                  + 64 * h * 2 + 2 * h * 2)                            # weights_proj, 2 norms
+    dense_mlp = 2 * _fp8(18432, h) + _fp8(h, 18432)
+    shared = 2 * _fp8(2048, h) + _fp8(h, 2048)
+    router = 256 * h * 2 + 256 * 4
+    experts = 58 * 256 * (2 * _fp8(2048, h) + _fp8(h, 2048))
+    replicated = 61 * whole_attn + 58 * router + h * 2
+    split = 61 * split_attn + 3 * dense_mlp + 58 * shared
+    return {"embedding": 2 * 129280 * h * 2, "experts": experts, "split": split,
+            "replicated": replicated}
+# fmt: on

@@ -18,6 +18,7 @@ from tests.plan.full_configs import (
     DEEPSEEK_V32,
     KIMI_LINEAR_48B,
     QWEN3_NEXT_80B,
+    deepseek_v32_fp8_bytes,
     deepseek_v32_params,
     kimi_params,
     qwen3_next_params,
@@ -76,20 +77,36 @@ def test_cache_and_state_bytes_per_gpu(name, tp):
     ]
 
 
-def test_deepseek_fp8_on_8xh200_weights_and_concurrency():
-    """DeepSeek-V3.2 with fp8 weights and an fp8 cache, TP8 x EP8 on 8 H200 at 128K."""
-    config = _config("deepseek_v32", kv_cache_dtype="fp8")
-    work = Workload(num_gpus=8, context=131072, concurrency=64, weight_dtype="fp8")
-    e = estimate(config, param_split(config), gpu_spec("H200"), work, tp=8, ep=8)
-    p = deepseek_v32_params()
-    weights = (p["embedding"] + p["dense"]) // 8 + p["experts"] // 8  # 1 byte each
-    assert e.weight_bytes == weights
-    assert 83e9 < weights < 85e9  # ~84 GB of fp8 per GPU
-    free = int(140.4 * GiB * 0.9) - 2 * GiB - weights
-    per_seq = 61 * 704 * 131072  # fp8 latent + index key per token
+def test_deepseek_fp8_on_8xh200_weights_and_concurrency(tmp_path):
+    """DeepSeek-V3.2 as released (config.json's quantization_config: fp8 e4m3 128x128 blocks)
+    is planned with fp8 weights without --dtype, TP8 x EP8 on 8 H200 at 128K with an fp8
+    cache: the weights per GPU fit, with room for 8 sequences."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DEEPSEEK_V32))
+    work = Workload(num_gpus=8, context=131072, concurrency=64, weight_dtype="bfloat16")
+    report = plan(path, gpu_spec("H200"), work, kv_cache_dtype="fp8")
+    hand = deepseek_v32_fp8_bytes()
+    split = report.split
+    assert report.work.weight_dtype == "fp8"
+    assert split.embedding_bytes == hand["embedding"]
+    assert split.experts_bytes == hand["experts"]
+    assert split.dense_bytes == hand["split"] + hand["replicated"]
+    assert split.replicated_bytes == hand["replicated"]
+    e = estimate(report.config, split, gpu_spec("H200"), report.work, tp=8, ep=8)
+    weights = hand["replicated"] + (hand["embedding"] + hand["split"] + hand["experts"]) / 8
+    assert e.weight_bytes == pytest.approx(weights, abs=8)
+    assert 84e9 < weights < 88e9  # ~86 GB a GPU: fp8 projections, bf16 embedding and head
+    free = int(140.4 * GiB * 0.9) - 2 * GiB - e.weight_bytes
+    # fp8 latent (576) + index key (128) per token, each with its float32 scale
+    assert e.cache_bytes_per_token == 61 * (704 + 2 * 4)
+    per_seq = 61 * (704 + 2 * 4) * 131072
     assert e.free_bytes == free
-    assert e.max_seqs == free // per_seq  # dp = 1
-    assert e.fits and e.max_seqs < 64 and e.binding.startswith("cache memory")
+    assert e.max_seqs == free // per_seq == 8  # dp = 1
+    assert e.fits and e.binding.startswith("cache memory")
+    # the engine shards fp8 checkpoints (128x128 blocks split whole at TP8): the plan ranks
+    # TP8 layouts and its best one fits
+    best = report.layouts[0]
+    assert best.tp == 8 and best.fits and not report.refused
 
 
 def test_qwen3_next_decode_memory_term_by_hand():
@@ -113,7 +130,9 @@ def test_layouts_ranked_and_refused(tmp_path):
     work = Workload(num_gpus=8, context=262144, concurrency=64, weight_dtype="bfloat16")
     report = plan(path, gpu_spec("H200"), work)
     names = [(e.tp, e.ep) for e in report.layouts]
-    assert len(names) == 8 and not report.refused  # tp 1, 2, 4, 8 x ep 1, 8
+    # tp 1; tp 2, 4, 8 each without and with expert parallelism (EP runs inside the TP group)
+    assert sorted(names) == [(1, 1), (2, 1), (2, 2), (4, 1), (4, 4), (8, 1), (8, 8)]
+    assert not report.refused
     fitting = [e for e in report.layouts if e.fits and e.max_seqs >= 64]
     assert fitting and report.layouts[: len(fitting)] == tuple(fitting)
     speeds = [e.output_tokens_per_s for e in fitting]
@@ -146,7 +165,7 @@ def test_cli_plan_prints_layouts_and_note(tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "TP8 DP1 EP8" in result.output and "estimates" in result.output
+    assert "TP8 DP1 EP8" in result.output and "hyla serve accepts" in result.output
     data = json.loads(out.read_text())
     assert data["params"]["total"] == sum(kimi_params().values())
     assert data["layouts"][0]["fits"]
