@@ -47,6 +47,7 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
     run $t gpu_tests_models $pytest $g/test_glm5_next_gpu.py $g/test_images_gpu.py > /dev/null &
     run $t gpu_tests_validate $pytest $g/test_validate_vision_gpu.py > /dev/null &
     run $t gpu_tests_tp $pytest $g/test_tp_world1_gpu.py > /dev/null &
+    run $t gpu_tests_structured $pytest $g/test_structured_gpu.py > /dev/null &
     run $t gpu_tests_la_kda $pytest -n 2 $la -k "chunk and kda and not 100k" > /dev/null &
     run $t gpu_tests_la_gdn $pytest $la -k "chunk and gdn and not 100k" > /dev/null &
     run $t gpu_tests_la_100k $pytest $la -k "100k" > /dev/null &
