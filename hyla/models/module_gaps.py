@@ -30,6 +30,7 @@ _CLAMPED_MLP = "ops/activation.silu_and_mul_clamped (layers/mlp.GatedMLP; PyTorc
 _VISION_TOWERS = {  # family -> hyla tower (hyla.models.vision_loader.TOWERS)
     "glm5_next": "layers/glm5_next_vision.Glm5NextVisionTower (ops/vision)",
     "qwen3_5": "layers/qwen3_5_vision.Qwen35VisionTower (ops/vision)",
+    "qwen3_5_moe": "layers/qwen3_5_vision.Qwen35VisionTower (ops/vision)",
 }
 # Said of every family with a vision tower (tests/multimodal holds it against transformers)
 IMAGES_IN_ENGINE = "multimodal/runtime.MultimodalRuntime (images through LLM.generate / "

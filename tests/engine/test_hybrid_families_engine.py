@@ -1,4 +1,5 @@
-"""GLM-5.3-Flash (`glm5_next`) and Qwen3.5 (`qwen3_5`) through hyla's engine: greedy output ==
+"""GLM-5.3-Flash (`glm5_next`), Qwen3.5 (`qwen3_5`), Qwen3.5-MoE (`qwen3_5_moe`) and GLM-5
+(`glm_moe_dsa`) through hyla's engine: greedy output ==
 transformers `generate`,
 and a batch == solo runs (I3).
 
@@ -26,6 +27,7 @@ from tests.engine.engine_util import (
 )
 from tests.engine.tiny_tokenizer import build_tokenizer
 from tests.glm_tiny import save_tiny_glm
+from tests.qwen35_moe_tiny import save_tiny_qwen35_moe
 from tests.qwen35_tiny import save_tiny_qwen35
 
 PROMPT_LENS = (1, 6, 23, 41)
@@ -38,7 +40,8 @@ def _one_thread():
         yield
 
 
-SAVERS = {"glm5_next": save_tiny_glm, "qwen3_5": save_tiny_qwen35}
+SAVERS = {"glm5_next": save_tiny_glm, "qwen3_5": save_tiny_qwen35,
+          "qwen3_5_moe": save_tiny_qwen35_moe}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=sorted(SAVERS))
