@@ -1,7 +1,8 @@
 """Tiny multimodal checkpoints for the serving-path image tests: the tiny random glm5_next,
 qwen3_5 and qwen3_5_moe models (tests.glm_tiny, tests.qwen35_tiny, tests.qwen35_moe_tiny)
 saved with a local tokenizer whose special tokens sit at the models' image ids, and the
-family's own transformers image processor (preprocessor_config.json), so `LLMEngine.from_path` and `hyla serve` load them as shipped."""
+family's own transformers image processor (preprocessor_config.json), so `LLMEngine.from_path`
+and `hyla serve` load them as shipped."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import numpy as np
 from tests.engine.tiny_tokenizer import build_tokenizer
 from tests.glm_tiny import MM_IDS as GLM_IDS
 from tests.glm_tiny import save_tiny_glm
-from tests.qwen35_tiny import MM_IDS as QWEN_IDS
 from tests.qwen35_moe_tiny import save_tiny_qwen35_moe
+from tests.qwen35_tiny import MM_IDS as QWEN_IDS
 from tests.qwen35_tiny import save_tiny_qwen35
 
 FAMILIES = ("glm5_next", "qwen3_5", "qwen3_5_moe")

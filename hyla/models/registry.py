@@ -36,6 +36,7 @@ ARCHITECTURES = {
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",
 }
 NATIVE = "hyla"
+_TEXT_ONLY = ("glm5_next_text", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 def family_of(hf_config: dict[str, Any]) -> str:
@@ -46,7 +47,7 @@ def family_of(hf_config: dict[str, Any]) -> str:
     if not isinstance(hf_config, dict):
         raise ConfigError(f"config: expected a JSON object, got {type(hf_config).__name__}")
     model_type = hf_config.get("model_type")
-    if model_type in ("glm5_next_text", "qwen3_5_text", "qwen3_5_moe_text"):  # flat text-only configs
+    if model_type in _TEXT_ONLY:  # flat text-only configs
         return model_type.removesuffix("_text")
     if model_type == NATIVE or model_type in ADAPTERS:
         return model_type
