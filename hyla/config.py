@@ -253,7 +253,8 @@ class DSAConfig:
     `index_kpool` tokens, the best `index_topk / index_kpool` complete pools are selected and the
     incomplete tail pool is added when `index_kpool_always_select_tail`. `indexer_types` (one per
     layer, empty: all "full") marks "shared" DSA layers that reuse the selection of the last
-    "full" DSA layer before them in the same step.
+    "full" DSA layer before them in the same step. `index_rope_style` is how the indexer's
+    queries and keys rotate: "neox" halves (DeepSeek-V3.2) or "interleave" pairs (GLM-5).
     """
 
     index_n_heads: int
@@ -262,6 +263,7 @@ class DSAConfig:
     index_kpool: int = 0
     index_kpool_always_select_tail: bool = True
     indexer_types: tuple[str, ...] = ()
+    index_rope_style: str = "neox"
 
     def __post_init__(self) -> None:
         _positive(self, "dsa.", "index_n_heads", "index_head_dim", "index_topk")
@@ -270,6 +272,11 @@ class DSAConfig:
         object.__setattr__(self, "indexer_types", tuple(self.indexer_types))
         for i, kind in enumerate(self.indexer_types):
             _require(kind in ("full", "shared"), f"dsa.indexer_types[{i}]", "must be full|shared")
+        _require(
+            self.index_rope_style in ("neox", "interleave"),
+            "dsa.index_rope_style",
+            f"must be neox|interleave, got {self.index_rope_style!r}",
+        )
         if self.index_kpool:
             _require(
                 self.index_topk % self.index_kpool == 0,

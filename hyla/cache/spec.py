@@ -70,7 +70,8 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
 
     Layouts:
       mla/dsa  latent      per token [kv_lora_rank + qk_rope_head_dim]  (normed c_kv, then k_rope)
-      dsa      index_keys  per token [index_head_dim]                   (roped, normed indexer key)
+      dsa      index_keys  per token [index_head_dim]                   (roped, normed indexer key;
+               none on a "shared" layer)
       dsa with index_kpool (GLM-5.3-Flash): index_keys, index_gates, index_pool_keys
                per token [index_head_dim] (`hyla.ops.kpool_indexer`); a "shared" one: latent only
       gqa      k, v        per token [num_kv_heads, head_dim]
@@ -89,7 +90,7 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
             idx_dtype = config.dtype if kvd == "fp8" else kvd  # no fp8 scales for pooling yet
             dim = (config.dsa.index_head_dim,)
             specs += [CacheTensorSpec(n, "token", dim, idx_dtype) for n in names]
-        elif kind == "dsa":
+        elif kind == "dsa" and not config.dsa.is_shared(layer_idx):  # GLM-5 shares top-k
             specs.append(CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd))
         return with_scales(specs)
     if kind == "gqa":

@@ -120,13 +120,15 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return out
 
 
-def _w8a8_oracle(deq_dir: Path, per_channel: bool = False):
-    """The transformers model of the dequantized checkpoint with e4m3 activation rounding at
-    the inputs of every quantized projection (per token and bk columns; per token with
-    per-channel weights, whose experts hyla dequantizes at load)."""
+def _w8a8_oracle(deq_dir: Path, per_channel: bool = False, model_cls=None):
+    """The transformers model (`model_cls`, else AutoModelForCausalLM) of the dequantized
+    checkpoint with e4m3 activation rounding at the inputs of every quantized projection (per
+    token and bk columns; per token with per-channel weights, whose experts hyla dequantizes
+    at load)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(deq_dir, attn_implementation="eager").float()
+    cls = model_cls or AutoModelForCausalLM
+    model = cls.from_pretrained(deq_dir, attn_implementation="eager").float()
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and _quantized(name + ".weight", mod.weight):
             if "kv_b_proj" in name:  # hyla keeps it dequantized: MLA absorbs it into queries
