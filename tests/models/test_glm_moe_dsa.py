@@ -47,7 +47,8 @@ def test_config_maps_shared_indexers_and_interleaved_rope(pair):
     _, model = pair
     cfg = model.config
     assert cfg.layer_pattern == ("dsa",) * 5 and cfg.ffn_pattern == ("dense",) + ("moe",) * 4
-    assert cfg.dsa.indexer_types == tuple(INDEXER_TYPES) and cfg.dsa.index_rope_style == "interleave"
+    assert cfg.dsa.indexer_types == tuple(INDEXER_TYPES)
+    assert cfg.dsa.index_rope_style == "interleave"
     shared = [layer.mixer.indexer is None for layer in model.layers]
     assert shared == [t == "shared" for t in INDEXER_TYPES]
 
