@@ -259,8 +259,10 @@ def _field_checks(config: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     if kinds - {"full", "shared"}:
         out.append(("indexer_types", sorted(kinds), MISSING, "indexer kinds: full, shared"))
     elif "shared" in kinds:
-        out.append(("indexer_types", sorted(kinds), OK, "layers/pooled_sparse_attention."
-                    "PooledDSAttention (shares the last full layer's top-k)"))  # fmt: skip
+        layer = ("layers/pooled_sparse_attention.PooledDSAttention" if text.get("index_kpool")
+                 else "layers/sparse_attention.DSAttention")  # fmt: skip
+        out.append(("indexer_types", sorted(kinds), OK,
+                    f"{layer} (shares the last full layer's top-k)"))  # fmt: skip
     if text.get("kv_lora_rank") and text.get("qk_rope_head_dim") == 0:
         out.append(("qk_rope_head_dim", 0, OK, "layers/attention.MLAttention (NoPE MLA)"))
     out += _rope_fields(text)
