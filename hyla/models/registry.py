@@ -23,6 +23,7 @@ ADAPTERS = {
     "qwen3_5": "hyla.models.qwen3_5",
     "qwen3_5_moe": "hyla.models.qwen3_5_moe",
     "glm_moe_dsa": "hyla.models.glm_moe_dsa",
+    "deepseek_v4": "hyla.models.deepseek_v4",
 }
 ARCHITECTURES = {
     "KimiLinearForCausalLM": "kimi_linear",
@@ -34,6 +35,7 @@ ARCHITECTURES = {
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "GlmMoeDsaForCausalLM": "glm_moe_dsa",
+    "DeepseekV4ForCausalLM": "deepseek_v4",
 }
 NATIVE = "hyla"
 _TEXT_ONLY = ("glm5_next_text", "qwen3_5_text", "qwen3_5_moe_text")

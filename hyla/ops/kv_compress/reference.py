@@ -35,8 +35,10 @@ def compress_kv(
     """
     num_windows = kv.shape[0] // ratio
     width = kv.shape[1] // 2 if overlap else kv.shape[1]
-    kv = kv[: num_windows * ratio].float().view(num_windows, ratio, -1)
-    gate = gate[: num_windows * ratio].float().view(num_windows, ratio, -1) + position_bias.float()
+    channels = kv.shape[1]
+    kv = kv[: num_windows * ratio].float().view(num_windows, ratio, channels)
+    gate = gate[: num_windows * ratio].float().view(num_windows, ratio, channels)
+    gate = gate + position_bias.float()
     if overlap:
         prev_kv = kv.new_zeros(num_windows, ratio, width)
         prev_gate = gate.new_full((num_windows, ratio, width), float("-inf"))
