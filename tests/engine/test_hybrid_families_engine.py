@@ -1,5 +1,5 @@
-"""GLM-5.3-Flash (`glm5_next`), Qwen3.5 (`qwen3_5`), Qwen3.5-MoE (`qwen3_5_moe`) and GLM-5
-(`glm_moe_dsa`) through hyla's engine: greedy output ==
+"""GLM-5.3-Flash (`glm5_next`), Qwen3.5 (`qwen3_5`), Qwen3.5-MoE (`qwen3_5_moe`), GLM-5
+(`glm_moe_dsa`) and DeepSeek-V4 (`deepseek_v4`) through hyla's engine: greedy output ==
 transformers `generate`,
 and a batch == solo runs (I3).
 
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hyla.request import SamplingParams
+from tests.deepseek_v4_tiny import save_tiny_deepseek_v4
 from tests.engine.engine_util import (
     assert_all_free,
     assert_same_completion,
@@ -42,8 +43,11 @@ def _one_thread():
 
 
 SAVERS = {"glm5_next": save_tiny_glm, "qwen3_5": save_tiny_qwen35,
-          "qwen3_5_moe": save_tiny_qwen35_moe, "glm_moe_dsa": save_tiny_glm_moe_dsa}  # fmt: skip
-STATELESS = {"glm_moe_dsa"}  # every layer attention-like: a hit needs blocks only
+          "qwen3_5_moe": save_tiny_qwen35_moe, "glm_moe_dsa": save_tiny_glm_moe_dsa,
+          "deepseek_v4": save_tiny_deepseek_v4}  # fmt: skip
+# every layer attention-like (deepseek_v4's windows are pooled from per-token entries): a hit
+# needs blocks only
+STATELESS = {"glm_moe_dsa", "deepseek_v4"}
 
 
 @pytest.fixture(scope="module", params=sorted(SAVERS))
