@@ -24,6 +24,7 @@ def tiny_config(**overrides):
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
         layer_types=LAYER_TYPES, mlp_layer_types=["hash_moe", "moe", "moe", "moe"], hc_mult=3,
         swiglu_limit=0.5, pad_token_id=0, bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
     )  # fmt: skip
     cfg.update(overrides)
     return DeepseekV4Config(**cfg)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from hyla.cache.spec import DTYPE_BYTES, conv_dim, kv_dtype
 from hyla.config import ModelConfig
 from hyla.models.loader import build_empty_model
+from hyla.plan import compressed_costs as v4
 
 LINEAR_CHUNK = 64  # tokens per chunk of the chunked delta rule (intra-chunk FLOPs)
 
@@ -70,6 +71,8 @@ def cache_bytes_per_token(config: ModelConfig, tp: int = 1) -> int:
             total += config.dsa.index_head_dim * kvb
         if kind == "gqa":
             total += 2 * _heads_per_gpu(config.gqa.num_kv_heads, tp) * config.gqa.head_dim * kvb
+        if v4.is_compressed(kind):
+            total += v4.layer_bytes_per_token(config, kind)
     return total
 
 
@@ -101,6 +104,8 @@ def attention_read_bytes(config: ModelConfig, context: int, tp: int = 1) -> floa
         elif kind == "gqa":
             heads = _heads_per_gpu(config.gqa.num_kv_heads, tp)
             total += context * 2 * heads * config.gqa.head_dim * kvb
+        elif v4.is_compressed(kind):
+            total += v4.read_bytes(config, kind, context)
     return total
 
 
@@ -115,6 +120,8 @@ def _mixer_flops_per_token(config: ModelConfig, kind: str, context: float, prefi
         return state + (intra if prefill else 0)
     if kind == "gqa":
         return 4 * config.gqa.num_heads * config.gqa.head_dim * context
+    if v4.is_compressed(kind):
+        return v4.flops_per_token(config, kind, context)
     m = config.mla
     absorbed = 2 * m.num_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
     if kind == "mla":
@@ -143,6 +150,8 @@ def prefill_attention_flops(config: ModelConfig, num_tokens: int) -> float:
             total += t * _mixer_flops_per_token(config, kind, 0, True)
         elif kind in ("gqa", "mla"):
             total += _mixer_flops_per_token(config, kind, 1.0, True) * t * t / 2
+        elif v4.is_compressed(kind):  # linear in context past the window: sum over half of it
+            total += t * v4.flops_per_token(config, kind, t / 2)
         else:
             m, k = config.mla, config.dsa.index_topk
             absorbed = 2 * m.num_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)

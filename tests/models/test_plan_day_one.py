@@ -1,7 +1,8 @@
 """`hyla plan` on the real default configs of the day-one families (transformers' config
-classes, defaults unchanged: Qwen3.5-35B-A3B, GLM-5 744B): it sizes them without weights, and
-its parameter count equals the transformers text model's, built on the meta device (parameters
-plus the routers' correction-bias buffers; no MTP layers, no vision tower)."""
+classes, defaults unchanged: Qwen3.5-35B-A3B, GLM-5 744B, DeepSeek-V4-Flash): it sizes them
+without weights, and its parameter count equals the transformers text model's, built on the
+meta device (parameters plus the routers' correction-bias and hash-table buffers; no MTP
+layers, no vision tower)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hyla.cli import app
 from hyla.models.registry import config_from_hf
 from hyla.plan.costs import param_split
 
-CONFIGS = {"qwen3_5_moe": "Qwen3_5MoeConfig", "glm_moe_dsa": "GlmMoeDsaConfig"}
+CONFIGS = {"qwen3_5_moe": "Qwen3_5MoeConfig", "glm_moe_dsa": "GlmMoeDsaConfig",
+           "deepseek_v4": "DeepseekV4Config"}  # fmt: skip
 
 
 def _default(family: str):
@@ -30,7 +32,8 @@ def _transformers_count(config) -> int:
     text = getattr(config, "text_config", None) or config
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(text)
-    buffers = sum(b.numel() for n, b in model.named_buffers() if "correction_bias" in n)
+    buffers = sum(b.numel() for n, b in model.named_buffers()
+                  if n.endswith(("correction_bias", "tid2eid")))  # fmt: skip
     return sum(p.numel() for p in model.parameters()) + buffers
 
 

@@ -1,16 +1,18 @@
 """`hyla validate --quick --checks precision` on tiny checkpoints of the day-one families
-(qwen3_5_moe with its vision tower, glm_moe_dsa): the engine's greedy runs and logprobs against
+(qwen3_5_moe with its vision tower, glm_moe_dsa, deepseek_v4): the engine's greedy runs and logprobs against
 transformers on the same checkpoint pass the precision bounds."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.deepseek_v4_tiny import save_tiny_deepseek_v4
 from tests.glm_moe_dsa_tiny import save_tiny_glm_moe_dsa
 from tests.qwen35_moe_tiny import save_tiny_qwen35_moe
 from tests.validate.test_validate import _validate
 
-SAVERS = {"qwen3_5_moe": save_tiny_qwen35_moe, "glm_moe_dsa": save_tiny_glm_moe_dsa}
+SAVERS = {"qwen3_5_moe": save_tiny_qwen35_moe, "glm_moe_dsa": save_tiny_glm_moe_dsa,
+          "deepseek_v4": save_tiny_deepseek_v4}  # fmt: skip
 
 
 @pytest.mark.parametrize("family", sorted(SAVERS))
