@@ -1,4 +1,5 @@
-"""FP8 checkpoints of the families that ship fp8 releases (Qwen3.5-35B-A3B-FP8, GLM-5-FP8):
+"""FP8 checkpoints of the families that ship fp8 releases (Qwen3.5-35B-A3B-FP8, GLM-5-FP8,
+DeepSeek-V4, whose clamped SwiGLU experts hyla dequantizes at load: no fp8 clamped form yet):
 e4m3 `weight` + `weight_scale_inv` per block, loaded into fp8 modules, against transformers.
 
 The checkpoints are the tiny random models of tests.qwen35_moe_tiny and tests.glm_moe_dsa_tiny,
@@ -20,6 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from hyla.layers.fp8_experts import Fp8Experts
 from hyla.layers.linear import Fp8Linear
+from tests.deepseek_v4_tiny import save_tiny_deepseek_v4
 from tests.glm_moe_dsa_tiny import save_tiny_glm_moe_dsa
 from tests.models.test_fp8_checkpoint import (
     BLOCK,
@@ -36,11 +38,13 @@ def _hf_class(family: str):
     import transformers
 
     name = {"qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
-            "glm_moe_dsa": "GlmMoeDsaForCausalLM"}[family]  # fmt: skip
+            "glm_moe_dsa": "GlmMoeDsaForCausalLM",
+            "deepseek_v4": "DeepseekV4ForCausalLM"}[family]  # fmt: skip
     return getattr(transformers, name)
 
 
-SAVERS = {"qwen3_5_moe": save_tiny_qwen35_moe, "glm_moe_dsa": save_tiny_glm_moe_dsa}
+SAVERS = {"qwen3_5_moe": save_tiny_qwen35_moe, "glm_moe_dsa": save_tiny_glm_moe_dsa,
+          "deepseek_v4": save_tiny_deepseek_v4}  # fmt: skip
 
 
 def _write(path, config: dict, tensors: dict, quantized: bool) -> None:
@@ -81,9 +85,10 @@ def test_fp8_checkpoint_matches_transformers_w8a8(dirs) -> None:
     got, model = _hyla_logits(fp8_dir, ids)
     assert any(isinstance(m, Fp8Linear) for m in model.modules())
     moe = [layer.mlp for layer in model.layers if hasattr(layer.mlp, "experts")]
-    assert moe and all(isinstance(m.experts, Fp8Experts) for m in moe)
+    clamped = model.config.swiglu_limit is not None  # DeepSeek-V4: experts dequantized at load
+    assert moe and all(isinstance(m.experts, Fp8Experts) != clamped for m in moe)
     with torch.no_grad():
-        oracle = _w8a8_oracle(deq_dir, model_cls=_hf_class(family))
+        oracle = _w8a8_oracle(deq_dir, model_cls=_hf_class(family), fp8_experts=not clamped)
         want = oracle(torch.tensor([ids])).logits[0].float()
     unquantized, _ = _hyla_logits(float_dir, ids)
     err = (got - want).abs().max().item()

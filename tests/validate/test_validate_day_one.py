@@ -1,6 +1,6 @@
 """`hyla validate --quick --checks precision` on tiny checkpoints of the day-one families
-(qwen3_5_moe with its vision tower, glm_moe_dsa, deepseek_v4): the engine's greedy runs and logprobs against
-transformers on the same checkpoint pass the precision bounds."""
+(qwen3_5_moe with its vision tower, glm_moe_dsa, deepseek_v4): the engine's greedy runs and
+logprobs against transformers on the same checkpoint pass the precision bounds."""
 
 from __future__ import annotations
 
