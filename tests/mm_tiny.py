@@ -17,7 +17,7 @@ from tests.qwen35_moe_tiny import save_tiny_qwen35_moe
 from tests.qwen35_tiny import MM_IDS as QWEN_IDS
 from tests.qwen35_tiny import save_tiny_qwen35
 
-FAMILIES = ("glm5_next", "qwen3_5", "qwen3_5_moe")
+FAMILIES = ("glm5_next", "qwen3_5")  # qwen3_5_moe: the same tower (tests/multimodal)
 # (image token, start, end) ids of each family's tiny config
 IMAGE_IDS = {
     "glm5_next": (GLM_IDS["image_token_id"], GLM_IDS["image_start_token_id"],

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 
 from tests.deepseek_v4_tiny import save_tiny_deepseek_v4
-from tests.glm_moe_dsa_tiny import save_tiny_glm_moe_dsa
 from tests.qwen35_moe_tiny import save_tiny_qwen35_moe
 from tests.validate.test_validate import _validate
 
-SAVERS = {"qwen3_5_moe": save_tiny_qwen35_moe, "glm_moe_dsa": save_tiny_glm_moe_dsa,
-          "deepseek_v4": save_tiny_deepseek_v4}  # fmt: skip
+# glm_moe_dsa passes too (measured); DeepSeek-V3.2's checks cover its engine path
+SAVERS = {"qwen3_5_moe": save_tiny_qwen35_moe, "deepseek_v4": save_tiny_deepseek_v4}
 
 
 @pytest.mark.parametrize("family", sorted(SAVERS))
