@@ -20,8 +20,9 @@ from hyla.server.tool_parsers.names import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 LINEAR_KINDS = ("kda", "gdn")
 ATTENTION_KINDS = ("mla", "gqa", "dsa")
-LAYER_KINDS = LINEAR_KINDS + ATTENTION_KINDS
-FFN_KINDS = ("dense", "moe")
+COMPRESSED_KINDS = ("swa", "csa", "hca")  # DeepSeek-V4: sliding window, + CSA / HCA entries
+LAYER_KINDS = LINEAR_KINDS + ATTENTION_KINDS + COMPRESSED_KINDS
+FFN_KINDS = ("dense", "moe", "hash_moe")
 ROPE_SCALING_TYPES = ("default", "linear", "yarn")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")
 MAMBA_SSM_CACHE_DTYPES = ("float32", "bfloat16")
@@ -255,7 +256,8 @@ class DSAConfig:
     `index_kpool` tokens, the best `index_topk / index_kpool` complete pools are selected and the
     incomplete tail pool is added when `index_kpool_always_select_tail`. `indexer_types` (one per
     layer, empty: all "full") marks "shared" DSA layers that reuse the selection of the last
-    "full" DSA layer before them in the same step.
+    "full" DSA layer before them in the same step. `index_rope_style` is how the indexer's
+    queries and keys rotate: "neox" halves (DeepSeek-V3.2) or "interleave" pairs (GLM-5).
     """
 
     index_n_heads: int
@@ -264,6 +266,7 @@ class DSAConfig:
     index_kpool: int = 0
     index_kpool_always_select_tail: bool = True
     indexer_types: tuple[str, ...] = ()
+    index_rope_style: str = "neox"
 
     def __post_init__(self) -> None:
         _positive(self, "dsa.", "index_n_heads", "index_head_dim", "index_topk")
@@ -272,6 +275,11 @@ class DSAConfig:
         object.__setattr__(self, "indexer_types", tuple(self.indexer_types))
         for i, kind in enumerate(self.indexer_types):
             _require(kind in ("full", "shared"), f"dsa.indexer_types[{i}]", "must be full|shared")
+        _require(
+            self.index_rope_style in ("neox", "interleave"),
+            "dsa.index_rope_style",
+            f"must be neox|interleave, got {self.index_rope_style!r}",
+        )
         if self.index_kpool:
             _require(
                 self.index_topk % self.index_kpool == 0,
@@ -285,11 +293,59 @@ class DSAConfig:
 
 
 @dataclass(frozen=True)
+class CompressedAttentionConfig:
+    """DeepSeek-V4 attention (kinds "swa", "csa", "hca"; paper section 2.3): shared-KV
+    multi-query attention with per-head sinks over a `sliding_window` of tokens; "csa" layers
+    add entries pooled over overlapping windows of `csa_ratio` tokens, of which a lightning
+    indexer (`index_*`) picks `index_topk` per query; "hca" layers add entries pooled over
+    windows of `hca_ratio` tokens, all read. Queries go through a `q_lora_rank` bottleneck, the
+    output through `o_groups` groups of rank `o_lora_rank`. Compressed layers rotate with
+    `compress_rope_theta` (and the `compress_rope_scaling*` of the rope dict), sliding-only ones
+    with the model's `rope`."""
+
+    num_heads: int
+    head_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    sliding_window: int
+    csa_ratio: int = 4
+    hca_ratio: int = 128
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    compress_rope_theta: float = 160000.0
+    compress_rope_scaling_type: str = "default"
+    compress_rope_scaling: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        _positive(self, "compressed.", "num_heads", "head_dim", "q_lora_rank", "o_groups",
+                  "o_lora_rank", "sliding_window", "csa_ratio", "hca_ratio", "index_n_heads",
+                  "index_head_dim", "index_topk")  # fmt: skip
+        _number(self, "compressed.", "compress_rope_theta", positive=True)
+        object.__setattr__(self, "compress_rope_scaling", tuple(self.compress_rope_scaling))
+        _require(
+            self.num_heads % self.o_groups == 0,
+            "compressed.o_groups",
+            f"must divide num_heads={self.num_heads}, got {self.o_groups}",
+        )
+
+    def compress_rope(self, rope: RopeConfig) -> RopeConfig:
+        """The rope of the compressed layers: `rope`'s rotated channels, this theta and scaling."""
+        return dataclasses.replace(
+            rope, theta=self.compress_rope_theta, scaling_type=self.compress_rope_scaling_type,
+            scaling=self.compress_rope_scaling,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class MoEConfig:
     """Mixture-of-experts FFN.
 
     `scoring` is "sigmoid" (DeepSeek-V3 / Kimi: grouped top-k over sigmoid scores plus a correction
-    bias, weights from the unbiased scores) or "softmax" (Qwen3-Next). `shared_expert_gate` adds
+    bias, weights from the unbiased scores), "softmax" (Qwen3-Next) or "sqrt_softplus"
+    (DeepSeek-V4: plain top-k over sqrt(softplus) scores plus the bias; "hash_moe" FFN layers
+    take their experts from a token-id table instead). `shared_expert_gate` adds
     Qwen3-Next's sigmoid gate on the shared expert output.
     """
 
@@ -312,7 +368,8 @@ class MoEConfig:
         _non_negative(self, "moe.", "num_shared_experts", "shared_intermediate_size")
         _number(self, "moe.", "routed_scaling_factor", positive=True)
         _flag(self, "moe.", "norm_topk_prob", "has_correction_bias", "shared_expert_gate")
-        _require(self.scoring in ("softmax", "sigmoid"), "moe.scoring", "must be softmax|sigmoid")
+        _require(self.scoring in ("softmax", "sigmoid", "sqrt_softplus"), "moe.scoring",
+                 "must be softmax|sigmoid|sqrt_softplus")  # fmt: skip
         _require(
             self.num_experts_per_tok <= self.num_experts,
             "moe.num_experts_per_tok",
@@ -364,6 +421,7 @@ _SUBCONFIGS = {
     "gqa": GQAConfig,
     "dsa": DSAConfig,
     "moe": MoEConfig,
+    "compressed": CompressedAttentionConfig,
 }
 
 
@@ -380,7 +438,9 @@ class ModelConfig:
     with `hc_sinkhorn_iters` and floor `hc_eps`); `swiglu_limit` clamps every SwiGLU's gate
     (above) and up (both sides) projections before the product. `architecture` names the
     adapter family (e.g. "kimi_linear") or "hyla" for the native layout; it decides the
-    checkpoint tensor names only.
+    checkpoint tensor names only. DeepSeek-V4 adds the kinds `swa`, `csa`, `hca`
+    (`compressed`), the FFN kind `hash_moe` (experts by token id) and `hc_head_weighted` (the
+    streams' final collapse by learned weights instead of their mean).
     """
 
     vocab_size: int
@@ -409,6 +469,8 @@ class ModelConfig:
     hc_eps: float = 1e-6
     hc_sinkhorn_iters: int = 20
     swiglu_limit: float | None = None
+    compressed: CompressedAttentionConfig | None = None
+    hc_head_weighted: bool = False
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -436,7 +498,8 @@ class ModelConfig:
         self._need(kinds & {"mla", "dsa"}, "mla")
         self._need("gqa" in kinds, "gqa")
         self._need("dsa" in kinds, "dsa")
-        self._need("moe" in self.ffn_pattern, "moe")
+        self._need("moe" in self.ffn_pattern or "hash_moe" in self.ffn_pattern, "moe")
+        self._need(kinds & set(COMPRESSED_KINDS), "compressed")
         if "gqa" in kinds or ("mla" in kinds or "dsa" in kinds) and self.mla.use_rope:
             _require(self.rope is not None, "rope", "required by rotary attention layers")
         self._check_scalars()
@@ -562,6 +625,9 @@ class ModelConfig:
         out["extra"] = dict(self.extra)
         if self.rope is not None:
             out["rope"]["scaling"] = dict(self.rope.scaling)
+        if self.compressed is not None:
+            scaling = dict(self.compressed.compress_rope_scaling)
+            out["compressed"]["compress_rope_scaling"] = scaling
         return out
 
     @classmethod
@@ -590,6 +656,8 @@ def _build_sub(name: str, value: Any) -> Any:
     value = dict(value)
     if name == "rope" and "scaling" in value:
         value["scaling"] = tuple(sorted(dict(value["scaling"]).items()))
+    if name == "compressed" and "compress_rope_scaling" in value:
+        value["compress_rope_scaling"] = tuple(sorted(dict(value["compress_rope_scaling"]).items()))
     try:
         return sub(**value)
     except TypeError as e:

@@ -1,7 +1,8 @@
-"""Tiny multimodal checkpoints for the serving-path image tests: the tiny random glm5_next and
-qwen3_5 models (tests.glm_tiny, tests.qwen35_tiny) saved with a local tokenizer whose special
-tokens sit at the models' image ids, and the family's own transformers image processor
-(preprocessor_config.json), so `LLMEngine.from_path` and `hyla serve` load them as shipped."""
+"""Tiny multimodal checkpoints for the serving-path image tests: the tiny random glm5_next,
+qwen3_5 and qwen3_5_moe models (tests.glm_tiny, tests.qwen35_tiny, tests.qwen35_moe_tiny)
+saved with a local tokenizer whose special tokens sit at the models' image ids, and the
+family's own transformers image processor (preprocessor_config.json), so `LLMEngine.from_path`
+and `hyla serve` load them as shipped."""
 
 from __future__ import annotations
 
@@ -12,17 +13,19 @@ import numpy as np
 from tests.engine.tiny_tokenizer import build_tokenizer
 from tests.glm_tiny import MM_IDS as GLM_IDS
 from tests.glm_tiny import save_tiny_glm
+from tests.qwen35_moe_tiny import save_tiny_qwen35_moe
 from tests.qwen35_tiny import MM_IDS as QWEN_IDS
 from tests.qwen35_tiny import save_tiny_qwen35
 
-FAMILIES = ("glm5_next", "qwen3_5")
+FAMILIES = ("glm5_next", "qwen3_5")  # qwen3_5_moe: the same tower (tests/multimodal)
 # (image token, start, end) ids of each family's tiny config
 IMAGE_IDS = {
     "glm5_next": (GLM_IDS["image_token_id"], GLM_IDS["image_start_token_id"],
                   GLM_IDS["image_end_token_id"]),
     "qwen3_5": (QWEN_IDS["image_token_id"], QWEN_IDS["vision_start_token_id"],
                 QWEN_IDS["vision_end_token_id"]),
-}  # fmt: skip
+}
+IMAGE_IDS["qwen3_5_moe"] = IMAGE_IDS["qwen3_5"]  # the same ids (tests.qwen35_moe_tiny)  # fmt: skip
 SPECIAL_TEXT = {248: "<|vision_start|>", 249: "<|vision_end|>", 250: "<|image_pad|>"}
 
 
@@ -56,7 +59,9 @@ def image_tokenizer():
 
 def save_mm_checkpoint(family: str, path: Path, seed: int = 0):
     """Model (safetensors), tokenizer and image processor into `path`; returns the HF model."""
-    hf = {"glm5_next": save_tiny_glm, "qwen3_5": save_tiny_qwen35}[family](path, seed=seed)
+    savers = {"glm5_next": save_tiny_glm, "qwen3_5": save_tiny_qwen35,
+              "qwen3_5_moe": save_tiny_qwen35_moe}  # fmt: skip
+    hf = savers[family](path, seed=seed)
     image_tokenizer().save_pretrained(path)
     image_processor(family).save_pretrained(path)
     return hf

@@ -70,10 +70,15 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
 
     Layouts:
       mla/dsa  latent      per token [kv_lora_rank + qk_rope_head_dim]  (normed c_kv, then k_rope)
-      dsa      index_keys  per token [index_head_dim]                   (roped, normed indexer key)
+      dsa      index_keys  per token [index_head_dim]                   (roped, normed indexer key;
+               none on a "shared" layer)
       dsa with index_kpool (GLM-5.3-Flash): index_keys, index_gates, index_pool_keys
                per token [index_head_dim] (`hyla.ops.kpool_indexer`); a "shared" one: latent only
       gqa      k, v        per token [num_kv_heads, head_dim]
+      swa/csa/hca (DeepSeek-V4): kv per token [head_dim] (normed, roped; keys = values); csa and
+               hca also the compressor's inputs per token, compress_kv / compress_gate
+               [2 head_dim] (csa's two series) or [head_dim], and csa the indexer's, index_kv /
+               index_gate [2 index_head_dim]: a window's entry is pooled from them when read
       kda/gdn  recurrent_state per slot [num_v_heads, head_k_dim, head_v_dim]
                (`mamba_ssm_cache_dtype`: float32 unless bfloat16 is asked for)
                conv_state      per slot [conv_dim, conv_kernel_size - 1]
@@ -89,9 +94,11 @@ def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorS
             idx_dtype = config.dtype if kvd == "fp8" else kvd  # no fp8 scales for pooling yet
             dim = (config.dsa.index_head_dim,)
             specs += [CacheTensorSpec(n, "token", dim, idx_dtype) for n in names]
-        elif kind == "dsa":
+        elif kind == "dsa" and not config.dsa.is_shared(layer_idx):  # GLM-5 shares top-k
             specs.append(CacheTensorSpec("index_keys", "token", (config.dsa.index_head_dim,), kvd))
         return with_scales(specs)
+    if kind in ("swa", "csa", "hca"):
+        return with_scales(compressed_specs(config, kind, kvd))
     if kind == "gqa":
         shape = (config.gqa.num_kv_heads, config.gqa.head_dim)
         return with_scales(
@@ -129,3 +136,19 @@ def bytes_per_state_slot(config: ModelConfig) -> int:
         for s in layer_cache_specs(config, i)
         if s.per == "slot"
     )
+
+
+def compressed_specs(config: ModelConfig, kind: str, kvd: str) -> list[CacheTensorSpec]:
+    """DeepSeek-V4's per-token tensors of a layer of `kind` (see `layer_cache_specs`); the
+    compressor inputs stay in the model dtype (no fp8 scales for pooling)."""
+    c = config.compressed
+    specs = [CacheTensorSpec("kv", "token", (c.head_dim,), kvd)]
+    inputs = config.dtype if kvd == "fp8" else kvd
+    width = {"swa": 0, "csa": 2 * c.head_dim, "hca": c.head_dim}[kind]
+    if width:
+        specs += [CacheTensorSpec(n, "token", (width,), inputs) for n in ("compress_kv",
+                                                                           "compress_gate")]
+    if kind == "csa":
+        specs += [CacheTensorSpec(n, "token", (2 * c.index_head_dim,), inputs)
+                  for n in ("index_kv", "index_gate")]  # fmt: skip
+    return specs

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hyla.config import ModelConfig
-from hyla.ops.hyper_connection import hc_collapse, hc_expand, hc_weights
+from hyla.ops.hyper_connection import hc_collapse, hc_expand, hc_head_weights, hc_weights
 
 
 class HyperConnection(nn.Module):
@@ -39,3 +39,24 @@ class HyperConnection(nn.Module):
     ) -> torch.Tensor:
         """The next streams [T, N, D] (`hc_expand`)."""
         return hc_expand(block_out, streams, post, comb)
+
+
+class HyperHead(nn.Module):
+    """DeepSeek-V4's final collapse of the N streams by learned weights (`hc_head_weights`);
+    parameters `hc_fn` [N, N * D], `hc_base` [N], `hc_scale` [1], float32."""
+
+    keep_fp32 = ("hc_fn", "hc_base", "hc_scale")
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        n, d = config.hc_mult, config.hidden_size
+        self.hc_fn = nn.Parameter(torch.empty(n, n * d, dtype=torch.float32))
+        self.hc_base = nn.Parameter(torch.zeros(n, dtype=torch.float32))
+        self.hc_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
+        self.hc_eps, self.norm_eps = config.hc_eps, config.rms_norm_eps
+
+    def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        """streams [T, N, D] -> [T, D] in streams' dtype."""
+        pre = hc_head_weights(streams, self.hc_fn, self.hc_base, self.hc_scale, self.hc_eps,
+                              self.norm_eps)  # fmt: skip
+        return hc_collapse(streams, pre)

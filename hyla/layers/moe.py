@@ -8,9 +8,13 @@ Parameter names (per layer, under `layers.{i}.mlp.`):
     experts.down_proj             [E, D, I]
     shared_experts.{gate,up,down}_proj.weight  one SwiGLU of width `shared_width(moe)`
     shared_expert_gate.weight     [1, D]       only with `moe.shared_expert_gate` (Qwen3-Next)
+    gate.tid2eid                  [V, k] int64 buffer, "hash_moe" layers (DeepSeek-V4): each
+                                  token id's experts; they read the step's token ids
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -28,8 +32,10 @@ from hyla.ops.moe import (
     fuses_shared,
     moe_experts,
     moe_experts_and_shared,
+    route_hash,
     route_sigmoid,
     route_softmax,
+    route_sqrt_softplus,
 )
 from hyla.ops.moe_clamped import moe_experts_clamped
 
@@ -45,10 +51,14 @@ def shared_width(moe: MoEConfig) -> int:
 class Router(nn.Module):
     """Scores experts and picks `num_experts_per_tok` per token (see `hyla.ops.moe`)."""
 
-    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+    def __init__(self, hidden_size: int, moe: MoEConfig, vocab_size: int | None = None) -> None:
         super().__init__()
         self.moe = moe
         self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
+        if vocab_size is not None:  # hash routing: experts by token id
+            self.register_buffer(
+                "tid2eid", torch.zeros(vocab_size, moe.num_experts_per_tok, dtype=torch.long)
+            )
         if moe.has_correction_bias:
             self.register_buffer(
                 "e_score_correction_bias", torch.zeros(moe.num_experts, dtype=torch.float32)
@@ -72,8 +82,11 @@ class Router(nn.Module):
             self._weight_fp32 = (key, w.detach().float())
         return self._weight_fp32[1]
 
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden_states: [T, D] -> (topk_weights [T, k], topk_ids [T, k] int64).
+    def forward(
+        self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden_states: [T, D] (and token_ids [T] on a hash-routed layer) ->
+        (topk_weights [T, k], topk_ids [T, k] int64).
 
         Sigmoid routing computes the logits in float32 (as DeepSeek-V3 / Kimi); softmax routing
         computes them in the hidden dtype and the softmax in float32 (as Qwen3-Next)."""
@@ -85,6 +98,11 @@ class Router(nn.Module):
             logits = prepacked_linear(hidden_states, self.weight, self.packed)
         else:
             logits = linear_fp32(hidden_states, self.weight_fp32())
+        if hasattr(self, "tid2eid"):
+            return route_hash(logits, token_ids, self.tid2eid, moe.routed_scaling_factor)
+        if moe.scoring == "sqrt_softplus":
+            bias, k = self.e_score_correction_bias, moe.num_experts_per_tok
+            return route_sqrt_softplus(logits, bias, k, moe.routed_scaling_factor)
         return route_sigmoid(
             logits,
             self.e_score_correction_bias,
@@ -137,7 +155,11 @@ class MoE(nn.Module):
         super().__init__()
         moe = config.moe
         self.layer_idx = layer_idx
-        self.gate = Router(config.hidden_size, moe)
+        self.routes_by_token = config.ffn_pattern[layer_idx] == "hash_moe"
+        if self.routes_by_token:  # the table picks the experts: no correction bias
+            moe = dataclasses.replace(moe, has_correction_bias=False)
+        vocab = config.vocab_size if self.routes_by_token else None
+        self.gate = Router(config.hidden_size, moe, vocab)
         self.experts = Experts(config.hidden_size, moe)
         width = shared_width(moe)
         self.shared_experts = GatedMLP(config, layer_idx, width) if width else None
@@ -146,9 +168,12 @@ class MoE(nn.Module):
         )
         self.swiglu_limit = config.swiglu_limit  # GLM-5.3-Flash: clamped SwiGLU experts
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states: [T, D] -> [T, D] in the same dtype."""
-        topk_weights, topk_ids = self.gate(hidden_states)
+    def forward(
+        self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """hidden_states: [T, D] (token_ids [T] on a hash-routed layer) -> [T, D] in the same
+        dtype."""
+        topk_weights, topk_ids = self.gate(hidden_states, token_ids)
         if self.swiglu_limit is not None:
             return self._forward_clamped(hidden_states, topk_weights, topk_ids)
         if isinstance(self.experts, Fp8Experts):

@@ -3,6 +3,9 @@
 
 Parameter names follow HF `DeepseekV32Attention` (the MLA names of `MLAttention`) plus
 `indexer.wq_b`, `indexer.wk`, `indexer.k_norm` (a LayerNorm with bias), `indexer.weights_proj`.
+
+GLM-5 (`glm_moe_dsa`) marks some layers "shared" (`dsa.indexer_types`): they have no indexer and
+reuse the top-k of the last full DSA layer of the same forward pass (`batch.per_pass`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from hyla.ops.paged import write_paged_entries
 from hyla.ops.rotary import apply_rope
 from hyla.ops.sparse_attention import sparse_mla
 
+SELECTION_KEY = "dsa_selection"  # batch.per_pass: the last full layer's top-k, per row group
 # HF `DeepseekV32Indexer` builds `k_norm` as `nn.LayerNorm(head_dim, eps=1e-6)`.
 INDEX_KEY_NORM_EPS = 1e-6
 
@@ -29,8 +33,9 @@ class LightningIndexer(nn.Module):
 
     Parameters: `wq_b` [Hi*Di, Rq] (reads MLA's `q_a_layernorm` output), `wk` [Di, D],
     `k_norm` LayerNorm [Di] (weight and bias), `weights_proj` [Hi, D]. The first
-    `qk_rope_head_dim` channels of queries and keys rotate in "neox" style (never interleaved,
-    unlike MLA's rope), with the MLA layer's cos/sin.
+    `qk_rope_head_dim` channels of queries and keys rotate in `dsa.index_rope_style` ("neox"
+    for DeepSeek-V3.2, unlike its MLA's interleaved rope; "interleave" for GLM-5), with the
+    MLA layer's cos/sin.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -42,6 +47,7 @@ class LightningIndexer(nn.Module):
         self.k_norm = nn.LayerNorm(dsa.index_head_dim, eps=INDEX_KEY_NORM_EPS)
         self.weights_proj = Linear(config.hidden_size, dsa.index_n_heads, bias=False)
         self.softmax_scale = dsa.index_head_dim**-0.5
+        self.rope_style = dsa.index_rope_style
 
     def forward(
         self,
@@ -55,8 +61,8 @@ class LightningIndexer(nn.Module):
         q = self.wq_b(q_resid).view(num_tokens, self.n_heads, self.head_dim)
         k = self.k_norm(self.wk(hidden_states))[:, None, :]  # [T, 1, Di]
         if cos_sin is not None:
-            q = apply_rope(q, *cos_sin, style="neox")
-            k = apply_rope(k, *cos_sin, style="neox")
+            q = apply_rope(q, *cos_sin, style=self.rope_style)
+            k = apply_rope(k, *cos_sin, style=self.rope_style)
         weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float()
         return q, weights, k[:, 0]
 
@@ -81,7 +87,8 @@ class DSAttention(MLAttention):
         super().__init__(config, layer_idx)
         if config.mla.q_lora_rank is None:
             raise ValueError("dsa: mla.q_lora_rank is required (the indexer reads q_a_layernorm)")
-        self.indexer = LightningIndexer(config)
+        self.is_shared = config.dsa.is_shared(layer_idx)
+        self.indexer = None if self.is_shared else LightningIndexer(config)
         self.index_topk = config.dsa.index_topk
 
     def forward(
@@ -91,8 +98,10 @@ class DSAttention(MLAttention):
         proj = self.project(hidden_states, positions)
         cache = batch.caches[self.layer_idx]
         write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
-        index_q, index_w, index_k = self.indexer(hidden_states, proj.q_resid, proj.cos_sin)
-        write_paged_entries(cache, "index_keys", batch.slot_mapping, index_k)
+        index_q = index_w = None  # a shared layer reads the last full layer's top-k instead
+        if self.indexer is not None:
+            index_q, index_w, index_k = self.indexer(hidden_states, proj.q_resid, proj.cos_sin)
+            write_paged_entries(cache, "index_keys", batch.slot_mapping, index_k)
         if batch.attn.lengths_on_device:
             return self.o_proj(self.attend_on_device(proj, index_q, index_w, batch).flatten(1))
         seq_lens = batch.seq_lens
@@ -152,17 +161,20 @@ class DSAttention(MLAttention):
         )  # fmt: skip
         if group is not None:
             rows, tables, cu, lens, max_len = group
-            q_nope, q_rope, index_q, index_w = (t[rows] for t in (q_nope, q_rope, index_q, index_w))
+            q_nope, q_rope = q_nope[rows], q_rope[rows]
         num_rows = q_nope.shape[0]
         if max_len <= k:
             topk_indices = batch.shared(("dense_topk", k, num_rows, group is None), lambda:
                 dense_topk_indices(cu, lens, k, num_rows))  # fmt: skip
         else:
-            topk_indices = lightning_indexer_topk(
-                index_q, index_w, cache["index_keys"], tables, cu, lens, k,
-                self.indexer.softmax_scale, cache.get("index_keys_scale"), max_seq_len=max_len,
-                static_shapes=batch.attn.graph_kernels,
-            )  # fmt: skip
+            topk_indices = self.selection(batch, ("selected", group is None), lambda: (
+                lightning_indexer_topk(
+                    index_q if group is None else index_q[group[0]],
+                    index_w if group is None else index_w[group[0]],
+                    cache["index_keys"], tables, cu, lens, k, self.indexer.softmax_scale,
+                    cache.get("index_keys_scale"), max_seq_len=max_len,
+                    static_shapes=batch.attn.graph_kernels,
+                )))  # fmt: skip
         return sparse_mla(
             q_nope, q_rope, cache["latent"], tables, cu, topk_indices, self.kv_b_proj.weight,
             self.scale, latent_scale=cache.get("latent_scale"),
@@ -180,17 +192,11 @@ class DSAttention(MLAttention):
         """Fill `out` [T, H, Dv] rows of `seq_ids` with MLA over each token's top-k tokens."""
         cache = batch.caches[self.layer_idx]
         g = select_sequences(batch, seq_ids)
-        topk_indices = lightning_indexer_topk(
-            index_q[g.rows],
-            index_w[g.rows],
-            cache["index_keys"],
-            g.block_tables,
-            g.cu_seqlens,
-            g.seq_lens,
-            self.index_topk,
-            self.indexer.softmax_scale,
+        topk_indices = self.selection(batch, ("sparse",), lambda: lightning_indexer_topk(
+            index_q[g.rows], index_w[g.rows], cache["index_keys"], g.block_tables, g.cu_seqlens,
+            g.seq_lens, self.index_topk, self.indexer.softmax_scale,
             cache.get("index_keys_scale"),
-        )
+        ))  # fmt: skip
         out[g.rows] = sparse_mla(
             proj.q_nope[g.rows],
             proj.q_rope[g.rows],
@@ -202,6 +208,21 @@ class DSAttention(MLAttention):
             self.scale,
             latent_scale=cache.get("latent_scale"),
         )
+
+
+    def selection(self, batch: ForwardBatch, key: tuple, compute) -> torch.Tensor:
+        """The top-k indices of the rows `key` names: computed by a full layer (and kept in
+        `batch.per_pass` for the shared layers after it), read back by a shared one. Every DSA
+        layer of a pass splits the batch the same way (same lengths, same `index_topk`), so
+        a key names the same rows in each.
+
+        Raises: RuntimeError on a shared layer before any full one in the pass."""
+        key = (SELECTION_KEY, *key)
+        if not self.is_shared:
+            batch.per_pass[key] = compute()
+        elif key not in batch.per_pass:
+            raise RuntimeError(f"layer {self.layer_idx}: shared DSA layer before a full one")
+        return batch.per_pass[key]
 
 
 def _dense_prefill(batch: ForwardBatch, topk: int) -> list[int]:

@@ -10,7 +10,7 @@ Each layer is pre-norm residual (as in all supported families):
 
 With `hc_mult` > 1 (GLM-5.3-Flash) the single residual becomes N streams [T, N, D]: each block
 reads a mix of them and writes back to all (`hyla.layers.hyper_connection`); the final norm reads
-their mean.
+their mean (DeepSeek-V4: a learned weighted collapse, `hc_head_weighted`).
 
 Mixer classes come from `MIXERS` by layer kind, FFN classes from `FFNS`; both registries are the
 only places that name concrete layer classes.
@@ -25,7 +25,7 @@ from torch import nn
 
 from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
-from hyla.layers.hyper_connection import HyperConnection
+from hyla.layers.hyper_connection import HyperConnection, HyperHead
 from hyla.layers.linear import Linear
 from hyla.layers.norm import RMSNorm
 from hyla.ops.linear import adjacent_rows, stack_rows
@@ -38,11 +38,16 @@ MIXERS = {
     "gqa": "hyla.layers.attention:GQAttention",
     "dsa": "hyla.layers.sparse_attention:DSAttention",
     "dsa_kpool": "hyla.layers.pooled_sparse_attention:PooledDSAttention",
+    "swa": "hyla.layers.compressed_attention:DeepseekV4Attention",
+    "csa": "hyla.layers.compressed_attention:DeepseekV4Attention",
+    "hca": "hyla.layers.compressed_attention:DeepseekV4Attention",
 }
 FFNS = {
     "dense": "hyla.layers.mlp:GatedMLP",
     "moe": "hyla.layers.moe:MoE",
+    "hash_moe": "hyla.layers.moe:MoE",
 }
+INPUT_IDS = "input_ids"  # batch.per_pass: the pass's token ids (hash-routed MoE layers)
 
 
 def _resolve(path: str) -> type[nn.Module]:
@@ -89,7 +94,7 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm.add_and_norm(
             self.mixer(x, positions, batch), residual
         )
-        return self.mlp(x), residual
+        return self._ffn(x, batch), residual
 
     def forward_streams(
         self, streams: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
@@ -99,8 +104,13 @@ class DecoderLayer(nn.Module):
         out = self.mixer(self.input_layernorm(x), positions, batch)
         streams = self.attn_hc.expand(out, streams, post, comb)
         x, post, comb = self.ffn_hc(streams)
-        out = self.mlp(self.post_attention_layernorm(x))
+        out = self._ffn(self.post_attention_layernorm(x), batch)
         return self.ffn_hc.expand(out, streams, post, comb)
+
+    def _ffn(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        if getattr(self.mlp, "routes_by_token", False):
+            return self.mlp(x, batch.per_pass[INPUT_IDS])
+        return self.mlp(x)
 
 
 class HybridModel(nn.Module):
@@ -119,6 +129,8 @@ class HybridModel(nn.Module):
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        if config.hc_head_weighted:
+            self.hc_head = HyperHead(config)
 
     def forward(
         self,
@@ -132,6 +144,7 @@ class HybridModel(nn.Module):
         their paged cache in place (`batch.caches`, see `hyla.forward_batch`). `inputs_embeds`
         [T, D], when given, replaces the token embeddings (image placeholders filled in)."""
         batch.per_pass.clear()  # a new pass: nothing computed for an earlier one is reused
+        batch.per_pass[INPUT_IDS] = input_ids
         embeds = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if self.config.hc_mult > 1:
             return self._forward_streams(embeds, positions, batch)
@@ -149,6 +162,8 @@ class HybridModel(nn.Module):
         streams = embeds[:, None, :].expand(-1, self.config.hc_mult, -1).contiguous()
         for layer in self.layers:
             streams = layer.forward_streams(streams, positions, batch)
+        if self.config.hc_head_weighted:
+            return self.norm(self.hc_head(streams))
         return self.norm(streams.mean(dim=1))
 
     @torch.no_grad()

@@ -30,6 +30,7 @@ _CLAMPED_MLP = "ops/activation.silu_and_mul_clamped (layers/mlp.GatedMLP; PyTorc
 _VISION_TOWERS = {  # family -> hyla tower (hyla.models.vision_loader.TOWERS)
     "glm5_next": "layers/glm5_next_vision.Glm5NextVisionTower (ops/vision)",
     "qwen3_5": "layers/qwen3_5_vision.Qwen35VisionTower (ops/vision)",
+    "qwen3_5_moe": "layers/qwen3_5_vision.Qwen35VisionTower (ops/vision)",
 }
 # Said of every family with a vision tower (tests/multimodal holds it against transformers)
 IMAGES_IN_ENGINE = "multimodal/runtime.MultimodalRuntime (images through LLM.generate / "
@@ -58,6 +59,21 @@ _MODULE_RULES: tuple[tuple[str, str, str], ...] = (
     (r"^linear$", OK, "layers/linear.Linear (ops/linear)"),
     (r"^conv1d$", OK, "ops/short_conv.causal_conv1d"),
 )
+_V4_ATTN = "layers/compressed_attention.DeepseekV4Attention"
+# family -> (class-name pattern, hyla target), checked before the generic rules: modules whose
+# names other families share with another meaning (a sliding window, an indexer, a hyper head)
+_FAMILY_RULES: dict[str, tuple[tuple[str, str], ...]] = {
+    "deepseek_v4": (
+        (r"compressor$", "layers/compressed_attention.Compressor (ops/kv_compress; PyTorch only)"),
+        (r"indexer$|indexerscorer$", "layers/compressed_attention.Indexer "
+                                     "(ops/kv_compress.compressed_indexer_topk; PyTorch only)"),
+        (r"hashrouter$", "ops/moe.route_hash (layers/moe.Router; PyTorch only)"),
+        (r"sqrtsoftplus", "ops/moe.route_sqrt_softplus (layers/moe.Router; PyTorch only)"),
+        (r"groupedlinear$", f"ops/linear/grouped.grouped_linear ({_V4_ATTN}; PyTorch only)"),
+        (r"hyperhead$", "layers/hyper_connection.HyperHead (ops/hyper_connection; PyTorch only)"),
+        (r"attention$", f"{_V4_ATTN} (ops/sink_attention, ops/kv_compress; PyTorch only)"),
+    ),
+}  # fmt: skip
 _CONTAINERS = re.compile(r"(model|decoderlayer|modulelist|forcausallm|moduledict|sequential)$")
 _VISION = re.compile(r"vision|visual|patch|merger", re.IGNORECASE)
 _INDEXED = ("indexed_attention", "deepseek_sparse_attention")
@@ -133,6 +149,8 @@ def _variant(name: str, path: str, text: dict[str, Any]) -> tuple[str, str] | No
     if name.endswith("unweightedrmsnorm"):
         if "_hc." in path or "hc_head" in path:  # the streams' norm inside mHC
             return OK, "ops/hyper_connection.hc_weights (RMS of the streams; PyTorch only)"
+        if path.endswith("q_b_norm"):  # DeepSeek-V4's per-head query norm
+            return OK, f"ops/norm.rms_norm_unweighted ({_V4_ATTN}; PyTorch only)"
         return MISSING, "weight-free RMSNorm"
     if name == "layernorm":
         if path.endswith("indexer.k_norm"):
@@ -165,6 +183,9 @@ def classify_module(
         return MISSING, "vision tower / image path"
     if _CONTAINERS.search(name) and "attention" not in name:
         return None
+    for pattern, target in _FAMILY_RULES.get(fam or "", ()):
+        if re.search(pattern, name):
+            return OK, target
     variant = _variant(name, path, text)
     if variant is not None:
         return variant
@@ -241,8 +262,27 @@ def _vision_fields(config: dict[str, Any], fam: str | None) -> list[tuple[str, A
             ("vision_config", "present", OK, IMAGES_IN_ENGINE)]  # fmt: skip
 
 
+# family -> field -> the hyla module that runs what a "missing" field row names
+_FAMILY_FIELDS = {
+    "deepseek_v4": {
+        "compress_rates": "ops/kv_compress.compress_kv (CSA / HCA windows; PyTorch only)",
+        "o_lora_rank": "ops/linear/grouped.grouped_linear (grouped output projection)",
+        "sliding_window": "ops/sink_attention.sink_window_attention (window + sinks; "
+                          "PyTorch only)",
+        "scoring_func": "ops/moe.route_sqrt_softplus (sqrt-softplus routing; PyTorch only)",
+    },
+}  # fmt: skip
+
+
 def _field_checks(config: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     """(field, value, status, note) for config fields that change the maths."""
+    rows = _generic_field_checks(config)
+    served = _FAMILY_FIELDS.get(family(config) or "", {})
+    return [(n, v, OK, served[n]) if st == MISSING and n in served else (n, v, st, note)
+            for n, v, st, note in rows]  # fmt: skip
+
+
+def _generic_field_checks(config: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     text, out = _text_config(config), []
     act = text.get("hidden_act", "silu")
     if act != "silu":
@@ -258,8 +298,10 @@ def _field_checks(config: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
     if kinds - {"full", "shared"}:
         out.append(("indexer_types", sorted(kinds), MISSING, "indexer kinds: full, shared"))
     elif "shared" in kinds:
-        out.append(("indexer_types", sorted(kinds), OK, "layers/pooled_sparse_attention."
-                    "PooledDSAttention (shares the last full layer's top-k)"))  # fmt: skip
+        layer = ("layers/pooled_sparse_attention.PooledDSAttention" if text.get("index_kpool")
+                 else "layers/sparse_attention.DSAttention")  # fmt: skip
+        out.append(("indexer_types", sorted(kinds), OK,
+                    f"{layer} (shares the last full layer's top-k)"))  # fmt: skip
     if text.get("kv_lora_rank") and text.get("qk_rope_head_dim") == 0:
         out.append(("qk_rope_head_dim", 0, OK, "layers/attention.MLAttention (NoPE MLA)"))
     out += _rope_fields(text)

@@ -11,7 +11,8 @@ tensor (fp8 with its scales, or float) fills an fp8 destination.
 
 Candidates are the `Linear` modules and routed experts (block-scaled only) whose weights
 only their forward reads: not `lm_head` (kept in the model dtype as fp8 releases do), not
-`kv_b_proj` (MLA reads its weight to absorb queries) or the indexer's `weights_proj`, nor any
+`kv_b_proj` (MLA reads its weight to absorb queries), DeepSeek-V4's grouped `o_a_proj` (read
+as [G, Dout, Din] blocks) or the indexer's `weights_proj`, nor any
 module named by `modules_to_not_convert` (a substring of the hyla or the checkpoint name, as
 transformers matches them).
 """
@@ -33,7 +34,7 @@ from hyla.ops.fp8 import FP8, dequantize_stacked, quantize_weight_blockwise
 
 SCALE_SUFFIXES = ("_scale_inv", "_scale")  # DeepSeek/Qwen block scales; per-tensor/channel
 SKIPPED_SUFFIXES = (".input_scale",)  # static activation scales: hyla computes them per token
-NOT_FP8 = ("lm_head", "kv_b_proj", "weights_proj")
+NOT_FP8 = ("lm_head", "kv_b_proj", "weights_proj", "o_a_proj")
 QUANTIZABLE = (Linear, Experts, ExpertParallelExperts)
 
 
@@ -87,6 +88,8 @@ def fp8_candidates(model: nn.Module) -> dict[str, nn.Module]:
     if config.quantization is None:
         return {}
     kinds = QUANTIZABLE if config.quantization.weight_block_size else (Linear,)
+    if config.swiglu_limit is not None:  # no fp8 form of the clamped experts: dequantized
+        kinds = tuple(k for k in kinds if k is not Experts) or (Linear,)
     return {
         name: m
         for name, m in model.named_modules()

@@ -21,6 +21,9 @@ ADAPTERS = {
     "qwen3_next": "hyla.models.qwen3_next",
     "glm5_next": "hyla.models.glm5_next",
     "qwen3_5": "hyla.models.qwen3_5",
+    "qwen3_5_moe": "hyla.models.qwen3_5_moe",
+    "glm_moe_dsa": "hyla.models.glm_moe_dsa",
+    "deepseek_v4": "hyla.models.deepseek_v4",
 }
 ARCHITECTURES = {
     "KimiLinearForCausalLM": "kimi_linear",
@@ -29,8 +32,13 @@ ARCHITECTURES = {
     "Glm5NextForConditionalGeneration": "glm5_next",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "GlmMoeDsaForCausalLM": "glm_moe_dsa",
+    "DeepseekV4ForCausalLM": "deepseek_v4",
 }
 NATIVE = "hyla"
+_TEXT_ONLY = ("glm5_next_text", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 def family_of(hf_config: dict[str, Any]) -> str:
@@ -41,7 +49,7 @@ def family_of(hf_config: dict[str, Any]) -> str:
     if not isinstance(hf_config, dict):
         raise ConfigError(f"config: expected a JSON object, got {type(hf_config).__name__}")
     model_type = hf_config.get("model_type")
-    if model_type in ("glm5_next_text", "qwen3_5_text"):  # flat text-only configs
+    if model_type in _TEXT_ONLY:  # flat text-only configs
         return model_type.removesuffix("_text")
     if model_type == NATIVE or model_type in ADAPTERS:
         return model_type

@@ -21,6 +21,7 @@ PREFIXES = ("model.visual.", "visual.")
 TOWERS = {
     "glm5_next": (Glm5NextVisionTower, VisionConfig),
     "qwen3_5": (Qwen35VisionTower, Qwen35VisionConfig),
+    "qwen3_5_moe": (Qwen35VisionTower, Qwen35VisionConfig),  # the same tower as Qwen3.5's
 }
 
 

@@ -20,6 +20,7 @@ from hyla.config import ModelConfig
 from hyla.distributed.sharding import rank_config, shard_of
 from hyla.models.inspect import stored_model
 from hyla.models.loader import build_empty_model
+from hyla.plan import compressed_costs as v4
 
 LINEAR_CHUNK = 64  # tokens per chunk of the chunked delta rule (intra-chunk FLOPs)
 
@@ -153,6 +154,8 @@ def _mixer_flops_per_token(config: ModelConfig, kind: str, context: float, prefi
         return state + (intra if prefill else 0)
     if kind == "gqa":
         return 4 * config.gqa.num_heads * config.gqa.head_dim * context
+    if v4.is_compressed(kind):
+        return v4.flops_per_token(config, kind, context)
     m = config.mla
     absorbed = 2 * m.num_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
     if kind == "mla":
@@ -181,6 +184,8 @@ def prefill_attention_flops(config: ModelConfig, num_tokens: int) -> float:
             total += t * _mixer_flops_per_token(config, kind, 0, True)
         elif kind in ("gqa", "mla"):
             total += _mixer_flops_per_token(config, kind, 1.0, True) * t * t / 2
+        elif v4.is_compressed(kind):  # linear in context past the window: sum over half of it
+            total += t * v4.flops_per_token(config, kind, t / 2)
         else:
             m, k = config.mla, config.dsa.index_topk
             absorbed = 2 * m.num_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)

@@ -1,4 +1,5 @@
-"""GLM-5.3-Flash (`glm5_next`) and Qwen3.5 (`qwen3_5`) through hyla's engine: greedy output ==
+"""GLM-5.3-Flash (`glm5_next`), Qwen3.5 (`qwen3_5`), Qwen3.5-MoE (`qwen3_5_moe`), GLM-5
+(`glm_moe_dsa`) and DeepSeek-V4 (`deepseek_v4`) through hyla's engine: greedy output ==
 transformers `generate`,
 and a batch == solo runs (I3).
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from hyla.request import SamplingParams
+from tests.deepseek_v4_tiny import save_tiny_deepseek_v4
 from tests.engine.engine_util import (
     assert_all_free,
     assert_same_completion,
@@ -25,7 +27,9 @@ from tests.engine.engine_util import (
     solo,
 )
 from tests.engine.tiny_tokenizer import build_tokenizer
+from tests.glm_moe_dsa_tiny import save_tiny_glm_moe_dsa
 from tests.glm_tiny import save_tiny_glm
+from tests.qwen35_moe_tiny import save_tiny_qwen35_moe
 from tests.qwen35_tiny import save_tiny_qwen35
 
 PROMPT_LENS = (1, 6, 23, 41)
@@ -38,7 +42,12 @@ def _one_thread():
         yield
 
 
-SAVERS = {"glm5_next": save_tiny_glm, "qwen3_5": save_tiny_qwen35}
+SAVERS = {"glm5_next": save_tiny_glm, "qwen3_5": save_tiny_qwen35,
+          "qwen3_5_moe": save_tiny_qwen35_moe, "glm_moe_dsa": save_tiny_glm_moe_dsa,
+          "deepseek_v4": save_tiny_deepseek_v4}  # fmt: skip
+# every layer attention-like (deepseek_v4's windows are pooled from per-token entries): a hit
+# needs blocks only
+STATELESS = {"glm_moe_dsa", "deepseek_v4"}
 
 
 @pytest.fixture(scope="module", params=sorted(SAVERS))
@@ -46,11 +55,11 @@ def checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(f"{request.param}_engine")
     hf = SAVERS[request.param](path, seed=0)
     build_tokenizer().save_pretrained(path)
-    return hf, path
+    return hf, path, request.param
 
 
 def test_engine_greedy_matches_transformers_generate(checkpoint):
-    hf, path = checkpoint
+    hf, path, _ = checkpoint
     engine = make_engine(load(path), path, max_num_batched_tokens=16, block_size=8)
     params = SamplingParams(temperature=0, max_tokens=NUM_NEW, ignore_eos=True)
     prompts = {f"p{n}": prompt_ids(n, seed=n) for n in PROMPT_LENS}
@@ -68,7 +77,7 @@ def test_engine_greedy_matches_transformers_generate(checkpoint):
 
 
 def test_batch_equals_solo_runs(checkpoint):
-    _, path = checkpoint
+    _, path, _ = checkpoint
     engine = make_engine(load(path), path, max_num_batched_tokens=24, block_size=8)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
     prompts = {f"p{n}": prompt_ids(n, seed=100 + n) for n in (2, 9, 30)}
@@ -82,8 +91,10 @@ def test_batch_equals_solo_runs(checkpoint):
 
 def test_prefix_hit_equals_cold_run(checkpoint):
     """I2: a prompt sharing a cached prefix (blocks of 6, linear-state checkpoints every 18
-    tokens; glm5_next's pools of 4 straddle blocks) gives the cold run's tokens and logprobs."""
-    _, path = checkpoint
+    tokens; glm5_next's pools of 4 straddle blocks; glm_moe_dsa, stateless, hits every block)
+    gives the cold run's tokens and logprobs."""
+    _, path, family = checkpoint
+    unit = 6 if family in STATELESS else 18
     model = load(path)
     engine = make_engine(model, path, block_size=6, state_checkpoint_stride=18,
                          max_num_batched_tokens=12)  # fmt: skip
@@ -93,7 +104,7 @@ def test_prefix_hit_equals_cold_run(checkpoint):
     for n in (17, 19, 37, 55):
         ids = base[:n] + prompt_ids(5, seed=900 + n)
         out = run_all_one(engine, f"s{n}", ids, params)
-        assert out.num_cached_tokens == n // 18 * 18, n
+        assert out.num_cached_tokens == n // unit * unit, n
         cold = make_engine(model, path, block_size=6, state_checkpoint_stride=18,
                            enable_prefix_caching=False)  # fmt: skip
         assert_same_completion(out, run_all_one(cold, "cold", ids, params))
@@ -111,7 +122,7 @@ def test_static_decode_steps_match_plain_steps(checkpoint):
     plain steps' tokens and logprobs."""
     from hyla.engine.cuda_graphs import DecodeGraphs
 
-    _, path = checkpoint
+    _, path, _ = checkpoint
     model = load(path)
     prompts = [prompt_ids(n, seed=n) for n in (5, 23, 40)]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)

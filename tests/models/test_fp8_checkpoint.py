@@ -113,27 +113,35 @@ def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
         if tok.numel() == 0:
             continue
         x = fake_quant_rows(hidden_states[tok], BLOCK[1])
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        h = fake_quant_rows(F.silu(gate) * up, BLOCK[1])
+        gate_up = F.linear(x, self.gate_up_proj[e])
+        if hasattr(self, "_apply_gate"):  # DeepSeek-V4's clamped SwiGLU
+            h = fake_quant_rows(self._apply_gate(gate_up), BLOCK[1])
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = fake_quant_rows(F.silu(gate) * up, BLOCK[1])
         y = F.linear(h, self.down_proj[e]) * top_k_weights[tok, pos, None]
         out.index_add_(0, tok, y.to(out.dtype))
     return out
 
 
-def _w8a8_oracle(deq_dir: Path, per_channel: bool = False):
-    """The transformers model of the dequantized checkpoint with e4m3 activation rounding at
-    the inputs of every quantized projection (per token and bk columns; per token with
-    per-channel weights, whose experts hyla dequantizes at load)."""
+def _w8a8_oracle(deq_dir: Path, per_channel: bool = False, model_cls=None,
+                 fp8_experts: bool = True):
+    """The transformers model (`model_cls`, else AutoModelForCausalLM) of the dequantized
+    checkpoint with e4m3 activation rounding at the inputs of every quantized projection (per
+    token and bk columns; per token with per-channel weights, whose experts hyla dequantizes
+    at load; or without `fp8_experts`, whose experts hyla keeps dequantized)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(deq_dir, attn_implementation="eager").float()
+    cls = model_cls or AutoModelForCausalLM
+    model = cls.from_pretrained(deq_dir, attn_implementation="eager").float()
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and _quantized(name + ".weight", mod.weight):
-            if "kv_b_proj" in name:  # hyla keeps it dequantized: MLA absorbs it into queries
+            if name.endswith(("kv_b_proj", "o_a_proj")):  # hyla keeps them dequantized (MLA
+                # absorbs kv_b into queries; V4's grouped o_a is read as blocks)
                 continue
             group = mod.in_features if per_channel else BLOCK[1]
             mod.register_forward_pre_hook(lambda m, args, g=group: (fake_quant_rows(args[0], g),))
-        if name.endswith("mlp.experts") and not per_channel:
+        if name.endswith("mlp.experts") and not per_channel and fp8_experts:
             mod.forward = types.MethodType(_experts_forward, mod)
     return model.eval()
 

@@ -130,32 +130,87 @@ def test_qwen3_5_maps_every_module_and_mrope(tmp_path):
     assert [g for g in report.modules + report.fields if g.status == MISSING] == []
 
 
-def test_deepseek_v4_compressed_attention_and_router_missing(tmp_path):
+def test_qwen3_5_moe_maps_every_module_and_the_vision_tower(tmp_path):
+    from hyla.models.vision_loader import TOWERS
+
+    layers = ["linear_attention"] * 3 + ["full_attention"]
+    text = dict(SMALL, layer_types=layers, num_experts=8)
+    report = gap_report(_from_transformers(tmp_path, "qwen3_5_moe", text))
+    _assert_rows_true(report)
+    targets = _targets(report)
+    # classes of transformers' modeling_qwen3_5_moe.py and the hyla module each needs
+    for cls, hyla_name in (("Qwen3_5MoeGatedDeltaNet", "GatedDeltaNet"),
+                           ("Qwen3_5MoeAttention", "GQAttention"),
+                           ("Qwen3_5MoeSparseMoeBlock", "MoE"),
+                           ("Qwen3_5MoeTopKRouter", "Router")):  # fmt: skip
+        assert hyla_name in targets[cls], (cls, targets[cls])
+    vision = [g.target for g in report.fields if g.name == "vision_config" and g.status == OK]
+    assert any(TOWERS["qwen3_5_moe"][0].__name__ in t for t in vision)
+    assert [g for g in report.modules + report.fields if g.status == MISSING] == []
+
+
+def test_glm_moe_dsa_maps_shared_indexer_layers(tmp_path):
+    from tests.glm_moe_dsa_tiny import tiny_config
+
+    report = gap_report(_write(tmp_path, tiny_config().to_dict()))
+    _assert_rows_true(report)
+    targets = _targets(report)
+    assert "DSAttention" in targets["GlmMoeDsaAttention"]
+    assert "LightningIndexer" in targets["GlmMoeDsaIndexer"]
+    assert "sparse_attention.DSAttention" in _fields(report)[("indexer_types", OK)]
+    assert report.num_missing == 0
+
+
+def test_deepseek_v4_maps_every_module_to_hyla(tmp_path):
     report = gap_report(_from_transformers(tmp_path, "deepseek_v4"))
     _assert_rows_true(report)
-    status = {g.name: g.status for g in report.modules}
-    # modules of modeling_deepseek_v4.py with no hyla counterpart
-    for cls in ("DeepseekV4HashRouter", "SqrtSoftplusActivation", "DeepseekV4GroupedLinear",
-                "DeepseekV4CSACompressor", "DeepseekV4HCACompressor"):  # fmt: skip
-        assert status[cls] == MISSING, cls
-    assert status["DeepseekV4Experts"] == status["DeepseekV4HyperConnection"] == OK
+    targets = _targets(report)
+    # classes of transformers' modeling_deepseek_v4.py and the hyla module/op each needs
+    for cls, hyla_name in (
+        ("DeepseekV4Attention", "DeepseekV4Attention"),
+        ("DeepseekV4CSACompressor", "Compressor"), ("DeepseekV4HCACompressor", "Compressor"),
+        ("DeepseekV4Indexer", "compressed_indexer_topk"), ("DeepseekV4HashRouter", "route_hash"),
+        ("SqrtSoftplusActivation", "route_sqrt_softplus"),
+        ("DeepseekV4GroupedLinear", "grouped_linear"), ("DeepseekV4HyperHead", "HyperHead"),
+        ("DeepseekV4UnweightedRMSNorm", "rms_norm_unweighted"),
+        ("DeepseekV4Experts", "moe_experts_clamped"),
+    ):  # fmt: skip
+        assert hyla_name in targets[cls], (cls, targets[cls])
     fields = {g.name: g.status for g in report.fields}
-    assert fields["scoring_func"] == fields["sliding_window"] == fields["compress_rates"] == MISSING
+    for name in ("scoring_func", "sliding_window", "compress_rates", "o_lora_rank"):
+        assert fields[name] == OK, name
+    assert report.num_missing == 0
+
+
+def test_a_sliding_window_elsewhere_stays_missing(tmp_path):
+    """gpt-oss's sliding-window attention is not DeepSeek-V4's: its rows stay missing."""
+    report = gap_report(_from_transformers(tmp_path, "gpt_oss"))
+    assert _status(report, "Attention")["GptOssAttention"] == MISSING
+    assert ("sliding_window", MISSING) in _fields(report)
 
 
 def _supported_configs() -> dict[str, dict]:
+    from tests.deepseek_v4_tiny import tiny_config as tiny_deepseek_v4_config
+    from tests.glm_moe_dsa_tiny import tiny_config as tiny_glm_moe_dsa_config
     from tests.glm_tiny import tiny_glm_text_config
+    from tests.qwen35_moe_tiny import tiny_text_config as tiny_qwen35_moe_text
     from tests.server.conftest import tiny_model_config
 
     configs = {f: tiny_hf_config(f).to_dict() for f in FAMILIES}
     configs["glm5_next"] = dict(tiny_glm_text_config(), model_type="glm5_next_text")
     configs["qwen3_5"] = {"model_type": "qwen3_5_text", "layer_types": ["linear_attention",
                           "full_attention"], **SMALL, "num_hidden_layers": 2}  # fmt: skip
+    configs["qwen3_5_moe"] = dict(tiny_qwen35_moe_text(), model_type="qwen3_5_moe_text")
+    configs["glm_moe_dsa"] = tiny_glm_moe_dsa_config().to_dict()
+    configs["deepseek_v4"] = tiny_deepseek_v4_config().to_dict()
     configs["hyla"] = tiny_model_config(256).to_dict()
     return configs
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "glm5_next", "qwen3_5", "hyla"])
+@pytest.mark.parametrize(
+    "family",
+    [*FAMILIES, "glm5_next", "qwen3_5", "qwen3_5_moe", "glm_moe_dsa", "deepseek_v4", "hyla"],
+)
 def test_supported_families_have_no_gaps(tmp_path, family):
     from hyla.models.registry import family_of
 
@@ -176,15 +231,15 @@ def test_unknown_model_type_reports_fields_only(tmp_path):
 
 
 def test_cli_inspect_gaps(tmp_path):
-    path = _from_transformers(tmp_path, "deepseek_v4")
+    path = _from_transformers(tmp_path, "gpt_oss")
     result = CliRunner().invoke(app, ["inspect", path, "--gaps"])
     assert result.exit_code == 0, result.output
-    assert "missing  DeepseekV4HashRouter" in result.output
+    assert "missing  GptOssAttention" in result.output
     missing = CliRunner().invoke(app, ["inspect", str(tmp_path / "nope"), "--gaps"])
     assert missing.exit_code == 2 and "no config.json" in missing.output
 
 
 def test_cli_inspect_of_an_unsupported_config_points_to_gaps(tmp_path):
-    path = _from_transformers(tmp_path, "deepseek_v4")
+    path = _from_transformers(tmp_path, "gpt_oss")
     result = CliRunner().invoke(app, ["inspect", path])
     assert result.exit_code == 2 and "hyla inspect --gaps" in result.output

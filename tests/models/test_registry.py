@@ -292,7 +292,7 @@ def test_native_config_round_trip() -> None:
 @pytest.mark.parametrize(
     ("path", "value", "field"),
     [
-        (("layer_pattern",), ["kda", "kda", "swa", "kda"] * 2, r"layer_pattern\[2\]"),
+        (("layer_pattern",), ["kda", "kda", "lstm", "kda"] * 2, r"layer_pattern\[2\]"),
         (("layer_pattern",), "kda", "layer_pattern"),
         (("layer_pattern",), [], "layer_pattern"),
         (("ffn_pattern",), ["dense"] * 7, "ffn_pattern"),

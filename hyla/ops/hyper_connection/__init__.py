@@ -3,6 +3,12 @@ PyTorch on every device (no kernel: off the decode hot path's large reads)."""
 
 from __future__ import annotations
 
-from hyla.ops.hyper_connection.reference import hc_collapse, hc_expand, hc_weights, sinkhorn
+from hyla.ops.hyper_connection.reference import (
+    hc_collapse,
+    hc_expand,
+    hc_head_weights,
+    hc_weights,
+    sinkhorn,
+)
 
-__all__ = ["hc_collapse", "hc_expand", "hc_weights", "sinkhorn"]
+__all__ = ["hc_collapse", "hc_expand", "hc_head_weights", "hc_weights", "sinkhorn"]

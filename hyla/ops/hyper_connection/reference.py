@@ -76,3 +76,23 @@ def hc_expand(
     dtype = streams.dtype
     spread = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
     return spread + comb.to(dtype).transpose(-1, -2) @ streams
+
+
+def hc_head_weights(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    hc_eps: float,
+    norm_eps: float,
+) -> torch.Tensor:
+    """DeepSeek-V4's final collapse weights (`DeepseekV4HyperHead`; GLM-5.3-Flash takes the
+    plain mean instead): pre = sigmoid(fn . rmsnorm(flat streams) * scale + base) + eps.
+
+    Args:
+        streams: [T, N, D]; fn: [N, N * D]; base: [N]; scale: [1].
+    Returns: pre [T, N] float32 (collapse with `hc_collapse`).
+    """
+    flat = streams.flatten(1).float()
+    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    return torch.sigmoid(flat @ fn.float().t() * scale.float() + base.float()) + hc_eps

@@ -14,7 +14,12 @@ from hyla.ops.activation import silu_and_mul
 from hyla.ops.gpu import use_triton
 from hyla.ops.linear.dispatch import linear
 from hyla.ops.moe import cpu, kernels, reference
-from hyla.ops.moe.reference import group_limited_mask, stable_topk
+from hyla.ops.moe.reference import (
+    group_limited_mask,
+    route_hash,
+    route_sqrt_softplus,
+    stable_topk,
+)
 
 
 def route_sigmoid(
@@ -111,7 +116,9 @@ __all__ = [
     "group_limited_mask",
     "moe_experts",
     "moe_experts_and_shared",
+    "route_hash",
     "route_sigmoid",
     "route_softmax",
+    "route_sqrt_softplus",
     "stable_topk",
 ]

@@ -131,3 +131,46 @@ def moe_experts(
         y = y * topk_weights[token_idx, slot].unsqueeze(-1)
         out.index_add_(0, token_idx, y.to(out.dtype))
     return out
+
+
+def route_sqrt_softplus(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sqrt(softplus) scoring, bias-corrected plain top-k (DeepSeek-V4 `DeepseekV4TopKRouter`):
+    the bias picks the experts, the unbiased scores renormalised over them (plus 1e-20) and
+    times `routed_scaling_factor` weight them.
+
+    Args:
+        router_logits: [T, E] float32; correction_bias: [E] float32 or None.
+    Returns: (topk_weights [T, top_k] float32, topk_ids [T, top_k] int64).
+    """
+    scores = F.softplus(router_logits.double()).sqrt().float()
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    _, topk_ids = stable_topk(choice, top_k)
+    return _renormalised(scores, topk_ids, routed_scaling_factor), topk_ids
+
+
+def route_hash(
+    router_logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    tid2eid: torch.Tensor,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hash routing (DeepSeek-V4 `DeepseekV4HashRouter`): a frozen token-id -> experts table
+    picks the experts, the sqrt(softplus) scores weight them as in `route_sqrt_softplus`.
+
+    Args:
+        router_logits: [T, E] float32; token_ids: [T] int64; tid2eid: [V, top_k] int64.
+    Returns: (topk_weights [T, top_k] float32, topk_ids [T, top_k] int64).
+    """
+    scores = F.softplus(router_logits.double()).sqrt().float()
+    topk_ids = tid2eid[token_ids].long()
+    return _renormalised(scores, topk_ids, routed_scaling_factor), topk_ids
+
+
+def _renormalised(scores: torch.Tensor, topk_ids: torch.Tensor, scaling: float) -> torch.Tensor:
+    weights = scores.gather(1, topk_ids)
+    return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * scaling

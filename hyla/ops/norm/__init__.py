@@ -7,8 +7,9 @@ import torch
 
 from hyla.ops.gpu import needs_grad, use_triton
 from hyla.ops.norm import reference
+from hyla.ops.norm.reference import rms_norm_unweighted
 
-__all__ = ["fused_add_rms_norm", "gated_rms_norm", "rms_norm"]
+__all__ = ["fused_add_rms_norm", "gated_rms_norm", "rms_norm", "rms_norm_unweighted"]
 
 
 def rms_norm(

@@ -84,3 +84,10 @@ def gated_rms_norm(
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     normed = weight.float() * xf if weight_in_fp32 else weight * xf.to(dtype)
     return (normed * _GATE_ACTIVATIONS[activation](gate.float())).to(dtype)
+
+
+def rms_norm_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x / sqrt(mean(x^2) + eps)` over the last dim, no weight (DeepSeek-V4's per-head
+    `q_b_norm`, `DeepseekV4UnweightedRMSNorm`): the scale in float32, the product in x's
+    dtype."""
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
