@@ -216,6 +216,8 @@ def shard_of(
 
 
 def _mixer_rule(config: ModelConfig, kind: str, leaf: str, tp_size: int) -> tuple | None:
+    if kind not in ("kda", "gdn", "gqa", "mla", "dsa"):  # DeepSeek-V4's kinds: not sharded yet
+        return None
     if kind in ("kda", "gdn"):
         return _linear_rule(config, kind, leaf)
     if kind == "gqa":
