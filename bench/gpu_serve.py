@@ -190,10 +190,10 @@ def served_phase(args: argparse.Namespace, path: Path, work: Path) -> dict:
     try:
         warm = Scenario("warmup", 8, 16 if not args.smoke else 2, 512 if not args.smoke else 16, 8)
         rows["warmup"] = summary(bench_serve(url, warm, work / "warm.json", args.timeout, 99))
-        for s in scenarios(args):
+        for i, s in enumerate(scenarios(args)):  # own prompts: no prefix hit across scenarios
             before = step_counters(url) if args.profile else None
             t0 = time.perf_counter()
-            raw = bench_serve(url, s, work / f"{s.name}.json", args.timeout, args.seed)
+            raw = bench_serve(url, s, work / f"{s.name}.json", args.timeout, args.seed + 1000 * i)
             rows[s.name] = {"scenario": s.__dict__, **summary(raw)}
             rows[s.name]["wall_s"] = time.perf_counter() - t0
             if before is not None:
