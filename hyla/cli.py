@@ -186,19 +186,24 @@ def serve(
     sock = _bind(host, port)  # before loading the model, which can take minutes
     port = sock.getsockname()[1]
 
-    from hyla.engine.async_engine import AsyncEngine
-    from hyla.server.api import build_app
-    from hyla.server.launch import make_server, run_until_signal
+    try:  # a Ctrl-C before the server runs (imports, loading) ends it as `generate` does
+        from hyla.engine.async_engine import AsyncEngine
+        from hyla.server.api import build_app
+        from hyla.server.launch import make_server, run_until_signal
 
-    engine = _load_engine(model, options)
-    async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
-    name = served_model_name or engine.model_name
-    fastapi_app = build_app(async_engine, name, api_key=api_key,
-                            max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
-                            tokenizer_pool_size=tokenizer_pool_size)
-    typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
-               f"http://{host}:{port}/v1", err=True)
-    server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout)
+        engine = _load_engine(model, options)
+        async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
+        name = served_model_name or engine.model_name
+        fastapi_app = build_app(async_engine, name, api_key=api_key,
+                                max_request_bytes=max_request_bytes,
+                                drain_timeout=drain_timeout,
+                                tokenizer_pool_size=tokenizer_pool_size)
+        typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
+                   f"http://{host}:{port}/v1", err=True)
+        server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout)
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
     run_until_signal(server, sockets=[sock])
 
 

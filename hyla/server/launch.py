@@ -164,8 +164,8 @@ def run_until_signal(server: DrainingServer, sockets: list[socket.socket] | None
 
     Never returns: the process ends through `exit_now`.
     """
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn installs the same in serve()
+        signal.signal(sig, server.handle_exit)
     code = 0
     try:
         server.run(sockets=sockets)
