@@ -157,6 +157,21 @@ def _check_api_key(api_key: str | None) -> None:
               "it unset to serve without authentication)")
 
 
+def _record_interrupts() -> list[int]:
+    """SIGINT raises KeyboardInterrupt as by default, and is also noted in the list returned:
+    an interrupt that lands in code which swallows the exception still ends the start-up."""
+    import signal
+
+    seen: list[int] = []
+
+    def interrupt(sig: int, frame: Any) -> None:
+        seen.append(sig)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    return seen
+
+
 def serve(
     model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
                                        show_default=False),
@@ -186,6 +201,7 @@ def serve(
     sock = _bind(host, port)  # before loading the model, which can take minutes
     port = sock.getsockname()[1]
 
+    interrupts = _record_interrupts()
     try:  # a Ctrl-C before the server runs (imports, loading) ends it as `generate` does
         from hyla.engine.async_engine import AsyncEngine
         from hyla.server.api import build_app
@@ -201,6 +217,8 @@ def serve(
         typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
                    f"http://{host}:{port}/v1", err=True)
         server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout)
+        if interrupts:  # its KeyboardInterrupt was swallowed (e.g. by an import's C code)
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         typer.echo("\ninterrupted", err=True)
         raise typer.Exit(130) from None
@@ -395,7 +413,8 @@ def validate(
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     for r in results:
-        typer.echo(f"{r.status:>7}  {r.title}" + "".join(f"\n         {f}" for f in r.failures))
+        typer.echo(f"{r.status:>7}  {r.title}" + "".join(f"\n         {f}" for f in r.failures)
+                   + "".join(f"\n         note: {n}" for n in r.notes))
     typer.echo(f"report: {out}/report.md, {out}/report.html, {out}/summary.json", err=True)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
