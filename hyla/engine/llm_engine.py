@@ -208,6 +208,10 @@ class LLMEngine:
         from hyla.models.loader import load_model
 
         config = resolve_device(EngineConfig.from_kwargs(**overrides))
+        if config.uses_executor:  # first: a rank re-running an unguarded script stops here
+            from hyla.distributed.executor import check_not_in_rank_start
+
+            check_not_in_rank_start()
         directory = Path(path) if path is not None else DEFAULT_MODEL_DIR
         if not directory.exists():
             raise FileNotFoundError(f"model: {directory} does not exist")
