@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from hyla.validate.ties import IndexerTieProbe, Tie
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -19,18 +21,26 @@ class HFReference:
     """`transformers` AutoModelForCausalLM of a checkpoint, eager attention."""
 
     def __init__(self, path: str | Path, dtype: str, device: str) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         self.name = f"transformers ({dtype})"
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=DTYPES[dtype], attn_implementation="eager"
-        ).to(device).eval()  # fmt: skip
+        kwargs = dict(dtype=DTYPES[dtype], attn_implementation="eager")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        except ValueError:  # a family whose LM is its image-text model (glm5_next): text only
+            model = AutoModelForImageTextToText.from_pretrained(str(path), **kwargs)
+        self.model = model.to(device).eval()
+        self.probe = IndexerTieProbe(self.model)
+        self.last_tie: Tie | None = None  # of the last `logprobs` forward
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
-        """log-softmax float32 `[T, V]`: row j is the distribution of token j + 1."""
+        """log-softmax float32 `[T, V]`: row j is the distribution of token j + 1. Sets
+        `last_tie`: the first position whose indexer top-k boundary tied (`ties.py`)."""
+        self.probe.reset()
         logits = self.model(torch.tensor([ids], device=self.device)).logits[0]
+        self.last_tie = self.probe.first()
         return torch.log_softmax(logits.float(), dim=-1).cpu()
 
     @torch.no_grad()
