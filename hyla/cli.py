@@ -192,6 +192,9 @@ def serve(
         30.0, min=0.0, help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
         "them with finish_reason 'abort' (0: at once). A second signal exits at once."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
+    disable_uvicorn_access_log: bool = typer.Option(
+        False, "--disable-uvicorn-access-log", help="No access-log line per request (vLLM's "
+        "flag; the line is uvicorn's, at log level info)."),
     engine_options: dict | None = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)."""
@@ -216,7 +219,8 @@ def serve(
                                 tokenizer_pool_size=tokenizer_pool_size)
         typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
                    f"http://{host}:{port}/v1", err=True)
-        server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout)
+        server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout,
+                             access_log=not disable_uvicorn_access_log)
         if interrupts:  # its KeyboardInterrupt was swallowed (e.g. by an import's C code)
             raise KeyboardInterrupt
     except KeyboardInterrupt:
@@ -242,6 +246,9 @@ def generate(
 
     if len(args) > 2:
         _fail(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote the prompt)")
+    if len(args) == 1 and Path(args[0]).is_dir():  # not a prompt to run the default model on
+        _fail(f"PROMPT: missing; {args[0]} is a directory, not a prompt (hyla generate "
+              f"{args[0]} \"your prompt\")")  # fmt: skip
     model, text = (None, args[0]) if len(args) == 1 else (args[0], args[1])
     options = engine_options or {}
     _check_args(model, options, needs_tokenizer=True)
@@ -290,6 +297,9 @@ def inspect(
                                              "the weight, cache and state bytes of one rank."),
     enable_expert_parallel: bool = typer.Option(False, "--enable-expert-parallel",
                                                 help="Ranks hold whole experts (with TP > 1)."),
+    dtype: str | None = typer.Option(None, help="The dtype the cache figures are for, as "
+                                     "`serve --dtype` (default: what serve uses here: float32 "
+                                     "on the CPU, the checkpoint's on a GPU)."),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
     _check_config_file(path)
@@ -306,7 +316,7 @@ def inspect(
     except ImportError as e:
         _fail(f"inspect is unavailable: {e}")
     try:
-        report = inspect_model(path)
+        report = inspect_model(path, _serve_dtype(dtype))
         typer.echo(format_report(report))
         if tensor_parallel_size > 1:
             from hyla.distributed.inspect import format_rank_report, rank_report
@@ -318,6 +328,22 @@ def inspect(
     except (FileNotFoundError, ValueError) as e:
         hint = " (`hyla inspect --gaps` lists what is missing)" if "unsupported" in str(e) else ""
         _fail(f"{e}{hint}")
+
+
+def _serve_dtype(dtype: str | None) -> str | None:
+    """The dtype `hyla serve` loads a model in on this machine (`--dtype` as EngineConfig reads
+    it; unset: float32 without CUDA, else the checkpoint's, None)."""
+    import torch
+
+    from hyla.config import ConfigError, EngineConfig
+
+    try:
+        chosen = EngineConfig.from_kwargs(dtype=dtype).dtype
+    except ConfigError as e:
+        _fail(str(e))
+    if chosen is None and not torch.cuda.is_available():
+        return "float32"
+    return chosen
 
 
 def plan(
@@ -388,8 +414,8 @@ def validate(
     device: str = typer.Option("auto", help="cpu, cuda, or auto."),
     dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 "
                                      "on the CPU, the checkpoint's dtype on a GPU)."),
-    kv_cache_memory: int | None = typer.Option(None, help="Cache budget in bytes for the "
-                                               "throughput grid."),
+    kv_cache_memory: str | None = typer.Option(None, help="Cache budget for the throughput "
+                                               "grid: bytes, or a size such as 8GiB."),
 ) -> None:
     """Run the acceptance checklist on MODEL; exit 0 only when every check passes its bound."""
     names = tuple(c.strip() for c in checks.split(",") if c.strip())

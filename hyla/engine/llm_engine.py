@@ -205,6 +205,7 @@ class LLMEngine:
             files; FileNotFoundError for a missing checkpoint.
         """
         from hyla.engine.llm import load_tokenizer
+        from hyla.engine.startup import load_chat_template
         from hyla.models.loader import load_model
 
         config = resolve_device(EngineConfig.from_kwargs(**overrides))
@@ -220,6 +221,10 @@ class LLMEngine:
             raise ConfigError(
                 f"tokenizer: no tokenizer.json or tokenizer_config.json in {config.tokenizer}"
             )
+        if config.chat_template is not None:
+            if tokenizer is None:
+                raise ConfigError("chat_template: this model has no tokenizer to render with")
+            tokenizer.chat_template = load_chat_template(config.chat_template)
         if config.uses_executor:  # tensor parallel: every rank loads its own slices
             from hyla.distributed.executor import start_executor
 
