@@ -157,6 +157,21 @@ def _check_api_key(api_key: str | None) -> None:
               "it unset to serve without authentication)")
 
 
+def _record_interrupts() -> list[int]:
+    """SIGINT raises KeyboardInterrupt as by default, and is also noted in the list returned:
+    an interrupt that lands in code which swallows the exception still ends the start-up."""
+    import signal
+
+    seen: list[int] = []
+
+    def interrupt(sig: int, frame: Any) -> None:
+        seen.append(sig)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    return seen
+
+
 def serve(
     model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
                                        show_default=False),
@@ -177,6 +192,9 @@ def serve(
         30.0, min=0.0, help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
         "them with finish_reason 'abort' (0: at once). A second signal exits at once."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
+    disable_uvicorn_access_log: bool = typer.Option(
+        False, "--disable-uvicorn-access-log", help="No access-log line per request (vLLM's "
+        "flag; the line is uvicorn's, at log level info)."),
     engine_options: dict | None = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)."""
@@ -186,19 +204,28 @@ def serve(
     sock = _bind(host, port)  # before loading the model, which can take minutes
     port = sock.getsockname()[1]
 
-    from hyla.engine.async_engine import AsyncEngine
-    from hyla.server.api import build_app
-    from hyla.server.launch import make_server, run_until_signal
+    interrupts = _record_interrupts()
+    try:  # a Ctrl-C before the server runs (imports, loading) ends it as `generate` does
+        from hyla.engine.async_engine import AsyncEngine
+        from hyla.server.api import build_app
+        from hyla.server.launch import make_server, run_until_signal
 
-    engine = _load_engine(model, options)
-    async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
-    name = served_model_name or engine.model_name
-    fastapi_app = build_app(async_engine, name, api_key=api_key,
-                            max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
-                            tokenizer_pool_size=tokenizer_pool_size)
-    typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
-               f"http://{host}:{port}/v1", err=True)
-    server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout)
+        engine = _load_engine(model, options)
+        async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
+        name = served_model_name or engine.model_name
+        fastapi_app = build_app(async_engine, name, api_key=api_key,
+                                max_request_bytes=max_request_bytes,
+                                drain_timeout=drain_timeout,
+                                tokenizer_pool_size=tokenizer_pool_size)
+        typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
+                   f"http://{host}:{port}/v1", err=True)
+        server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout,
+                             access_log=not disable_uvicorn_access_log)
+        if interrupts:  # its KeyboardInterrupt was swallowed (e.g. by an import's C code)
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted", err=True)
+        raise typer.Exit(130) from None
     run_until_signal(server, sockets=[sock])
 
 
@@ -219,6 +246,9 @@ def generate(
 
     if len(args) > 2:
         _fail(f"expected [MODEL] PROMPT, got {len(args)} arguments (quote the prompt)")
+    if len(args) == 1 and Path(args[0]).is_dir():  # not a prompt to run the default model on
+        _fail(f"PROMPT: missing; {args[0]} is a directory, not a prompt (hyla generate "
+              f"{args[0]} \"your prompt\")")  # fmt: skip
     model, text = (None, args[0]) if len(args) == 1 else (args[0], args[1])
     options = engine_options or {}
     _check_args(model, options, needs_tokenizer=True)
@@ -267,6 +297,9 @@ def inspect(
                                              "the weight, cache and state bytes of one rank."),
     enable_expert_parallel: bool = typer.Option(False, "--enable-expert-parallel",
                                                 help="Ranks hold whole experts (with TP > 1)."),
+    dtype: str | None = typer.Option(None, help="The dtype the cache figures are for, as "
+                                     "`serve --dtype` (default: what serve uses here: float32 "
+                                     "on the CPU, the checkpoint's on a GPU)."),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
     _check_config_file(path)
@@ -283,7 +316,7 @@ def inspect(
     except ImportError as e:
         _fail(f"inspect is unavailable: {e}")
     try:
-        report = inspect_model(path)
+        report = inspect_model(path, _serve_dtype(dtype))
         typer.echo(format_report(report))
         if tensor_parallel_size > 1:
             from hyla.distributed.inspect import format_rank_report, rank_report
@@ -295,6 +328,22 @@ def inspect(
     except (FileNotFoundError, ValueError) as e:
         hint = " (`hyla inspect --gaps` lists what is missing)" if "unsupported" in str(e) else ""
         _fail(f"{e}{hint}")
+
+
+def _serve_dtype(dtype: str | None) -> str | None:
+    """The dtype `hyla serve` loads a model in on this machine (`--dtype` as EngineConfig reads
+    it; unset: float32 without CUDA, else the checkpoint's, None)."""
+    import torch
+
+    from hyla.config import ConfigError, EngineConfig
+
+    try:
+        chosen = EngineConfig.from_kwargs(dtype=dtype).dtype
+    except ConfigError as e:
+        _fail(str(e))
+    if chosen is None and not torch.cuda.is_available():
+        return "float32"
+    return chosen
 
 
 def plan(
@@ -390,7 +439,8 @@ def validate(
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     for r in results:
-        typer.echo(f"{r.status:>7}  {r.title}" + "".join(f"\n         {f}" for f in r.failures))
+        typer.echo(f"{r.status:>7}  {r.title}" + "".join(f"\n         {f}" for f in r.failures)
+                   + "".join(f"\n         note: {n}" for n in r.notes))
     typer.echo(f"report: {out}/report.md, {out}/report.html, {out}/summary.json", err=True)
     if not all(r.passed for r in results):
         raise typer.Exit(1)

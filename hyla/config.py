@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hyla.byte_sizes import parse_bytes
 from hyla.server.tool_parsers.names import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 LINEAR_KINDS = ("kda", "gdn")
@@ -678,9 +679,17 @@ class CacheConfig:
     kv_cache_memory: int | None = field(
         default=None,
         metadata={
-            "help": "Bytes for cache blocks, state slots and checkpoints (default: by fraction)."
+            "help": "Bytes for cache blocks, state slots and checkpoints: a count or a size "
+            "such as 8GiB, 8G, 512MiB, 8GB (default: by fraction).", "cli_type": str,
         },
-    )
+    )  # fmt: skip
+    gpu_memory_utilization: float | None = field(
+        default=None,
+        metadata={"help": "vLLM's: fraction of the GPU's total memory this engine may use "
+                  "(weights and workspace included); the caches take what is left of it once "
+                  "the model is loaded (default: --memory-fraction of free memory). A GPU "
+                  "option: on the CPU use --kv-cache-memory."},
+    )  # fmt: skip
     memory_fraction: float = field(
         default=0.5,
         metadata={
@@ -733,6 +742,15 @@ class CacheConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.kv_cache_memory is not None:
+            try:
+                object.__setattr__(self, "kv_cache_memory",
+                                   parse_bytes(self.kv_cache_memory, "kv_cache_memory"))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        u = self.gpu_memory_utilization
+        _require(u is None or (isinstance(u, (int, float)) and 0 < u <= 1),
+                 "gpu_memory_utilization", f"must be in (0, 1], got {u!r}")  # fmt: skip
         _positive(self, "", "block_size", "state_checkpoint_stride", "cpu_cache_memory_default")
         for name in ("kv_cache_memory", "num_state_slots", "num_blocks"):
             if getattr(self, name) is not None:
@@ -841,6 +859,11 @@ class EngineConfig:
         default=None,
         metadata={"help": "Tokenizer directory (default: the checkpoint directory)."},
     )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "Chat template replacing the tokenizer's, as vLLM's: a file path, "
+                  "or the Jinja template itself (default: the tokenizer's)."},
+    )  # fmt: skip
     request_timeout: float | None = field(
         default=None,
         metadata={"help": 'Seconds before a request ends with reason "timeout" (default: none).'},
@@ -920,6 +943,11 @@ class EngineConfig:
         _positive(self, "", "max_image_pixels", "max_image_bytes")
         object.__setattr__(self, "limit_mm_per_prompt", images_per_prompt(self.limit_mm_per_prompt))
         object.__setattr__(self, "allowed_media_domains", media_domains(self.allowed_media_domains))
+        local = self.allowed_local_media_path  # as vLLM: checked at start, not per request
+        _require(local is None or Path(local).is_dir(), "allowed_local_media_path",
+                 f"{local!r} is not an existing directory")  # fmt: skip
+        _require(self.chat_template is None or bool(str(self.chat_template).strip()),
+                 "chat_template", "must not be empty")  # fmt: skip
         timeout = self.media_fetch_timeout  # a socket takes no inf (OverflowError)
         _require(isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
                  and 0 < timeout <= 86400, "media_fetch_timeout",

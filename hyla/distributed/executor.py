@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import time
 import weakref
@@ -30,6 +31,7 @@ import torch
 
 from hyla.config import ConfigError, EngineConfig, ModelConfig
 from hyla.distributed.groups import (
+    START_TIMEOUT,
     ExecutorError,
     TPGroup,
     destroy_tp_group,
@@ -53,6 +55,15 @@ PRELOAD = sorted(
     | {path.split(":")[0] for path in (*MIXERS.values(), *FFNS.values())}
 )
 JOIN_TIMEOUT_S = 10.0
+RANK_NAME = "hyla-tp"  # a rank's process name: hyla-tp1, hyla-tp2, ...
+# A rank's process re-runs the program's `__main__` module before it runs anything of ours (as
+# multiprocessing's spawn and forkserver start methods do); a script that creates the LLM at its
+# top level then starts one more engine in every rank.
+MAIN_GUARD_HINT = (
+    "a script that creates LLM(..., tensor_parallel_size > 1) must do it under "
+    "`if __name__ == \"__main__\":` (each rank's process re-imports the script's main module, "
+    "as Python's multiprocessing does: see its 'Safe importing of main module')"
+)
 DEATH_REPORT_S = 1.0  # after a failed collective: how long to wait for a rank's exit code
 
 
@@ -119,13 +130,16 @@ class MultiprocExecutor(Executor):
         # CUDA context and no threads (so forking it is safe, unlike forking this process)
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        self.procs = []
+        self.procs, started = [], []
         for rank in range(1, n):
-            args = (rank, n, init_method, str(path), model_config, config, self.timeout_s)
-            proc = ctx.Process(target=worker_main, args=args, daemon=True, name=f"hyla-tp{rank}")
+            reader, writer = ctx.Pipe(duplex=False)
+            args = (writer, rank, n, init_method, str(path), model_config, config, self.timeout_s)
+            proc = ctx.Process(target=_rank_main, args=args, daemon=True, name=f"{RANK_NAME}{rank}")
             proc.start()
+            writer.close()
             logger.info("tensor-parallel rank %d: pid %d", rank, proc.pid)
             self.procs.append(proc)
+            started.append(reader)
         device = config.device
         if device.startswith("cuda") and n > 1:
             device = "cuda:0"
@@ -133,6 +147,7 @@ class MultiprocExecutor(Executor):
         self.tp = TPGroup(0, 1)
         self.is_shut_down = False
         try:
+            _wait_started(self.procs, started)
             self.tp = init_tp_group(0, n, init_method, device, self.timeout_s)
             model = load_rank_model(path, model_config, self.tp, ep, device)
             self.tp.wait_until_ready()
@@ -224,6 +239,44 @@ def _check_no_live_group() -> None:
         )
 
 
+def _rank_main(started: multiprocessing.connection.Connection, *args: Any) -> None:
+    """A rank's entry: tell rank 0 its process got through its start (the `__main__` re-import
+    included), then `worker_main(*args)`."""
+    started.send(True)
+    started.close()
+    worker_main(*args)
+
+
+def _wait_started(procs: list, started: list) -> None:
+    """Wait until every rank reached `_rank_main`. A rank that exits first (nothing of ours ran
+    in it) most often re-ran a script without a main guard: ExecutorError with the fix, at
+    once, rather than the rendezvous' timeout (5 minutes)."""
+    deadline = time.monotonic() + START_TIMEOUT.total_seconds()
+    for rank, (proc, reader) in enumerate(zip(procs, started, strict=True), start=1):
+        left = max(0.0, deadline - time.monotonic())
+        if multiprocessing.connection.wait([reader, proc.sentinel], timeout=left):
+            try:
+                reader.recv()  # EOFError: it exited without a word
+                continue
+            except EOFError:
+                pass
+            finally:
+                reader.close()
+        proc.join(DEATH_REPORT_S)
+        raise ExecutorError(
+            f"tensor-parallel rank {rank} (pid {proc.pid}) exited with code {proc.exitcode} "
+            f"while its process started, before it ran any of hyla's code; {MAIN_GUARD_HINT}"
+        )
+
+
+def check_not_in_rank_start() -> None:
+    """RuntimeError with the fix when this process is a rank still starting (it re-runs the
+    program's main module: a script without a main guard creates another engine here)."""
+    process = multiprocessing.current_process()
+    if getattr(process, "_inheriting", False) and process.name.startswith(RANK_NAME):
+        raise RuntimeError(f"{process.name} re-ran the script's main module: {MAIN_GUARD_HINT}")
+
+
 class DriverRunner:
     """The engine's runner under an executor: `execute` sends the step's plan to every rank
     and runs rank 0's part; other attributes are rank 0's ModelRunner's."""
@@ -267,6 +320,7 @@ def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) ->
     from hyla.models.loader import DTYPES, load_config
 
     _check_no_live_group()
+    check_not_in_rank_start()  # also here: LLMEngine.from_path is not the only caller
     model_config = load_config(path)
     if dtype is not None:
         if dtype not in DTYPES:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import multiprocessing
+import multiprocessing.connection
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from hyla.engine.startup import cpu_threads
 from hyla.models.hybrid import HybridModel
 from hyla.multimodal.spans import spans_in
 from hyla.scheduler import SchedulerOutput
+
+ENGINE_EXIT_GRACE_S = 0.5  # a failed wait for rank 0: how long to look for its exit
 
 logger = logging.getLogger("hyla.distributed")
 
@@ -241,7 +245,19 @@ def worker_main(
             with torch.inference_mode():
                 getattr(worker, method)(*args)
     except Exception:
+        if _engine_exited():  # rank 0's process ended (a served Ctrl-C exits by os._exit)
+            raise SystemExit(0) from None
         logger.exception("tensor-parallel worker rank %d failed", rank)
         sys.stderr.flush()
         raise SystemExit(1) from None
     destroy_tp_group(tp)
+
+
+def _engine_exited(grace_s: float = ENGINE_EXIT_GRACE_S) -> bool:
+    """Whether the engine process (rank 0) is gone or goes within `grace_s`: its exit closes
+    the group's connections, which fails this rank's wait for the next plan a moment before
+    the process is seen gone."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return False
+    return bool(multiprocessing.connection.wait([parent.sentinel], timeout=grace_s))

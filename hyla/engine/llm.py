@@ -44,9 +44,16 @@ def load_tokenizer(path: str | Path) -> Any:
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     finally:
         hf_logging.set_verbosity(previous)
+    # the engine checks prompt lengths against max_model_len itself (a clear error, or a
+    # long prompt it serves): transformers' "Token indices sequence length is longer than the
+    # specified maximum ... indexing errors" warning is noise. Marked as given already.
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
+    return tokenizer
 
 
 def random_model(config: ModelConfig, seed: int = 0, device: str = "cpu"):

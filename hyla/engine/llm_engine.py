@@ -231,9 +231,14 @@ class LLMEngine:
             files; FileNotFoundError for a missing checkpoint.
         """
         from hyla.engine.llm import load_tokenizer
+        from hyla.engine.startup import load_chat_template
         from hyla.models.loader import load_model
 
         config = resolve_device(EngineConfig.from_kwargs(**overrides))
+        if config.uses_executor:  # first: a rank re-running an unguarded script stops here
+            from hyla.distributed.executor import check_not_in_rank_start
+
+            check_not_in_rank_start()
         directory = Path(path) if path is not None else DEFAULT_MODEL_DIR
         if not directory.exists():
             raise FileNotFoundError(f"model: {directory} does not exist")
@@ -242,6 +247,10 @@ class LLMEngine:
             raise ConfigError(
                 f"tokenizer: no tokenizer.json or tokenizer_config.json in {config.tokenizer}"
             )
+        if config.chat_template is not None:
+            if tokenizer is None:
+                raise ConfigError("chat_template: this model has no tokenizer to render with")
+            tokenizer.chat_template = load_chat_template(config.chat_template)
         if config.uses_executor:  # tensor parallel: every rank loads its own slices
             from hyla.distributed.executor import start_executor
 

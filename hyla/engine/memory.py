@@ -1,6 +1,8 @@
 """Size the block pool and the state-slot pool from a memory budget, and say what it buys.
 
     budget = kv_cache_memory                      (bytes, when set)
+           | gpu_memory_utilization * total device memory - memory in use
+                                                  (CUDA, vLLM's option; in use: after loading)
            | memory_fraction * free device memory (CUDA, measured after the model is loaded)
            | min(memory_fraction * free RAM, cpu_cache_memory_default)   (CPU)
     slots  = (num_state_slots or max_num_seqs) + 1 padding slot, paid first
@@ -81,12 +83,34 @@ def memory_budget(cache: CacheConfig, device: torch.device | str) -> int:
     """Bytes the caches may take on `device` (see the module docstring)."""
     if cache.kv_cache_memory is not None:
         return cache.kv_cache_memory
+    if cache.gpu_memory_utilization is not None:
+        return _utilization_budget(cache.gpu_memory_utilization, torch.device(device))
     free = free_memory_bytes(device)
     if torch.device(device).type == "cuda":
         return int(cache.memory_fraction * (free or 0))
     if free is None:
         return cache.cpu_cache_memory_default
     return min(int(cache.memory_fraction * free), cache.cpu_cache_memory_default)
+
+
+def _utilization_budget(utilization: float, device: torch.device) -> int:
+    """vLLM's `gpu_memory_utilization`: of `utilization` x the device's memory, what the
+    loaded model (and anything else on the device) leaves. ConfigError off CUDA or when
+    nothing is left."""
+    if device.type != "cuda":
+        raise ConfigError(
+            "gpu_memory_utilization: a GPU option (a fraction of the GPU's memory); on the CPU "
+            "give the cache budget as --kv-cache-memory (e.g. 8GiB) or --memory-fraction of "
+            "the available RAM"
+        )
+    free, total = torch.cuda.mem_get_info(device)
+    budget = int(utilization * total) - (total - free)
+    if budget <= 0:
+        raise ConfigError(
+            f"gpu_memory_utilization: {utilization:g} of {total / 2**30:.1f} GiB leaves nothing "
+            f"for the caches ({(total - free) / 2**30:.1f} GiB in use after loading); raise it"
+        )
+    return budget
 
 
 def plan_cache(

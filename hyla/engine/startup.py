@@ -107,3 +107,21 @@ def log_startup(engine: Any) -> None:
 
 def _device(engine: Any):
     return next(engine.model.parameters()).device
+
+
+def load_chat_template(value: str) -> str:
+    """`--chat-template` as vLLM reads it: the file at `value`, else `value` itself when it
+    reads as a Jinja template (it holds `{`, `}` or a newline; backslash escapes such as `\\n`
+    are decoded). Raises ConfigError for what looks like a path but cannot be read."""
+    import codecs
+
+    from hyla.config import ConfigError
+
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        if not any(c in value for c in "{}\n"):
+            raise ConfigError(f"chat_template: {value!r} looks like a file path, but it cannot "
+                              f"be read ({e.strerror or e})") from None  # fmt: skip
+        return codecs.decode(value, "unicode_escape")

@@ -126,13 +126,15 @@ def _checkpoint_size(path: Path) -> tuple[int, int]:
     return len(files), sum(f.stat().st_size for f in files)
 
 
-def inspect_model(path: str | Path) -> InspectReport:
-    """Inspect a checkpoint directory or config.json without allocating weights.
+def inspect_model(path: str | Path, serve_dtype: str | None = None) -> InspectReport:
+    """Inspect a checkpoint directory or config.json without allocating weights; the cache
+    figures in `serve_dtype` (the dtype the model is served in; None: the checkpoint's).
 
     Raises: ConfigError (bad or unsupported config.json), FileNotFoundError.
     """
     path = Path(path)
     config = load_config(path)
+    served = config if serve_dtype is None else config.replace(dtype=serve_dtype)
     total, active = count_params(config)
     num_files, size = _checkpoint_size(path)
     return InspectReport(
@@ -144,9 +146,9 @@ def inspect_model(path: str | Path) -> InspectReport:
         num_params=total,
         num_active_params=active,
         weight_bytes=stored_weight_bytes(config, path),
-        cache_dtype=kv_dtype(config),
-        cache_bytes_per_token=bytes_per_token(config),
-        state_bytes_per_seq=bytes_per_state_slot(config),
+        cache_dtype=kv_dtype(served),
+        cache_bytes_per_token=bytes_per_token(served),
+        state_bytes_per_seq=bytes_per_state_slot(served),
         checkpoint_files=num_files,
         checkpoint_bytes=size,
     )

@@ -4,7 +4,8 @@ Layers: Gated DeltaNet with flat input projections (`linear_attention`; `in_proj
 `in_proj_z`, `in_proj_b`, `in_proj_a`) and gated GQA with q/k RMSNorm and partial RoPE
 (`full_attention`); FFN: dense SwiGLU. All RMSNorms are zero-centred (`norm_offset = 1.0`).
 The text rotary is multimodal (`mrope_section`: t, h, w position rows); for text every row is
-the token's position, which is 1-D RoPE, so the text model needs no more.
+the token's position, which is 1-D RoPE, so the text model needs no more. A config without
+`mrope_section` gets transformers' default, (11, 11, 10) pairs (its M-RoPE is unconditional).
 
 Config: a multimodal `config.json` keeps the text fields under `text_config`; a text-only one
 (`qwen3_5_text`) has them at the top level. Tensor names: `model.language_model.` or `model.`
@@ -14,10 +15,11 @@ prefix, then as Qwen3-Next (`linear_attn.*`, `self_attn.*` -> `mixer.*`); the vi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
-from hyla.config import GQAConfig, LinearAttentionConfig, ModelConfig
+from hyla.config import GQAConfig, LinearAttentionConfig, ModelConfig, RopeConfig
 from hyla.models.glm5_next import text_fields
 from hyla.models.hf_fields import HFFields, eos_ids, model_dtype, require_silu, rope_config
 from hyla.models.qwen3_next import _layer_pattern
@@ -26,6 +28,14 @@ from hyla.models.weights import Placement
 
 MODEL_TYPE = "qwen3_5"
 ARCHITECTURES = ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
+DEFAULT_MROPE_SECTION = [11, 11, 10]  # `Qwen3_5TextRotaryEmbedding`'s default
+
+
+def _with_mrope_section(rope: RopeConfig) -> RopeConfig:
+    if "mrope_section" in rope.scaling_dict():
+        return rope
+    scaling = tuple(sorted((*rope.scaling, ("mrope_section", DEFAULT_MROPE_SECTION))))
+    return dataclasses.replace(rope, scaling=scaling)
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
@@ -50,7 +60,7 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
         dtype=model_dtype(top) if "text_config" in d else model_dtype(f),
         bos_token_id=f.integer("bos_token_id", None, minimum=0),
         eos_token_ids=eos_ids(f) or eos_ids(top),
-        rope=rope_config(f, head_dim, "neox", 10000.0, default_partial=0.25),
+        rope=_with_mrope_section(rope_config(f, head_dim, "neox", 10000.0, default_partial=0.25)),
         linear=LinearAttentionConfig(
             num_k_heads=f.integer("linear_num_key_heads", 16),
             num_v_heads=f.integer("linear_num_value_heads", 32),

@@ -164,8 +164,8 @@ def run_until_signal(server: DrainingServer, sockets: list[socket.socket] | None
 
     Never returns: the process ends through `exit_now`.
     """
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvicorn installs the same in serve()
+        signal.signal(sig, server.handle_exit)
     code = 0
     try:
         server.run(sockets=sockets)
@@ -184,8 +184,10 @@ def make_server(
     port: int = 8000,
     log_level: str = "info",
     drain_timeout: float | None = 30.0,
+    access_log: bool = True,
 ) -> DrainingServer:
-    """A DrainingServer for `app` (lifespan on; `drain_timeout` None: wait for every request)."""
+    """A DrainingServer for `app` (lifespan on; `drain_timeout` None: wait for every request;
+    `access_log`: uvicorn's line per request, as vLLM's server prints)."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -193,7 +195,7 @@ def make_server(
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=CLOSE_TIMEOUT,
-        access_log=False,
+        access_log=access_log,
     )
     return DrainingServer(config, async_engine, drain_timeout)
 

@@ -42,8 +42,10 @@ import multiprocessing.connection
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +62,11 @@ STUB_MESSAGES = [{"role": "user", "content": ""}]
 STUB_PROMPT = [0]
 _SCALARS = (str, int, float, bool, type(None))
 _tokenizer: Any = None  # the worker process's copy, set once by `_init_worker`
+# Held off while a worker is spawned (the worker starts with them blocked, `_init_worker` lets
+# them in): the spawning thread writes the pickled tokenizer into a pipe whose read end it holds
+# itself, so a worker killed by a Ctrl-C to the process group before it read all of it left
+# the server blocked in multiprocessing's `Popen._launch` for good (issue 41).
+SPAWN_BLOCKED_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
 @dataclass(frozen=True)
@@ -204,8 +211,10 @@ class TokenizerPool:
                 self.size, mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker, initargs=(self.tokenizer,),
             )  # fmt: skip
-            # queued first: done before any request unless no worker gets through its start
-            self._warmup = [self._executor.submit(int) for _ in range(self.size)]
+            # queued first: done before any request unless no worker gets through its start;
+            # submit() spawns the workers (in this thread)
+            with _signals_blocked():
+                self._warmup = [self._executor.submit(int) for _ in range(self.size)]
         return self._executor
 
     def _failed(self, executor: ProcessPoolExecutor, why: str) -> None:
@@ -241,6 +250,17 @@ def _pool_error(what: str) -> APIError:
                     headers={"Retry-After": "1"})  # fmt: skip
 
 
+@contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """SPAWN_BLOCKED_SIGNALS blocked in this thread (and in the processes it spawns); one that
+    arrives meanwhile is handled by another thread of the process, or here when unblocked."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, SPAWN_BLOCKED_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _kill_workers(executor: ProcessPoolExecutor) -> None:
     for proc in (getattr(executor, "_processes", None) or {}).values():
         if proc.is_alive():
@@ -265,7 +285,8 @@ def _init_worker(tokenizer: Any) -> None:
     _tokenizer = tokenizer
     # Ctrl-C in a terminal signals the whole process group: the server drains and closes the
     # pool; a worker interrupted inside the executor's queue read only printed a traceback
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a blocked one pending is discarded
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SPAWN_BLOCKED_SIGNALS)
     parent = multiprocessing.parent_process()
     if parent is not None:  # a server killed by SIGKILL closes no pool: end with it anyway
         threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from hyla.validate.ties import IndexerTieProbe, Tie
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -39,11 +41,16 @@ class HFReference:
         self.model = transformers_class(path).from_pretrained(
             str(path), dtype=DTYPES[dtype], attn_implementation="eager"
         ).to(device).eval()  # fmt: skip
+        self.probe = IndexerTieProbe(self.model)
+        self.last_tie: Tie | None = None  # of the last `logprobs` forward
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
-        """log-softmax float32 `[T, V]`: row j is the distribution of token j + 1."""
+        """log-softmax float32 `[T, V]`: row j is the distribution of token j + 1. Sets
+        `last_tie`: the first position whose indexer top-k boundary tied (`ties.py`)."""
+        self.probe.reset()
         logits = self.model(torch.tensor([ids], device=self.device)).logits[0]
+        self.last_tie = self.probe.first()
         return torch.log_softmax(logits.float(), dim=-1).cpu()
 
     @torch.no_grad()

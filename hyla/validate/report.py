@@ -24,7 +24,8 @@ def summary(meta: dict[str, Any], results: list[CheckResult]) -> dict[str, Any]:
         "passed": all(r.passed for r in results),
         "checks": {
             r.name: {"status": r.status, "bound": r.bound, "reason": r.reason,
-                     "metrics": r.metrics, "failures": r.failures, "plots": r.plots}
+                     "metrics": r.metrics, "failures": r.failures, "notes": r.notes,
+                     "plots": r.plots}
             for r in results
         },
     }  # fmt: skip
@@ -52,6 +53,7 @@ def markdown(meta: dict[str, Any], results: list[CheckResult]) -> str:
         if r.reason:
             lines += [r.reason, ""]
         lines += [f"- FAIL: {f}" for f in r.failures]
+        lines += [f"- note: {n}" for n in r.notes]
         if r.metrics:
             lines += [f"- {k}: {_fmt(v)}" for k, v in r.metrics.items()]
         for title, header, rows in r.tables:
@@ -80,6 +82,7 @@ def html_page(meta: dict[str, Any], results: list[CheckResult]) -> str:
         if r.reason:
             parts.append(f"<p>{html.escape(r.reason)}</p>")
         parts += [f"<p style='color:#b00'>FAIL: {html.escape(f)}</p>" for f in r.failures]
+        parts += [f"<p>note: {html.escape(n)}</p>" for n in r.notes]
         if r.metrics:
             parts.append(_html_table(["metric", "value"], [[k, v] for k, v in r.metrics.items()]))
         for title, header, rows in r.tables:

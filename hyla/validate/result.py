@@ -13,7 +13,8 @@ PASS, FAIL, SKIP = "pass", "fail", "skipped"
 class CheckResult:
     """One check: `status` is pass / fail / skipped; `bound` says in words what passing means;
     `metrics` are JSON numbers; `tables` are (title, header, rows); `plots` are PNG file names
-    inside the report directory; `failures` name what broke (e.g. the first bad position)."""
+    inside the report directory; `failures` name what broke (e.g. the first bad position);
+    `notes` what the bound left out and why (e.g. positions after a reference's indexer tie)."""
 
     name: str
     title: str
@@ -24,6 +25,7 @@ class CheckResult:
     tables: list[tuple[str, list[str], list[list[Any]]]] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def fail(self, message: str) -> None:
         self.status = FAIL

@@ -104,7 +104,7 @@ def _score(result: CheckResult, runs: list[_Run], own: Errors | None, dtype: str
         row = check_sample(result, r.name, r.prompt, r.seq, r.scored.prompt_logprobs, r.greedy,
                            r.ref_lp, own, dtype)  # fmt: skip
         own_max = max(r.own.logprob) if r.own is not None else "-"
-        rows.append([*row[:2], r.prompt.count(image), *row[2:], own_max])
+        rows.append([*row[:2], r.prompt.count(image), *row[2:-1], own_max])  # no tie column
         lp = r.scored.prompt_logprobs[1:]
         series[r.name] = position_errors(r.ref_lp, lp, r.seq, tie=0.0).logprob
     return rows, series

@@ -177,7 +177,7 @@ def test_compact_pattern() -> None:
 _ROOT = Path(__file__).resolve().parents[2]
 _RSS_PROBE = """
 import resource, runpy, sys
-sys.argv = ["hyla", "inspect", sys.argv[1]]
+sys.argv = ["hyla", "inspect", sys.argv[1], "--dtype", "bfloat16"]  # the figures: bf16
 try:
     runpy.run_module("hyla.cli", run_name="__main__")  # exactly `python -m hyla.cli inspect P`
 except SystemExit as e:
@@ -212,7 +212,7 @@ def test_cli_inspect_full_size_in_a_process_without_weights(
     """`python -m hyla.cli inspect` on a full-size config.json: whole-process peak RSS stays
     under 2 GiB (the bf16 weights are 91 GiB / 1.25 TiB; the interpreter with torch and
     transformers imported measured 1.05-1.24 GiB on a 2-core CI machine). Expected cache sizes
-    by hand: Kimi 7 MLA layers * 576 * 2 B; DeepSeek 61 * (576 + 128) * 2 B per token."""
+    by hand for a bf16 cache: Kimi 7 MLA layers * 576 * 2 B; DeepSeek 61 * (576 + 128) * 2 B."""
     path = _write(tmp_path, config)
     proc = subprocess.run(
         [sys.executable, "-c", _RSS_PROBE, str(path)],
