@@ -177,6 +177,18 @@ def serve(
         30.0, min=0.0, help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
         "them with finish_reason 'abort' (0: at once). A second signal exits at once."),
     log_level: str = typer.Option("info", help="uvicorn log level."),
+    header_timeout: float = typer.Option(
+        10.0, min=0.001, help="Seconds a connection may take to send a request's line and "
+        "headers (from its accept, or from the first byte of its next request when kept "
+        "alive); then it is answered 408 and closed."),
+    body_timeout: float = typer.Option(
+        30.0, min=0.001, help="Seconds a request body may take to arrive in full (else 408)."),
+    timeout_keep_alive: int = typer.Option(
+        5, min=1, help="Seconds an idle kept-alive connection stays open."),
+    max_connections: int | None = typer.Option(
+        None, min=1, help="Most open connections; over it, the one waiting longest for a "
+        "request head is closed (default: the file-descriptor limit, raised to its hard "
+        "limit, less 128)."),
     engine_options: dict | None = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)."""
@@ -195,10 +207,12 @@ def serve(
     name = served_model_name or engine.model_name
     fastapi_app = build_app(async_engine, name, api_key=api_key,
                             max_request_bytes=max_request_bytes, drain_timeout=drain_timeout,
-                            tokenizer_pool_size=tokenizer_pool_size)
+                            body_timeout=body_timeout, tokenizer_pool_size=tokenizer_pool_size)
     typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
                f"http://{host}:{port}/v1", err=True)
-    server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout)
+    server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout,
+                         header_timeout=header_timeout, timeout_keep_alive=timeout_keep_alive,
+                         max_connections=max_connections)
     run_until_signal(server, sockets=[sock])
 
 
