@@ -139,7 +139,9 @@ class GuardedH11Protocol(H11Protocol):
         if self.guard.num_evicted in (1, 10, 100) or self.guard.num_evicted % 1000 == 0:
             logger.warning(
                 "%d connections open (max_connections %d): closed %d waiting for a request "
-                "head so far", len(self.connections), self.guard.max_connections,
+                "head so far",
+                len(self.connections),
+                self.guard.max_connections,
                 self.guard.num_evicted,
             )
         oldest._head_done()

@@ -57,8 +57,9 @@ def test_accepted_connections_have_tcp_nodelay(server):
 
 @pytest.fixture(scope="module")
 def guarded(make_server):
-    return make_server(server_options={"header_timeout": 1.0, "timeout_keep_alive": 60,
-                                       "max_connections": 8})
+    return make_server(
+        server_options={"header_timeout": 1.0, "timeout_keep_alive": 60, "max_connections": 8}
+    )
 
 
 def test_slow_header_connection_is_answered_408_and_closed(guarded):
