@@ -5,6 +5,7 @@ them or a tokenizer reads them.
     messages: count >= max_model_len        400  every message renders to at least one token
     prompt:   token ids >= max_model_len    400  one output token must still fit
     prompt:   more than MAX_PROMPTS prompts 400
+    JSON nested past the parser's depth     400  naming the top-level field (`nested_too_deep`)
 
 The counts are read from the parsed JSON (one C-speed `json.loads`, which FastAPI reuses) as a
 route dependency, which FastAPI solves before it validates the body: pydantic builds one object
@@ -14,6 +15,8 @@ core), which would stall the event loop and the engine thread, i.e. every other 
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 from fastapi import Request
@@ -83,3 +86,45 @@ def check_num_ids(num: int, max_model_len: int, field: str) -> None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def nested_too_deep(body: bytes | None) -> APIError:
+    """The 400 for a body json.loads refused with RecursionError, naming the top-level field
+    whose value is nested too deep (each top-level value is decoded on its own, at C speed,
+    until one fails)."""
+    limit = sys.getrecursionlimit()
+    field = _deep_field(body or b"")
+    where = f"{field}: its value" if field else "request body"
+    return APIError(400, f"{where} is JSON nested deeper than the parser's limit (about "
+                    f"{limit} levels of arrays and objects)", param=field or None,
+                    code="json_too_deep")  # fmt: skip
+
+
+def _deep_field(body: bytes) -> str | None:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    decoder = json.JSONDecoder()
+    i = _skip(text, 0)
+    if not text.startswith("{", i):
+        return None
+    i = _skip(text, i + 1)
+    while i < len(text) and text[i] == '"':
+        try:
+            key, i = decoder.raw_decode(text, i)
+            i = _skip(text, _skip(text, i) + 1)  # past the colon
+            _, i = decoder.raw_decode(text, i)
+        except RecursionError:
+            return key
+        except ValueError:
+            return None
+        i = _skip(text, i)
+        i = _skip(text, i + 1) if text.startswith(",", i) else i
+    return None
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
