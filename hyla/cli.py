@@ -168,7 +168,9 @@ def serve(
     served_model_name: str | None = typer.Option(
         None, help="Model name clients send (default: the checkpoint directory's name; "
         "'default' for the embedded model)."),
-    max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies get 413."),
+    max_request_bytes: int | None = typer.Option(
+        None, min=1, help="Larger request bodies get 413 (default: 8 MiB; for a vision model "
+        "enough for one image of --max-image-bytes as a base64 data URL, plus 1 MiB)."),
     tokenizer_pool_size: int = typer.Option(
         1, min=0, help="Worker processes that validate, render and tokenize request bodies of "
         "64 KiB or more, so a large request does not stall running streams (0: all in the "

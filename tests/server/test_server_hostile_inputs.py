@@ -6,9 +6,15 @@ Oracles: the OpenAI error JSON's `param` and status; a solo run of the same requ
 
 from __future__ import annotations
 
+import base64
+import json
+from types import SimpleNamespace
+from typing import Any
+
 import httpx
 import pytest
 
+from hyla.server import limits
 from tests.server.conftest import MODEL
 
 USER = [{"role": "user", "content": "Hi"}]
@@ -40,3 +46,29 @@ def test_deeply_nested_json_is_refused_naming_the_limit(server, path, field):
     err = r.json()["error"]
     assert err["param"] == field and "nested deeper" in err["message"], err
     assert "levels" in err["message"]  # the limit
+
+
+def _vision_engine(max_image_bytes: int) -> Any:
+    from hyla.config import EngineConfig
+
+    config = EngineConfig.from_kwargs(max_image_bytes=max_image_bytes)
+    return SimpleNamespace(engine=SimpleNamespace(multimodal=object(), config=config))
+
+
+@pytest.mark.parametrize("max_image_bytes", [20 << 20, 9 << 20, 1 << 10])
+def test_the_default_body_limit_admits_an_image_at_max_image_bytes(max_image_bytes):
+    """The body of a chat carrying one image of exactly `max_image_bytes` as a data URL (the
+    OpenAI client's form) fits the default body limit of a vision model."""
+    url = "data:image/png;base64," + base64.b64encode(bytes(max_image_bytes)).decode()
+    body = json.dumps({"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this image? " * 100},
+        {"type": "image_url", "image_url": {"url": url}}]}]}).encode()  # fmt: skip
+    assert len(body) <= limits.request_bytes_limit(None, _vision_engine(max_image_bytes))
+    text_engine = SimpleNamespace(engine=SimpleNamespace(multimodal=None))
+    assert limits.request_bytes_limit(None, text_engine) == 8 << 20
+
+
+def test_an_explicit_body_limit_is_kept_and_an_unreachable_image_limit_is_said(caplog):
+    with caplog.at_level("WARNING", logger="hyla.server"):
+        assert limits.request_bytes_limit(1 << 20, _vision_engine(20 << 20)) == 1 << 20
+    assert "max_image_bytes" in caplog.text
