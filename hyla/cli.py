@@ -194,6 +194,9 @@ def serve(
     engine_options: dict | None = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)."""
+    from hyla.console import tolerate_broken_stderr
+
+    tolerate_broken_stderr()  # an unwritable stderr must not end the server (hyla/console.py)
     options = engine_options or {}
     _check_api_key(api_key)
     _check_args(model, options, needs_tokenizer=False)

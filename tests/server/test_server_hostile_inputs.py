@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,6 +21,7 @@ import pytest
 
 from hyla.server import limits
 from tests.server.conftest import MODEL
+from tests.server.test_server_cli import ROOT, _free_port, checkpoint  # noqa: F401 - fixture
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -72,3 +78,41 @@ def test_an_explicit_body_limit_is_kept_and_an_unreachable_image_limit_is_said(c
     with caplog.at_level("WARNING", logger="hyla.server"):
         assert limits.request_bytes_limit(1 << 20, _vision_engine(20 << 20)) == 1 << 20
     assert "max_image_bytes" in caplog.text
+
+
+@pytest.mark.parametrize("stderr", ["full", "closed"])
+def test_serve_runs_with_an_unwritable_stderr(checkpoint, stderr):
+    """`2>/dev/full` (every write fails) or `2>&-`: the weight-loading progress bar made the
+    server exit 1 before it loaded, saying nothing; now it serves and drains as usual."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "hyla.cli", "serve", str(checkpoint), "--port", str(port),
+           "--served-model-name", "tiny", "--kv-cache-memory", str(16 << 20)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open("/dev/full", "w") as full:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            stderr=full if stderr == "full" else None,
+            preexec_fn=(lambda: os.close(2)) if stderr == "closed" else None,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _healthy(port):
+            assert proc.poll() is None, f"exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
