@@ -29,10 +29,7 @@ pytestmark = [
 
 
 def _run(model, eager: bool, prompts: list[list[int]]):
-    # decode graphs alone (whole mixed-step graphs: tests/gpu/test_mixed_graphs_gpu.py)
-    engine = make_engine(
-        model, enforce_eager=eager, max_num_seqs=8, device="cuda", mixed_cuda_graphs=False
-    )
+    engine = make_engine(model, enforce_eager=eager, max_num_seqs=8, device="cuda")
     for i, p in enumerate(prompts):
         params = SamplingParams(temperature=0, max_tokens=6 + 3 * i, ignore_eos=True, logprobs=5)
         engine.add_request(str(i), p, params)

@@ -137,8 +137,7 @@ def _kimi_engine(path, device: str, **overrides):
     if not (path / "config.json").exists():
         save_tiny_hf_model("kimi_linear", path, seed=0)
     model = load_model(str(path), dtype="float32", device=device, progress=False)
-    # the eager MLA prefill path (whole mixed-step graphs send every row to mla_paged)
-    return make_engine(model, device=device, mixed_cuda_graphs=False, **overrides)
+    return make_engine(model, device=device, **overrides)
 
 
 def _run_prompts(engine) -> dict:

@@ -1,5 +1,4 @@
-"""Prefix reuse on a GPU with `prefix_checkpoint_policy="all"` (CUDA's default "auto" is "repeat":
-tests/engine/test_prefix_repeat_policy.py), otherwise the engine as it runs by default on CUDA (fla chunk kernels, the
+"""Prefix reuse on a GPU, the engine as it runs by default on CUDA (fla chunk kernels, the
 checkpoints inside a chunk from rounds of fla calls split at the boundaries, CUDA-graph decode,
 async scheduling): two requests sharing S tokens reuse floor(S / 64) * 64 of them (S // 16 * 16
 for deepseek_v32, which has no linear layers), and the next turn of a chat reuses all of the
@@ -58,9 +57,8 @@ def test_divergence_on_cuda(models, family, budget) -> None:
         a = base + prompt_ids(24, seed=1000 + shared)
         b = base + prompt_ids(7, seed=2000 + shared)
         engine = make_engine(
-            model, device="cuda", state_checkpoint_stride=64, max_num_batched_tokens=budget,
-            prefix_checkpoint_policy="all",
-        )  # fmt: skip
+            model, device="cuda", state_checkpoint_stride=64, max_num_batched_tokens=budget
+        )
         engine.add_request("a", a, PARAMS)
         run_all(engine)
         engine.add_request("b", b, PARAMS)
@@ -72,7 +70,7 @@ def test_divergence_on_cuda(models, family, budget) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_multi_turn_on_cuda(models, family) -> None:
     model = models[family]
-    engine = make_engine(model, device="cuda", max_model_len=1024, prefix_checkpoint_policy="all")
+    engine = make_engine(model, device="cuda", max_model_len=1024)
     prompt: list[int] = []
     previous = 0
     for turn, message in enumerate((20, 150, 300)):

@@ -24,13 +24,11 @@ FAMILIES = ["kimi_linear", "deepseek_v32", "qwen3_next"]
 @pytest.mark.parametrize("family", FAMILIES)
 def test_world_size_one_through_the_executor(tmp_path, family):
     save_tiny_hf_model(family, tmp_path)
-    # the executor's runner has no mixed-step graphs yet: compare eager mixed steps on both
-    options = dict(device="cuda", mixed_cuda_graphs=False, prefix_checkpoint_policy="all")
-    plain = engine(tmp_path, **options)
+    plain = engine(tmp_path, device="cuda")
     ref = run_scenario(plain)
     graphs = plain.runner.graphs is not None
     del plain
-    via = engine(tmp_path, **options, distributed_executor_backend="mp")
+    via = engine(tmp_path, device="cuda", distributed_executor_backend="mp")
     try:
         assert via.executor is not None and (via.runner.graphs is not None) == graphs
         got = run_scenario(via)
