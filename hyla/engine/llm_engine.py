@@ -438,6 +438,7 @@ class LLMEngine:
         one more token computed meanwhile, which is dropped.
         """
         with self._lock:
+            start = time.monotonic()
             self._expire_timeouts()
             self._release_suspect()
             if self._inflight is not None and self._inflight.save_needs_values(self.cache):
@@ -445,11 +446,13 @@ class LLMEngine:
             out = self._schedule()
             launched = None if out.is_empty else self._launch(out)
             self._drain()  # the host work of step N while N+1 runs
+            if launched is not None and not self._advance_or_fail(launched):
+                launched = None
             if launched is not None:
-                self._advance(launched)
                 if not launched.has_tokens_to_read():
                     launched = None  # every sampled request ended meanwhile: nothing to read
             self._inflight = launched
+            self.scheduler.observe_step(out.total_num_tokens, time.monotonic() - start)
             return self._collect_outputs()
 
     def _schedule(self) -> SchedulerOutput:
@@ -511,6 +514,17 @@ class LLMEngine:
         step = LaunchedStep(out, result.sample_ids, requests, rows, sample)
         step.prompt_logprobs = result.prompt_logprobs
         return step
+
+    def _advance_or_fail(self, step: LaunchedStep) -> bool:
+        """`_advance`, with a fault in it (the scheduler's or the cache's bookkeeping) isolated
+        as a step fault: its requests are held or failed (`_step_failed`), the rest run on.
+        Returns: whether the step is still to be read."""
+        try:
+            self._advance(step)
+        except Exception as e:  # noqa: BLE001 - as in `_launch`
+            self._step_failed(step.out, e)
+            return False
+        return True
 
     def _advance(self, step: LaunchedStep) -> None:
         """The bookkeeping of a launched step, once the step before it was processed (so every
