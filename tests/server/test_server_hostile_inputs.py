@@ -21,7 +21,7 @@ import pytest
 
 from hyla.server import limits
 from tests.server.conftest import MODEL
-from tests.server.test_server_cli import ROOT, _free_port, checkpoint  # noqa: F401 - fixture
+from tests.server.test_server_cli import ROOT, _free_port, checkpoint  # noqa: F401, F811
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -81,7 +81,7 @@ def test_an_explicit_body_limit_is_kept_and_an_unreachable_image_limit_is_said(c
 
 
 @pytest.mark.parametrize("stderr", ["full", "closed"])
-def test_serve_runs_with_an_unwritable_stderr(checkpoint, stderr):
+def test_serve_runs_with_an_unwritable_stderr(checkpoint, stderr):  # noqa: F811
     """`2>/dev/full` (every write fails) or `2>&-`: the weight-loading progress bar made the
     server exit 1 before it loaded, saying nothing; now it serves and drains as usual."""
     port = _free_port()
