@@ -172,7 +172,7 @@ def bench_long_prefill(prompt_tokens: int, budget: float) -> dict:
     engine = LLMEngine.from_path(None, device="cpu", max_step_seconds=budget,
                                  max_model_len=prompt_tokens + 512)  # fmt: skip
     vocab = engine.model.config.vocab_size if hasattr(engine, "model") else 1000
-    greedy = SamplingParams(temperature=0, max_tokens=100_000, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)
     engine.add_request("stream", [5, 6, 7, 8], greedy)
     for _ in range(5):
         engine.step()

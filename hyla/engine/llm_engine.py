@@ -318,12 +318,17 @@ class LLMEngine:
         mm: MultimodalPrompt | None = None,
     ) -> None:
         requests, generators = [], []
+        # The prompt's log-probabilities are the group's, computed by sequence 0 alone: the
+        # others need no prompt row, so they take the prompt from the prefix cache (waiting
+        # for sequence 0 to compute it) instead of each prefilling it again.
+        siblings = params if params.prompt_logprobs is None else dataclasses.replace(
+            params, prompt_logprobs=None)  # fmt: skip
         for k in range(params.num_sequences):
             requests.append(
                 Request(
                     sequence_id(request_id, k),
                     ids,
-                    params,
+                    params if k == 0 else siblings,
                     eos_token_ids=self.eos_token_ids,
                     max_model_len=self.max_model_len,
                     priority=priority,
