@@ -166,7 +166,8 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
     @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES)
     async def completions(body: CompletionRequest, request: Request,
                           pooled: Outcome | None = Depends(completion_input)) -> Response:
-        return await _guard(create_completion(ctx, body, request, pooled))
+        return await _guard(create_completion(ctx, body, request, pooled),
+                            {"prompt_logprobs": "logprobs"})  # echo's logprobs
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses=POST_RESPONSES)

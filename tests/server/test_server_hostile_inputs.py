@@ -116,3 +116,25 @@ def _healthy(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.parametrize("n,logprobs,param", [(16, 20, "n"), (1, 20, "logprobs")])
+def test_echo_logprobs_over_the_per_request_limit_is_400_naming_the_field(
+    make_server, n, logprobs, param
+):
+    from hyla.engine.validate import MAX_PROMPT_LOGPROBS
+
+    server = make_server(engine_options={"max_model_len": 16384, "kv_cache_memory": 8 << 20})
+    prompt_len = MAX_PROMPT_LOGPROBS // (n * (logprobs + 1)) + 1  # one token over
+    body = {"model": MODEL, "prompt": [5] * prompt_len, "max_tokens": 1, "n": n,
+            "logprobs": logprobs, "echo": True}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and str(MAX_PROMPT_LOGPROBS) in err["message"], err
+    # at the limit it passes (the engine's own check, without a server run of that size)
+    from hyla.engine.validate import check_prompt_logprobs_cost
+    from hyla.request import SamplingParams
+
+    at_limit = SamplingParams(n=n, logprobs=logprobs, prompt_logprobs=logprobs)
+    check_prompt_logprobs_cost(MAX_PROMPT_LOGPROBS // (n * (logprobs + 1)), at_limit)
