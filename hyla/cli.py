@@ -183,7 +183,9 @@ def serve(
     served_model_name: str | None = typer.Option(
         None, help="Model name clients send (default: the checkpoint directory's name; "
         "'default' for the embedded model)."),
-    max_request_bytes: int = typer.Option(8 << 20, min=1, help="Larger request bodies get 413."),
+    max_request_bytes: int | None = typer.Option(
+        None, min=1, help="Larger request bodies get 413 (default: 8 MiB; for a vision model "
+        "enough for one image of --max-image-bytes as a base64 data URL, plus 1 MiB)."),
     tokenizer_pool_size: int = typer.Option(
         1, min=0, help="Worker processes that validate, render and tokenize request bodies of "
         "64 KiB or more, so a large request does not stall running streams (0: all in the "
@@ -195,9 +197,24 @@ def serve(
     disable_uvicorn_access_log: bool = typer.Option(
         False, "--disable-uvicorn-access-log", help="No access-log line per request (vLLM's "
         "flag; the line is uvicorn's, at log level info)."),
+    header_timeout: float = typer.Option(
+        10.0, min=0.001, help="Seconds a connection may take to send a request's line and "
+        "headers (from its accept, or from the first byte of its next request when kept "
+        "alive); then it is answered 408 and closed."),
+    body_timeout: float = typer.Option(
+        30.0, min=0.001, help="Seconds a request body may take to arrive in full (else 408)."),
+    timeout_keep_alive: int = typer.Option(
+        5, min=1, help="Seconds an idle kept-alive connection stays open."),
+    max_connections: int | None = typer.Option(
+        None, min=1, help="Most open connections; over it, the one waiting longest for a "
+        "request head is closed (default: the file-descriptor limit, raised to its hard "
+        "limit, less 128)."),
     engine_options: dict | None = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)."""
+    from hyla.console import tolerate_broken_stderr
+
+    tolerate_broken_stderr()  # an unwritable stderr must not end the server (hyla/console.py)
     options = engine_options or {}
     _check_api_key(api_key)
     _check_args(model, options, needs_tokenizer=False)
@@ -215,12 +232,15 @@ def serve(
         name = served_model_name or engine.model_name
         fastapi_app = build_app(async_engine, name, api_key=api_key,
                                 max_request_bytes=max_request_bytes,
-                                drain_timeout=drain_timeout,
+                                drain_timeout=drain_timeout, body_timeout=body_timeout,
                                 tokenizer_pool_size=tokenizer_pool_size)
         typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
                    f"http://{host}:{port}/v1", err=True)
         server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout,
-                             access_log=not disable_uvicorn_access_log)
+                             access_log=not disable_uvicorn_access_log,
+                             header_timeout=header_timeout,
+                             timeout_keep_alive=timeout_keep_alive,
+                             max_connections=max_connections)
         if interrupts:  # its KeyboardInterrupt was swallowed (e.g. by an import's C code)
             raise KeyboardInterrupt
     except KeyboardInterrupt:

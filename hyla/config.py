@@ -791,6 +791,12 @@ class SchedulerConfig:
         default="fcfs",
         metadata={"help": "Scheduling policy: fcfs or priority (lower value first)."},
     )
+    max_step_seconds: float = field(
+        default=1.0,
+        metadata={"help": "Time budget of a step while a request is decoding: prefill "
+                  "chunks are cut to what the measured seconds per token allow, so a long "
+                  "prompt does not stall the streams for whole seconds (0: tokens only)."},
+    )  # fmt: skip
     max_num_encoder_input_tokens: int = field(
         default=0,
         metadata={"help": "Image tokens the vision encoder may produce per step (0: "
@@ -806,6 +812,8 @@ class SchedulerConfig:
             "must be an integer >= 0 (0: off)",
         )
         _require(self.policy in ("fcfs", "priority"), "policy", "must be fcfs|priority")
+        _number(self, "", "max_step_seconds")
+        _require(self.max_step_seconds >= 0, "max_step_seconds", "must be >= 0 (0: off)")
         _require(
             isinstance(self.max_num_encoder_input_tokens, int)
             and self.max_num_encoder_input_tokens >= 0,

@@ -9,6 +9,10 @@ where its `num_computed_tokens` reaches `num_tokens`.
     [r0 r1 r2 ... ]  <- admit head --  [w0 w1 ...]
           `-- preempt tail (recompute) --^
 
+While a request is decoding, a step's token budget is also cut to `max_step_seconds` of the
+measured seconds per token (`observe_step`): on the CPU 2,048 prompt tokens are seconds of
+work, which every stream would wait for between two tokens.
+
 Admission needs a free state slot and the blocks for its first chunk. When a running request
 cannot get a block, the lowest-ranked running request not yet scheduled this step is preempted:
 its slot and blocks are released and it waits to recompute prompt + generated tokens (from its
@@ -39,6 +43,13 @@ from hyla.cache.prefix import PrefixHit
 from hyla.config import SchedulerConfig
 from hyla.multimodal.budget import EncoderBudget
 from hyla.request import Request, RequestStatus
+
+# Step time budget (`max_step_seconds`): steps of fewer tokens are not measured (their time is
+# mostly fixed cost, not tokens); before a first measurement, a prefill beside decoding
+# requests takes at most PROBE_TOKENS; a step keeps room for MIN_PREFILL_TOKENS of prefill.
+MIN_MEASURED_TOKENS = 32
+PROBE_TOKENS = 128
+MIN_PREFILL_TOKENS = 16
 
 
 @dataclass
@@ -87,6 +98,7 @@ class Scheduler:
         self._order: dict[str, tuple[int, int]] = {}
         self._counter = itertools.count()
         self.num_preemptions = 0
+        self.seconds_per_token: float | None = None  # measured (`observe_step`)
 
     # -- queues ----------------------------------------------------------------------------------
 
@@ -118,6 +130,27 @@ class Scheduler:
         return bool(self.requests)
 
     # -- scheduling ------------------------------------------------------------------------------
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """A step of `num_tokens` took `seconds` (wall time): the per-token cost the step time
+        budget divides, an average weighted towards recent steps (it grows with context)."""
+        if num_tokens < MIN_MEASURED_TOKENS or not seconds > 0:
+            return
+        rate = seconds / num_tokens
+        old = self.seconds_per_token
+        self.seconds_per_token = rate if old is None else 0.5 * old + 0.5 * rate
+
+    def _token_budget(self) -> int:
+        """`max_num_batched_tokens`, cut to `max_step_seconds` worth of tokens while a running
+        request is decoding (someone waits for this step's token)."""
+        budget = self.config.max_num_batched_tokens
+        limit = self.config.max_step_seconds
+        if limit <= 0 or not any(r.num_output_tokens > 0 for r in self.running):
+            return budget
+        floor = len(self.running) + MIN_PREFILL_TOKENS
+        rate = self.seconds_per_token
+        timed = PROBE_TOKENS if rate is None else int(limit / rate)
+        return min(budget, max(floor, timed))
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         n = min(req.num_uncomputed_tokens, budget)
@@ -202,7 +235,7 @@ class Scheduler:
         if self.encoder_budget is not None:
             self.encoder_budget.reset()
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens, only)
+        budget = self._schedule_running(out, self._token_budget(), only)
         if not out.preempted_ids:
             self._admit_waiting(out, budget, only)
         ends = {

@@ -42,11 +42,11 @@ from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
 from hyla.engine.memory import memory_budget, plan_cache
-from hyla.engine.model_runner import ModelRunner
 from hyla.engine.mixed_graphs import mixed_graph_buckets
+from hyla.engine.model_runner import ModelRunner
 from hyla.engine.piecewise_graphs import token_buckets
-from hyla.engine.step_stats import StepStats
 from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
+from hyla.engine.step_stats import StepStats
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.engine.warmup import warm_up
 from hyla.forward_batch import index_tensor
@@ -357,12 +357,17 @@ class LLMEngine:
     ) -> None:
         grammars = self._grammar_states(params)
         requests, generators = [], []
+        # The prompt's log-probabilities are the group's, computed by sequence 0 alone: the
+        # others need no prompt row, so they take the prompt from the prefix cache (waiting
+        # for sequence 0 to compute it) instead of each prefilling it again.
+        siblings = params if params.prompt_logprobs is None else dataclasses.replace(
+            params, prompt_logprobs=None)  # fmt: skip
         for k in range(params.num_sequences):
             requests.append(
                 Request(
                     sequence_id(request_id, k),
                     ids,
-                    params,
+                    params if k == 0 else siblings,
                     eos_token_ids=self.eos_token_ids,
                     max_model_len=self.max_model_len,
                     priority=priority,
@@ -494,6 +499,7 @@ class LLMEngine:
         one more token computed meanwhile, which is dropped.
         """
         with self._lock:
+            start = time.monotonic()
             self._expire_timeouts()
             self._release_suspect()
             if self._inflight is not None and self._inflight.save_needs_values(self.cache):
@@ -503,11 +509,13 @@ class LLMEngine:
             self._drain()  # the host work of step N while N+1 runs
             if launched is not None and launched.logits is not None:
                 launched = self._sample_constrained(launched)
+            if launched is not None and not self._advance_or_fail(launched):
+                launched = None
             if launched is not None:
-                self._advance(launched)
                 if not launched.has_tokens_to_read():
                     launched = None  # every sampled request ended meanwhile: nothing to read
             self._inflight = launched
+            self.scheduler.observe_step(out.total_num_tokens, time.monotonic() - start)
             return self._collect_outputs()
 
     def _schedule(self) -> SchedulerOutput:
@@ -594,6 +602,17 @@ class LLMEngine:
             self._step_failed(step.out, e)
             return None
         return step
+
+    def _advance_or_fail(self, step: LaunchedStep) -> bool:
+        """`_advance`, with a fault in it (the scheduler's or the cache's bookkeeping) isolated
+        as a step fault: its requests are held or failed (`_step_failed`), the rest run on.
+        Returns: whether the step is still to be read."""
+        try:
+            self._advance(step)
+        except Exception as e:  # noqa: BLE001 - as in `_launch`
+            self._step_failed(step.out, e)
+            return False
+        return True
 
     def _advance(self, step: LaunchedStep) -> None:
         """The bookkeeping of a launched step, once the step before it was processed (so every

@@ -89,3 +89,27 @@ def validate_lengths(num_prompt_tokens: int, params: SamplingParams, max_model_l
             f"prompt ({num_prompt_tokens} tokens) + max_tokens ({mt}) = "
             f"{num_prompt_tokens + mt} exceeds the context window of {max_model_len} tokens",
         )
+    check_prompt_logprobs_cost(num_prompt_tokens, params)
+
+
+# Prompt log-probabilities one request may ask for, counted as they reach the client: every
+# one of the n sequences repeats the prompt's (the OpenAI echo format). 16 x 4K-token prompt x
+# 21 entries was a 34 MB body that held the engine thread for seconds.
+MAX_PROMPT_LOGPROBS = 1 << 18
+
+
+def check_prompt_logprobs_cost(num_prompt_tokens: int, params: SamplingParams) -> None:
+    """Raises InvalidRequestError naming `n` (n > 1) or `prompt_logprobs` when
+    n x prompt tokens x (prompt_logprobs + 1) exceeds `MAX_PROMPT_LOGPROBS`."""
+    k = params.prompt_logprobs
+    if k is None:
+        return
+    n = params.n
+    cost = n * num_prompt_tokens * (k + 1)
+    if cost > MAX_PROMPT_LOGPROBS:
+        raise InvalidRequestError(
+            "n" if n > 1 else "prompt_logprobs",
+            f"n ({n}) x prompt ({num_prompt_tokens} tokens) x (prompt logprobs {k} + the "
+            f"prompt's own token) = {cost} log-probabilities, over the limit of "
+            f"{MAX_PROMPT_LOGPROBS} per request: lower n or logprobs, or leave echo off",
+        )

@@ -79,7 +79,7 @@ def build_app(
     engine: AsyncEngine,
     served_model_name: str | None = None,
     api_key: str | None = None,
-    max_request_bytes: int = 8 << 20,
+    max_request_bytes: int | None = None,
     drain_timeout: float | None = 30.0,
     body_timeout: float = 30.0,
     tokenizer_pool_size: int = 0,
@@ -92,7 +92,8 @@ def build_app(
         served_model_name: the `model` clients must send (default: the engine's model name).
         api_key: when set, every route but `/health` requires `Authorization: Bearer
             <api_key>` (else 401); an empty key is a ValueError.
-        max_request_bytes: larger request bodies get 413.
+        max_request_bytes: larger request bodies get 413 (None: 8 MiB, more for a vision
+            model: `limits.request_bytes_limit`).
         body_timeout: a request body not received in full within this many seconds gets 408.
         drain_timeout: on shutdown, seconds to let requests in flight finish before aborting.
         tokenizer_pool_size: worker processes that validate, render and tokenize request
@@ -120,7 +121,8 @@ def build_app(
     app = FastAPI(title="hyla", version="0.1.0", lifespan=lifespan)
     app.state.ctx = ctx
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=max_request_bytes, timeout=body_timeout)
+    max_bytes = limits.request_bytes_limit(max_request_bytes, engine)
+    app.add_middleware(BodyLimit, max_bytes=max_bytes, timeout=body_timeout)
     if api_key is not None:
         check_api_key(api_key)
         app.add_middleware(APIKeyGuard, api_key=api_key)
@@ -164,7 +166,8 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
     @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES)
     async def completions(body: CompletionRequest, request: Request,
                           pooled: Outcome | None = Depends(completion_input)) -> Response:
-        return await _guard(create_completion(ctx, body, request, pooled))
+        return await _guard(create_completion(ctx, body, request, pooled),
+                            {"prompt_logprobs": "logprobs"})  # echo's logprobs
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses=POST_RESPONSES)

@@ -224,6 +224,10 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest, images: Any = No
 
 def _render(tokenizer: Any, conversation: list[dict], req: ChatCompletionRequest) -> str:
     kwargs = dict(req.chat_template_kwargs or {})
+    for key, value in kwargs.items():  # a key ends up in error messages and logs
+        check_text(key, "chat_template_kwargs")
+        if isinstance(value, str):
+            check_text(value, f"chat_template_kwargs.{key}")
     reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_KWARGS)
     if reserved:
         raise APIError(400, f"chat_template_kwargs.{reserved[0]}: set by the server, not "

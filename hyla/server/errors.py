@@ -229,7 +229,12 @@ def install_error_handlers(app: FastAPI) -> None:
         return validation_error_response(list(e.errors()))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        if isinstance(e.__cause__, RecursionError):  # FastAPI's json.loads of the body
+            from hyla.server.limits import nested_too_deep
+
+            err = nested_too_deep(getattr(request, "_body", None))
+            return error_response(err.status, err.message, err.param, err.code)
         message = e.detail if isinstance(e.detail, str) else str(e.detail)
         return error_response(e.status_code, message, headers=getattr(e, "headers", None))
 

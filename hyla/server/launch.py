@@ -32,6 +32,8 @@ from typing import Any
 
 import uvicorn
 
+from hyla.server.connections import ConnectionGuard, default_max_connections, protocol_factory
+
 logger = logging.getLogger("hyla.server")
 
 # After the drain, seconds uvicorn lets the remaining connections finish writing (the final
@@ -58,6 +60,7 @@ class DrainingServer(uvicorn.Server):
         self.drain_started: float | None = None
         self.is_aborting = False
         self.executor_failed_at: float | None = None
+        self.connection_guard: ConnectionGuard | None = None  # set by make_server
 
     def run(self, sockets: list[socket.socket] | None = None) -> None:
         """`serve()` on a fresh event loop, left as it is when it returns: the process exits
@@ -185,9 +188,20 @@ def make_server(
     log_level: str = "info",
     drain_timeout: float | None = 30.0,
     access_log: bool = True,
+    header_timeout: float = 10.0,
+    timeout_keep_alive: int = 5,
+    max_connections: int | None = None,
 ) -> DrainingServer:
     """A DrainingServer for `app` (lifespan on; `drain_timeout` None: wait for every request;
-    `access_log`: uvicorn's line per request, as vLLM's server prints)."""
+    `access_log`: uvicorn's line per request, as vLLM's server prints).
+
+    `header_timeout`: seconds a connection may take to send a request head (`connections.py`);
+    `timeout_keep_alive`: seconds an idle kept-alive connection stays open; `max_connections`:
+    open connections at most (None: what RLIMIT_NOFILE leaves, after raising it).
+    """
+    if max_connections is None:
+        max_connections = default_max_connections()
+    guard = ConnectionGuard(header_timeout=header_timeout, max_connections=max_connections)
     config = uvicorn.Config(
         app,
         host=host,
@@ -195,9 +209,13 @@ def make_server(
         log_level=log_level,
         lifespan="on",
         timeout_graceful_shutdown=CLOSE_TIMEOUT,
+        timeout_keep_alive=timeout_keep_alive,
+        http=protocol_factory(guard),
         access_log=access_log,
     )
-    return DrainingServer(config, async_engine, drain_timeout)
+    server = DrainingServer(config, async_engine, drain_timeout)
+    server.connection_guard = guard
+    return server
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

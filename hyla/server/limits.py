@@ -1,10 +1,12 @@
 """Inputs refused by their size alone, before the schema validates them, a chat template renders
 them or a tokenizer reads them.
 
-    body bytes > max_request_bytes          413  (`middleware.BodyLimit`, before JSON parsing)
+    body bytes > max_request_bytes          413  (`middleware.BodyLimit`, before JSON parsing;
+                                                 `request_bytes_limit` sets it)
     messages: count >= max_model_len        400  every message renders to at least one token
     prompt:   token ids >= max_model_len    400  one output token must still fit
     prompt:   more than MAX_PROMPTS prompts 400
+    JSON nested past the parser's depth     400  naming the top-level field (`nested_too_deep`)
 
 The counts are read from the parsed JSON (one C-speed `json.loads`, which FastAPI reuses) as a
 route dependency, which FastAPI solves before it validates the body: pydantic builds one object
@@ -14,13 +16,40 @@ core), which would stall the event loop and the engine thread, i.e. every other 
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
 from typing import Any
 
 from fastapi import Request
 
 from hyla.server.errors import APIError
 
+logger = logging.getLogger("hyla.server")
+
 MAX_PROMPTS = 64
+MAX_REQUEST_BYTES = 8 << 20  # the body limit of a text model (a 2M-token prompt fits)
+# Room in a vision request's body beside one image's data URL: the rest of the conversation.
+IMAGE_REQUEST_SLACK = 1 << 20
+
+
+def request_bytes_limit(max_request_bytes: int | None, engine: Any) -> int:
+    """The body limit: `max_request_bytes`, or by default `MAX_REQUEST_BYTES`, raised for a
+    vision model so that one image of `max_image_bytes` fits as a base64 data URL (the default
+    20 MiB image limit could not be reached under an 8 MiB body). An explicit limit that
+    leaves `max_image_bytes` out of reach is kept, with a warning."""
+    inner = getattr(engine, "engine", engine)
+    config = getattr(inner, "config", None)
+    if getattr(inner, "multimodal", None) is None or config is None:
+        return MAX_REQUEST_BYTES if max_request_bytes is None else max_request_bytes
+    needed = 4 * -(-config.max_image_bytes // 3) + IMAGE_REQUEST_SLACK
+    if max_request_bytes is None:
+        return max(MAX_REQUEST_BYTES, needed)
+    if max_request_bytes < needed:
+        logger.warning("max_request_bytes %d leaves no room for an inline image of "
+                       "max_image_bytes %d (a base64 data URL of it takes %d bytes)",
+                       max_request_bytes, config.max_image_bytes, needed - IMAGE_REQUEST_SLACK)
+    return max_request_bytes
 
 
 async def raw_json(request: Request) -> Any:
@@ -83,3 +112,45 @@ def check_num_ids(num: int, max_model_len: int, field: str) -> None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def nested_too_deep(body: bytes | None) -> APIError:
+    """The 400 for a body json.loads refused with RecursionError, naming the top-level field
+    whose value is nested too deep (each top-level value is decoded on its own, at C speed,
+    until one fails)."""
+    limit = sys.getrecursionlimit()
+    field = _deep_field(body or b"")
+    where = f"{field}: its value" if field else "request body"
+    return APIError(400, f"{where} is JSON nested deeper than the parser's limit (about "
+                    f"{limit} levels of arrays and objects)", param=field or None,
+                    code="json_too_deep")  # fmt: skip
+
+
+def _deep_field(body: bytes) -> str | None:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    decoder = json.JSONDecoder()
+    i = _skip(text, 0)
+    if not text.startswith("{", i):
+        return None
+    i = _skip(text, i + 1)
+    while i < len(text) and text[i] == '"':
+        try:
+            key, i = decoder.raw_decode(text, i)
+            i = _skip(text, _skip(text, i) + 1)  # past the colon
+            _, i = decoder.raw_decode(text, i)
+        except RecursionError:
+            return key
+        except ValueError:
+            return None
+        i = _skip(text, i)
+        i = _skip(text, i + 1) if text.startswith(",", i) else i
+    return None
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i

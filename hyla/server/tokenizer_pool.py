@@ -152,18 +152,46 @@ class TokenizerPool:
     async def run(self, fn: Any, *args: Any) -> Any:
         """`fn(*args)` in a worker (`fn` picklable by reference). Raises APIError 503
         `tokenizer_pool_failed` when the worker dies or `timeout` passes, PoolGaveUp when the
-        pool gives up (now or before)."""
-        if self.gave_up:
-            raise PoolGaveUp
-        executor = self._current()
+        pool gives up (now or before).
+
+        A request whose pool failed for another's doing (a worker that died while idle,
+        another request that hung) is not failed with it: it runs again, once, on the new
+        pool.
+        """
+        for attempt in range(2):
+            if self.gave_up:
+                raise PoolGaveUp
+            executor = self._current()
+            try:
+                return await self._run_on(executor, fn, args)
+            except _Collateral:
+                if attempt == 1:
+                    raise _pool_error("the tokenizer pool failed twice while this request "
+                                      "waited") from None  # fmt: skip
+        raise AssertionError("unreachable")
+
+    async def _run_on(self, executor: ProcessPoolExecutor, fn: Any, args: tuple) -> Any:
         try:
             future = executor.submit(fn, *args)
+        except BrokenProcessPool:  # broke before this request: a worker died while idle
+            self._failed(executor, "a worker died while idle")
+            raise _Collateral from None
+        try:
             result = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if future.cancelled() and task is not None and not task.cancelling():
+                raise _Collateral from None  # dropped from the queue of a pool retired since
+            raise
         except BrokenProcessPool as e:
+            if self._executor is not executor:  # retired for another request's failure
+                raise _Collateral from None
             self._failed(executor, "a worker died")
             raise _pool_error("the tokenizer pool's worker process died while preparing this "
                               "request") from e  # fmt: skip
         except TimeoutError as e:
+            if self._executor is not executor:  # it waited behind the request that hung
+                raise _Collateral from None
             self._failed(executor, f"a request was not prepared within {self.timeout:g} s")
             raise _pool_error(f"the tokenizer pool did not prepare this request within "
                               f"{self.timeout:g} s") from e  # fmt: skip
@@ -243,6 +271,10 @@ class TokenizerPool:
 
 class PoolGaveUp(Exception):
     """The pool cannot prepare anything: prepare the request in-process."""
+
+
+class _Collateral(Exception):
+    """A request's pool failed, but not because of that request: run it on the next pool."""
 
 
 def _pool_error(what: str) -> APIError:

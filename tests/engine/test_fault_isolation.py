@@ -155,3 +155,34 @@ def test_a_poisoned_request_leaves_nothing_in_the_prefix_cache(kimi):
     cold = make_engine(model, path)
     assert_same_completion(second["again"], solo(cold, bad + [5], PARAMS))
     assert_all_free(engine)
+
+
+def test_a_fault_in_the_bookkeeping_after_launch_is_isolated_like_a_step_fault(kimi):
+    """`Scheduler.update` (blocks and checkpoints filed after the launch) raising for one
+    request's step: that request ends with an error, its neighbours recompute and equal their
+    solo runs (it used to fail every request in flight)."""
+    model, path = kimi
+    vocab = model.config.vocab_size
+    prompts = _requests(vocab)
+    bad = prompts["r1"]
+    engine = make_engine(model, path, max_num_batched_tokens=64)
+    update = engine.scheduler.update
+
+    def failing(out):
+        reqs = [engine.scheduler.requests.get(r) for r in out.num_scheduled_tokens]
+        if any(r is not None and r.prompt_token_ids == bad and r.num_output_tokens >= 1
+               for r in reqs):  # fmt: skip
+            raise RuntimeError("bookkeeping")
+        return update(out)
+
+    engine.scheduler.update = failing
+    for rid, ids in prompts.items():
+        engine.add_request(rid, ids, PARAMS)
+    final = run_all(engine)
+    assert_all_free(engine)
+    err = final["r1"].outputs[0]
+    assert err.finish_reason == "error" and "RuntimeError: bookkeeping" in err.stop_reason
+    oracle = make_engine(model, path)
+    for rid in ("r0", "r2", "r3"):
+        assert final[rid].outputs[0].finish_reason == "length"
+        assert_same_completion(final[rid], solo(oracle, prompts[rid], PARAMS))

@@ -91,7 +91,8 @@ class LiveServer:
         raise AssertionError(f"engine not idle after {timeout}s: {self.engine.get_stats()}")
 
 
-def start_server(engine: Any, async_options: dict | None = None, **app_options: Any) -> LiveServer:
+def start_server(engine: Any, async_options: dict | None = None,
+                 server_options: dict | None = None, **app_options: Any) -> LiveServer:
     from hyla.engine.async_engine import AsyncEngine
     from hyla.server.api import build_app
     from hyla.server.launch import bind_socket, make_server
@@ -100,7 +101,8 @@ def start_server(engine: Any, async_options: dict | None = None, **app_options: 
     app = build_app(async_engine, MODEL, **app_options)
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = make_server(app, async_engine, log_level="warning", drain_timeout=10)
+    server = make_server(app, async_engine, log_level="warning", drain_timeout=10,
+                         **(server_options or {}))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -118,13 +120,14 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def make_server(tokenizer):
-    """Factory: `make_server(engine_options=..., async_options=..., **app_options)`."""
+    """Factory: `make_server(engine_options=..., async_options=..., server_options=...,
+    **app_options)` (server_options: `launch.make_server`'s, e.g. header_timeout)."""
     servers: list[LiveServer] = []
 
     def make(engine_options: dict | None = None, async_options: dict | None = None,
-             **app_options: Any) -> LiveServer:
+             server_options: dict | None = None, **app_options: Any) -> LiveServer:
         engine = tiny_engine(tokenizer, **(engine_options or {}))
-        server = start_server(engine, async_options, **app_options)
+        server = start_server(engine, async_options, server_options, **app_options)
         servers.append(server)
         return server
 

@@ -24,7 +24,7 @@ from hyla.cache.prefix import extend_block_hashes
 from hyla.server import convert, tokenizer_pool
 from hyla.server.errors import APIError
 from hyla.server.protocol import ChatCompletionRequest, CompletionRequest
-from hyla.server.tokenizer_pool import PoolGaveUp, TokenizerPool
+from hyla.server.tokenizer_pool import Outcome, PoolGaveUp, TokenizerPool
 from tests.server.conftest import MODEL
 
 BLOCK = 16
@@ -171,33 +171,59 @@ def _pool_error(awaitable: Any) -> APIError:
 
 
 def test_a_hung_worker_times_out_and_its_pool_is_replaced(template_tokenizer):
-    """A worker that never finishes: its request and the one queued behind it get the
-    retryable 503 after `timeout` s (not never), the hung worker is killed and the next request
-    is prepared by a new pool."""
+    """A worker that never finishes: its request gets the retryable 503 after `timeout` s
+    (not never), the hung worker is killed, and the requests queued behind it (one already in
+    the executor's call queue, one still in its pending queue) are prepared by a new pool, not
+    failed (with a 503, or a cancellation the server answered "shutting down")."""
     pool = TokenizerPool(template_tokenizer, size=1, min_bytes=0)
     try:
         _plain_chat(pool, template_tokenizer)  # workers ready (spawn takes seconds here)
         [pid] = pool.worker_pids()
         pool.timeout = 1.0
+        body = {"model": MODEL, **CHATS["plain"]}
+        expected = convert.chat_prompt_ids(template_tokenizer,
+                                           ChatCompletionRequest.model_validate(body))
+
+        async def hung() -> Any:
+            try:
+                return await pool.run(time.sleep, 60)
+            finally:
+                pool.timeout = 60.0  # the new pool's spawn takes seconds here
 
         async def hung_and_queued() -> list[Any]:
-            body = json.dumps({"model": MODEL, **CHATS["plain"]}).encode()
-            return await asyncio.gather(pool.run(time.sleep, 60), pool.prepare_chat(body, None),
-                                        return_exceptions=True)  # fmt: skip
+            queued = [pool.prepare_chat(json.dumps(body).encode(), None) for _ in range(2)]
+            return await asyncio.gather(hung(), *queued, return_exceptions=True)
 
         start = time.monotonic()
-        errors = asyncio.run(hung_and_queued())
-        assert time.monotonic() - start < 30
-        for error in errors:
-            assert isinstance(error, APIError), error
-            assert (error.status, error.code) == (503, "tokenizer_pool_failed")
-        assert "within 1 s" in errors[0].message
-        assert pool.worker_pids() == [] or pid not in pool.worker_pids()
+        error, *outcomes = asyncio.run(hung_and_queued())
+        assert time.monotonic() - start < 60
+        assert isinstance(error, APIError), error
+        assert (error.status, error.code) == (503, "tokenizer_pool_failed")
+        assert "within 1 s" in error.message
+        for outcome in outcomes:
+            assert isinstance(outcome, Outcome), outcome
+            assert outcome.prompt_list(None)[0] == expected
+        assert pid not in pool.worker_pids() and not pool.gave_up
         time.sleep(0.5)
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), "hung worker left running"
-        pool.timeout = 60.0
+    finally:
+        pool.close()
+
+
+def test_a_worker_dead_while_idle_does_not_fail_the_next_request(template_tokenizer):
+    """A worker killed between requests (e.g. by the OOM killer) is not the next request's
+    doing: that request is prepared by a new pool."""
+    pool = TokenizerPool(template_tokenizer, size=1, min_bytes=0)
+    try:
         _plain_chat(pool, template_tokenizer)
-        assert pid not in pool.worker_pids() and not pool.gave_up
+        [pid] = pool.worker_pids()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid in pool.worker_pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the executor's manager thread marks the pool broken
+        _plain_chat(pool, template_tokenizer)
+        assert pid not in pool.worker_pids() and pool.worker_pids() and not pool.gave_up
     finally:
         pool.close()
 
