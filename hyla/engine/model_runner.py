@@ -182,7 +182,9 @@ class ModelRunner:
         copy_state_rows(self.state_tensors, out.state_saves)  # slot at its chunk end -> checkpoint
         return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
 
-    def _mixed_runs(self, out: SchedulerOutput, query_lens: list[int], context_lens: list[int]) -> bool:
+    def _mixed_runs(
+        self, out: SchedulerOutput, query_lens: list[int], context_lens: list[int]
+    ) -> bool:
         """Whether this step replays a whole mixed-step graph: no image rows, no checkpoint
         inside a chunk, and a bucket that holds it."""
         return (
