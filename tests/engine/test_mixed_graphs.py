@@ -75,7 +75,7 @@ def test_padding_touches_only_reserved_storage(checkpoints):
     calls = _with_static_steps(engine)
     caches = engine.runner.caches
     for layer in caches:
-        for name, t in layer.items():
+        for t in layer.values():
             if t.is_floating_point():
                 t.view(t.shape[0], -1)[0] = float("nan")  # state slot 0 / block 0
                 t.view(t.shape[0], -1)[-1] = 7.0  # a row no request of this test reaches
