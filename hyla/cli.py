@@ -166,6 +166,10 @@ def _record_interrupts() -> list[int]:
 
     def interrupt(sig: int, frame: Any) -> None:
         seen.append(sig)
+        while frame is not None:  # inside a finalizer Python would print it as a traceback
+            if frame.f_code.co_name == "__del__":
+                return  # and go on; the note ends the start-up after loading
+            frame = frame.f_back
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)
