@@ -122,7 +122,8 @@ def child_env() -> dict:
     return env
 
 
-def start_server(args: argparse.Namespace, path: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(args: argparse.Namespace, path: Path, log: Path,
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     """`hyla serve` on a free port; returns once /health answers (or raises RuntimeError)."""
     import httpx
 
@@ -132,7 +133,7 @@ def start_server(args: argparse.Namespace, path: Path, log: Path) -> tuple[subpr
         flag = key.replace("_", "-")
         flags.append(f"--{'' if value else 'no-'}{flag}" if isinstance(value, bool)
                      else f"--{flag}={value}")  # fmt: skip
-    cmd = cli("serve", str(path), "--port", str(port), "--log-level", "warning", *flags)
+    cmd = cli("serve", str(path), "--port", str(port), "--log-level", "warning", *flags, *extra)
     print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=child_env())
     url = f"http://127.0.0.1:{port}"
@@ -180,11 +181,12 @@ def bench_serve(url: str, s: Scenario, out: Path, timeout: float, seed: int) -> 
     return json.loads(out.read_text())
 
 
-def served_phase(args: argparse.Namespace, path: Path, work: Path) -> dict:
+def served_phase(args: argparse.Namespace, path: Path, work: Path,
+                 extra: tuple[str, ...] = ()) -> dict:
     log = work / "server.log"
-    rows: dict = {}
+    rows: dict = {"serve_flags": list(extra)}
     try:
-        proc, url = start_server(args, path, log)
+        proc, url = start_server(args, path, log, extra)
     except RuntimeError as e:
         return {"error": str(e)}
     try:
@@ -314,17 +316,44 @@ def run(args: argparse.Namespace) -> dict:
         num_params = build_checkpoint(args, path)
         print(f"checkpoint: {num_params / 1e9:.3f} B parameters, {time.perf_counter() - t0:.0f} s")
         served = served_phase(args, path, work)
+        in_thread = None
+        if args.compare_in_thread:  # the engine in the server's process, as before issue 29
+            in_thread = served_phase(args, path, work, ("--no-engine-core-process",))
         if args.out_dir:  # the server's log, for a look at what went wrong
             Path(args.out_dir).mkdir(parents=True, exist_ok=True)
             log_tail = served.get("server_log_tail", served.get("error", ""))
             (Path(args.out_dir) / "gpu_serve_server.log").write_text(log_tail)
         try:
-            offline = offline_phase(args, path, served)
+            offline = {"error": "skipped"} if args.skip_offline else \
+                offline_phase(args, path, served)
         except Exception as e:  # noqa: BLE001 - the served numbers still get written
             offline = {"error": f"{type(e).__name__}: {e}"}
     eff = efficiency(served, offline) if "error" not in offline else {}
-    return dict(parameters=num_params, served=served, offline=offline, efficiency=eff,
-                goals=goals(served, offline) if not args.smoke else None)  # fmt: skip
+    out = dict(parameters=num_params, served=served, offline=offline, efficiency=eff,
+               goals=goals(served, offline) if not args.smoke else None)  # fmt: skip
+    if in_thread is not None:
+        out["served_in_thread"] = in_thread
+        out["core_process_vs_in_thread"] = versus(served, in_thread)
+    return out
+
+
+def versus(served: dict, in_thread: dict) -> dict:
+    """Per scenario: output tok/s and TPOT p50 of the core process over the in-thread engine."""
+    rows = {}
+    for name, row in served.items():
+        other = in_thread.get(name)
+        if not isinstance(row, dict) or not isinstance(other, dict) or "percentiles" not in row \
+                or "percentiles" not in other:
+            continue
+        tpot, tpot0 = row["percentiles"]["tpot_ms"]["p50"], other["percentiles"]["tpot_ms"]["p50"]
+        rows[name] = dict(output_tok_s=row["output_throughput"],
+                          output_tok_s_in_thread=other["output_throughput"],
+                          throughput_ratio=row["output_throughput"] / other["output_throughput"],
+                          tpot_p50_ms=tpot, tpot_p50_ms_in_thread=tpot0,
+                          tpot_ratio=tpot / tpot0 if tpot0 else None)  # fmt: skip
+        print(f"{name}: core process {row['output_throughput']:.0f} tok/s, TPOT {tpot:.2f} ms; "
+              f"in-thread {other['output_throughput']:.0f} tok/s, TPOT {tpot0:.2f} ms")
+    return rows
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -344,6 +373,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an EngineConfig field for both sides (e.g. enable_prefix_caching=false)")
+    p.add_argument("--compare-in-thread", action="store_true",
+                   help="serve the scenarios again with --no-engine-core-process (same run)")
+    p.add_argument("--skip-offline", action="store_true", help="served phases only")
     p.add_argument("--scenarios", type=lambda v: v.split(","), default=None,
                    help="only these scenarios (names as in the JSON), comma list")
     own, rest = p.parse_known_args(argv)

@@ -132,6 +132,31 @@ def _load_engine(model: str | None, engine_options: dict[str, Any]) -> Any:
     return engine
 
 
+def _start_core_process(model: str | None, engine_options: dict[str, Any]) -> Any:
+    from hyla.config import ConfigError
+    from hyla.engine.async_engine import AsyncEngine
+    from hyla.engine.async_stream import EngineDeadError
+
+    _check_options(engine_options)
+    try:
+        return AsyncEngine.from_process(model, engine_options)
+    except (ConfigError, FileNotFoundError, ValueError, EngineDeadError) as e:
+        _fail(str(e))
+
+
+def _has_vision(model: str | None) -> bool:
+    """Whether MODEL's config.json declares a vision tower (the embedded model has none)."""
+    import json
+
+    path = Path(model) / "config.json" if model is not None else None
+    if path is None or not path.is_file():
+        return False
+    try:
+        return "vision_config" in json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def _bind(host: str, port: int) -> Any:
     """The listening socket for `host:port` (port 0: a free one), bound before the model loads;
     fails cleanly (exit 2) when it cannot be bound (in use, no such interface)."""
@@ -194,6 +219,10 @@ def serve(
         1, min=0, help="Worker processes that validate, render and tokenize request bodies of "
         "64 KiB or more, so a large request does not stall running streams (0: all in the "
         "server process). Vision models use none."),
+    engine_core_process: bool = typer.Option(
+        True, help="Run the engine core (scheduler and steps) in a process of its own, so "
+        "HTTP, JSON and tokenization never share its GIL (vision checkpoints run it in the "
+        "server process for now: their image preparation needs the loaded tower)."),
     drain_timeout: float = typer.Option(
         30.0, min=0.0, help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
         "them with finish_reason 'abort' (0: at once). A second signal exits at once."),
@@ -231,8 +260,12 @@ def serve(
         from hyla.server.api import build_app
         from hyla.server.launch import make_server, run_until_signal
 
-        engine = _load_engine(model, options)
-        async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
+        if engine_core_process and not _has_vision(model):
+            async_engine = _start_core_process(model, options)
+            engine = async_engine.engine
+        else:
+            engine = _load_engine(model, options)
+            async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
         name = served_model_name or engine.model_name
         fastapi_app = build_app(async_engine, name, api_key=api_key,
                                 max_request_bytes=max_request_bytes,

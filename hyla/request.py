@@ -32,6 +32,9 @@ class InvalidRequestError(ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self) -> tuple:  # crosses the engine-core process boundary as it is
+        return type(self), (self.field, self.message)
+
 
 class SamplingParamsError(InvalidRequestError):
     """A `SamplingParams` field is out of range or of the wrong type."""
@@ -45,6 +48,9 @@ class QueueFullError(RuntimeError):
         super().__init__(f"max_queue_len: the queue is full ({max_queue_len} waiting requests)")
         self.max_queue_len = max_queue_len
         self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.max_queue_len, self.retry_after)
 
 
 class RequestOutputKind(enum.Enum):

@@ -1,27 +1,25 @@
-"""AsyncEngine: the LLMEngine loop in a background thread, one asyncio stream per request.
+"""AsyncEngine: the front end of the engine, one asyncio stream per request.
 
-    event loop (server)                       engine thread
-    -------------------                       -------------
-    add_request() - ("add", ...) ---------->  commands  -> engine.add_request
-               <-- admitted / error --------  (call_soon_threadsafe)
-    abort()    --- ("abort", id) ---------->  commands  -> engine.abort_request (frees at once)
-    stream queue <- RequestOutput ---------   engine.step() while there is work
+    event loop (front end)                    engine core (`hyla.engine.core_loop`)
+    ----------------------                    -------------------------------------
+    add_request() - ("add", ...) ---------->  engine.add_request
+               <-- ("admitted" | "rejected")
+    abort()    --- ("abort", id) ---------->  engine.abort_request (frees at once)
+    streams    <-- ("outputs", [...], stats)  engine.step() while there is work
+
+The core is a thread of this process (`AsyncEngine(engine)`: scripts, tests) or a process of its
+own (`AsyncEngine.from_process(...)`: `hyla serve`), so that HTTP, JSON, tokenization and the
+streams' bookkeeping never share the step's GIL. Streams are owned by the event loop alone.
 
 Text prompts are tokenized, and token-id prompts checked, in a worker thread before the "add"
-command (a multi-megabyte prompt takes seconds to tokenize; on the engine thread it would stall
-every running stream); an over-long one is refused there and never reaches the engine. The
-engine gets the token ids and the outputs get the text back as `prompt`.
-
-The engine is touched only by the engine thread, so it needs no lock. The thread sleeps on a
-condition variable while there is no work and wakes on the next command. Commands are applied
-before every step, so a cancelled request's blocks and state slot are free before the next
-forward pass. Outputs of requests the loop no longer tracks (cancelled, timed out) are dropped.
+command; an over-long one is refused there and never reaches the engine. The engine gets the
+token ids and the outputs get the text back as `prompt`. Commands are applied before every
+step, so a cancelled request's blocks and state slot are free before the next forward pass.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
 import time
@@ -40,8 +38,9 @@ from hyla.engine.async_stream import (
     empty_output,
     with_finish_reason,
 )
+from hyla.engine.core_loop import ThreadCore
 from hyla.engine.validate import prompt_token_ids, validate_lengths
-from hyla.request import InvalidRequestError, QueueFullError, RequestOutputKind, SamplingParams
+from hyla.request import QueueFullError, RequestOutputKind, SamplingParams
 
 __all__ = [
     "AsyncEngine",
@@ -56,7 +55,7 @@ logger = logging.getLogger("hyla.engine")
 
 @dataclass
 class _Stream:
-    """Per-request state, owned by the engine thread except `queue` (event-loop side)."""
+    """Per-request state on the event loop."""
 
     request_id: str
     queue: OutputQueue
@@ -65,44 +64,57 @@ class _Stream:
     prompt_text: str | None = None
     finished: set[int] = field(default_factory=set)  # completions whose finish was sent
 
-    @property
-    def is_delta(self) -> bool:
-        return self.queue.is_delta
-
     def abort_output(self) -> Any:
         """The final output of a request ended by the shutdown: "abort" for each completion
         not finished yet (as a delta: nothing else), or the last cumulative output so ended."""
         last = self.last_output
-        if last is None or self.is_delta:
+        if last is None or self.queue.is_delta:
             return empty_output(self.request_id, self.num_outputs, "abort", self.finished)
         return with_finish_reason(last, "abort")
 
 
+@dataclass
+class _Pending:
+    """A request sent to the core and not yet admitted."""
+
+    future: asyncio.Future
+    stream: _Stream
+
+
 class AsyncEngine:
-    """Runs `LLMEngine.step()` in a background thread and streams outputs to coroutines.
+    """Streams a core's outputs to coroutines.
 
     Timeouts and the queue bound are the engine's (`EngineConfig.request_timeout`: the engine
     ends a request with finish_reason "timeout"; `EngineConfig.max_queue_len`: checked here too,
     before a prompt is tokenized, counting requests admitted but without a first token yet).
 
     Args:
-        engine: an `hyla.engine.llm_engine.LLMEngine` (or anything with the same contract:
-            add_request, abort_request, step, has_unfinished_requests, get_stats).
+        engine: an `LLMEngine` (its loop runs in a thread here), or the engine facts of a core
+            process (`hyla.engine.core_process.EngineInfo`).
+        core: where the engine's loop runs (None: a `ThreadCore` of `engine`).
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, core: Any = None) -> None:
         self.engine = engine
+        self.core = ThreadCore(engine) if core is None else core
         config = getattr(engine, "config", None)
         self.max_queue_len = getattr(config, "max_queue_len", None)
-        self._cond = threading.Condition()
-        self._commands: collections.deque[tuple] = collections.deque()
         self._streams: dict[str, _Stream] = {}
-        self._num_pending_adds = 0
-        self._stats = engine.get_stats()  # refreshed by the engine thread
+        self._pending: dict[str, _Pending] = {}
+        self._stats = engine.get_stats()  # refreshed by every event from the core
         self._is_draining = False
         self._is_aborting = False
+        self._is_stopped = False
+        self._dead: Exception | None = None  # the core process is gone
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_process(cls, model: str | None, options: dict[str, Any]) -> AsyncEngine:
+        """Load `model` in an engine-core process of its own (`hyla.engine.core_process`)."""
+        from hyla.engine.core_process import ProcessCore
+
+        core = ProcessCore(model, options)
+        return cls(core.info, core)
 
     # -- attributes the server reads -------------------------------------------------------
 
@@ -124,42 +136,48 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._loop is not None and not self._is_stopped and self.core.is_running
 
     def get_stats(self) -> Any:
-        """The engine's `EngineStats` as of the end of the last step (thread-safe)."""
+        """The engine's `EngineStats` as of the end of the last step."""
         return self._stats
 
     def num_in_flight(self) -> int:
         """Requests admitted or being admitted and not yet finished."""
-        with self._cond:
-            return len(self._streams) + self._num_pending_adds
+        return len(self._streams) + len(self._pending)
+
+    def check_health(self) -> None:
+        """Raises when the engine cannot go on (its process or a tensor-parallel rank is gone)."""
+        self.core.check_health()
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the engine thread (idempotent). Call from inside the event loop."""
-        if self.is_running:
+        """Start the core (idempotent). Call from inside the event loop."""
+        if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="hyla-engine", daemon=True)
-        self._thread.start()
+        self.core.start(self._on_event, self._loop)
 
     def begin_drain(self) -> None:
         """Stop admitting requests; the running ones go on to finish."""
         self._is_draining = True
 
     def abort_all(self) -> None:
-        """Stop admitting and end every request in flight (thread-safe). Each stream gets a
-        final output with finish_reason "abort" (no token yet: one with empty completions),
-        then ends; requests still being admitted are refused with EngineDrainingError."""
-        with self._cond:
-            self._is_draining = self._is_aborting = True
-            self._commands.append(("abort_all",))
-            self._cond.notify()
+        """Stop admitting and end every request in flight. Each stream gets a final output with
+        finish_reason "abort" (no token yet: one with empty completions), then ends; requests
+        still being admitted are refused with EngineDrainingError."""
+        if not self._on_loop():
+            self._loop.call_soon_threadsafe(self.abort_all)
+            return
+        self._is_draining = self._is_aborting = True
+        for request_id in list(self._streams):
+            self._end(request_id, shutdown=True)
+        for request_id in list(self._pending):
+            self._refuse(request_id, EngineDrainingError("the server is shutting down"))
 
     async def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop the engine thread, after the requests in flight finish when `drain`.
+        """Stop the core, after the requests in flight finish when `drain`.
 
         With `drain=False` (or when `timeout` seconds pass) the remaining requests are aborted.
         """
@@ -168,16 +186,17 @@ class AsyncEngine:
             start = time.monotonic()
             while self.num_in_flight() and (timeout is None or time.monotonic() - start < timeout):
                 await asyncio.sleep(0.02)
+        if self._loop is None:
+            return
         self.abort_all()
-        with self._cond:
-            self._commands.append(("stop",))
-            self._cond.notify()
-        # Polled, not joined in a worker thread: every worker may be busy (huge prompts being
-        # tokenized) and the join would wait for one of them.
-        deadline = time.monotonic() + 10.0
-        while self.is_running and time.monotonic() < deadline:
+        self.core.send(("stop",))
+        deadline = time.monotonic() + 10.0  # polled: a join could wait on a busy worker thread
+        while self.core.is_running and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        self._thread = None
+        self._is_stopped = True
+        close = getattr(self.core, "close", None)
+        if close is not None:
+            close()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -209,7 +228,7 @@ class AsyncEngine:
 
     def _tokenize(self, text: str | list[int], params: Any) -> list[int]:
         """Token ids of `text` (or `text` as checked token ids) as the engine would compute
-        them, in a worker thread: the engine thread does not check them again.
+        them, in a worker thread: the engine does not check them again.
 
         Raises: InvalidRequestError("prompt") for text that cannot be tokenized or leaves no
             room in the context window; InvalidRequestError("max_tokens") past the window.
@@ -239,27 +258,27 @@ class AsyncEngine:
         """Raises EngineDrainingError while draining, QueueFullError when the queue is full."""
         if self._is_draining:
             raise EngineDrainingError("the server is shutting down")
-        with self._cond:
-            limit = self.max_queue_len
-            if limit is not None and self._num_waiting_locked() >= limit:
-                raise QueueFullError(limit)
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        limit = self.max_queue_len
+        if limit is not None and self._num_waiting() >= limit:
+            raise QueueFullError(limit)
 
     async def _submit(
         self, prompt: Any, params: Any, request_id: str, text: str | None = None
     ) -> OutputQueue:
         self._check_admission()
-        if not self.is_running:
-            self.start()
-        with self._cond:
-            limit = self.max_queue_len
-            if limit is not None and self._num_waiting_locked() >= limit:
-                raise QueueFullError(limit)
-            loop = asyncio.get_running_loop()
-            admitted: asyncio.Future = loop.create_future()
-            queue = OutputQueue(getattr(params, "output_kind", None) is RequestOutputKind.DELTA)
-            self._num_pending_adds += 1
-            self._commands.append(("add", request_id, prompt, params, queue, admitted, text))
-            self._cond.notify()
+        self.start()
+        if request_id in self._streams or request_id in self._pending:
+            from hyla.request import InvalidRequestError
+
+            raise InvalidRequestError("request_id", f"duplicate request id {request_id!r}")
+        queue = OutputQueue(getattr(params, "output_kind", None) is RequestOutputKind.DELTA)
+        num_outputs = getattr(params, "n", 1) or 1
+        stream = _Stream(request_id, queue, num_outputs, prompt_text=text)
+        admitted = self._loop.create_future()
+        self._pending[request_id] = _Pending(admitted, stream)
+        self.core.send(("add", request_id, prompt, params, time.monotonic()))
         try:
             await asyncio.shield(admitted)
         except asyncio.CancelledError:
@@ -267,109 +286,65 @@ class AsyncEngine:
             raise
         return queue
 
-    def _num_waiting_locked(self) -> int:
+    def _num_waiting(self) -> int:
         # Waiting = admitted or being admitted, but no token yet. Counted here rather than read
         # from the engine's stats, which lag a step behind a burst of arrivals.
         no_output = sum(1 for s in self._streams.values() if s.last_output is None)
-        return self._num_pending_adds + no_output
+        return len(self._pending) + no_output
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (thread-safe; unknown or finished ids are ignored)."""
-        with self._cond:
-            self._commands.append(("abort", request_id))
-            self._cond.notify()
-
-    # -- engine thread ----------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            commands = self._wait_for_work()
-            stop = any(c[0] == "stop" for c in commands)
+        if self._loop is None:
+            return
+        if not self._on_loop():
             try:
-                self._iterate([c for c in commands if c[0] != "stop"], stop)
-            except Exception as e:
-                # Never let the thread die: its requests would hang with no output and no end.
-                logger.exception("engine loop failed; ending %d requests", len(self._streams))
-                self._fail_all(EngineDeadError(f"engine loop failed: {type(e).__name__}: {e}"))
-            if stop:
-                return
-
-    def _iterate(self, commands: list[tuple], stop: bool) -> None:
-        self._apply(commands)
-        if stop:
-            self._update_snapshot()
+                self._loop.call_soon_threadsafe(self.abort, request_id)
+            except RuntimeError:  # the loop is closed: nothing is left to abort
+                pass
             return
-        if commands:
-            self._update_snapshot()
-        if self.engine.has_unfinished_requests():
-            self._step()
-            self._update_snapshot()
+        if request_id in self._streams:
+            self._end(request_id)
+        elif request_id in self._pending:  # cancelled while being admitted
+            pending = self._pending.pop(request_id)
+            pending.future.cancel()
+            self._send_abort(request_id)
 
-    def _wait_for_work(self) -> list[tuple]:
-        with self._cond:
-            while not self._commands and not self._has_work():
-                self._cond.wait()
-            commands = list(self._commands)
-            self._commands.clear()
-        return commands
+    # -- events from the core (on the event loop) ------------------------------------------
 
-    def _has_work(self) -> bool:
-        # Unfinished requests without a stream too (aborted after a failed step or a cancelled
-        # stream): one more step collects them, so an idle engine holds no request.
-        return self.engine.has_unfinished_requests()
+    def _on_event(self, event: tuple) -> None:
+        kind = event[0]
+        if kind == "outputs":
+            self._on_outputs(event[1])
+            if event[2] is not None:
+                self._stats = event[2]
+        elif kind == "admitted":
+            self._on_admitted(event[1])
+        elif kind == "rejected":
+            pending = self._pending.pop(event[1], None)
+            if pending is not None and not pending.future.done():
+                pending.future.set_exception(event[2])
+        elif kind == "failed":
+            self._fail_all(event[1])
+        elif kind == "dead":  # the core process is gone: nothing more will come
+            self._dead = event[1]
+            self._fail_all(event[1])
+            for request_id in list(self._pending):
+                self._refuse(request_id, event[1])
 
-    def _apply(self, commands: Any) -> None:
-        for command in commands:
-            if command[0] == "add":
-                self._add(*command[1:])
-            elif command[0] == "abort":
-                self._abort(command[1])
-            elif command[0] == "abort_all":
-                for request_id in list(self._streams):
-                    self._abort(request_id, shutdown=True)
-
-    def _add(self, request_id, prompt, params, queue, admitted, text) -> None:  # noqa: ANN001
-        arrival = time.monotonic()
-        try:
-            if self._is_aborting:
-                raise EngineDrainingError("the server is shutting down")
-            if request_id in self._streams:
-                raise InvalidRequestError("request_id", f"duplicate request id {request_id!r}")
-            self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
-        except Exception as e:  # handed to the caller, which maps it to an HTTP status
-            with self._cond:
-                self._num_pending_adds -= 1
-            self._call(_set_exception, admitted, e)
+    def _on_admitted(self, request_id: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is None:  # cancelled meanwhile: its abort is on its way
             return
-        with self._cond:
-            self._num_pending_adds -= 1
-            num_outputs = getattr(params, "n", 1) or 1
-            self._streams[request_id] = _Stream(request_id, queue, num_outputs, prompt_text=text)
-        self._call(_set_result, admitted)
-
-    def _abort(self, request_id: str, shutdown: bool = False) -> None:
-        """End a request: a client's cancel just ends its stream (nobody reads a final output);
-        at shutdown the stream first gets a final output with finish_reason "abort"."""
-        stream = self._streams.get(request_id)
-        try:
-            self.engine.abort_request(request_id)
-        except Exception:  # the stream still ends; the engine finishes the request on its own
-            logger.exception("abort of %s raised", request_id)
-        if stream is None:
+        if self._is_aborting:
+            self._send_abort(request_id)
+            if not pending.future.done():
+                pending.future.set_exception(EngineDrainingError("the server is shutting down"))
             return
-        with self._cond:
-            del self._streams[request_id]
-        if shutdown:
-            self._put(stream, stream.abort_output())
-        self._put(stream, DONE)
+        self._streams[request_id] = pending.stream
+        if not pending.future.done():
+            pending.future.set_result(None)
 
-    def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except Exception as e:
-            logger.exception("engine step failed; ending %d requests", len(self._streams))
-            self._fail_all(EngineDeadError(f"engine step failed: {type(e).__name__}: {e}"))
-            return
+    def _on_outputs(self, outputs: list[Any]) -> None:
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
@@ -379,50 +354,40 @@ class AsyncEngine:
             stream.last_output = output
             stream.finished.update(c.index for c in output.outputs if c.finish_reason)
             errors = [o.stop_reason for o in output.outputs if o.finish_reason == "error"]
-            self._put(stream, RequestFailedError(str(errors[0])) if errors else output)
+            stream.queue.put_nowait(RequestFailedError(str(errors[0])) if errors else output)
             if errors and not output.finished:  # one of its n sequences failed: end them all
-                self._abort(output.request_id)
+                self._end(output.request_id)
             elif output.finished:
-                with self._cond:
-                    self._streams.pop(output.request_id, None)
+                self._streams.pop(output.request_id, None)
+
+    def _end(self, request_id: str, shutdown: bool = False) -> None:
+        """End a stream: a client's cancel just ends it (nobody reads a final output); at
+        shutdown the stream first gets a final output with finish_reason "abort"."""
+        stream = self._streams.pop(request_id)
+        self._send_abort(request_id)
+        if shutdown:
+            stream.queue.put_nowait(stream.abort_output())
+        stream.queue.put_nowait(DONE)
+
+    def _refuse(self, request_id: str, error: Exception) -> None:
+        pending = self._pending.pop(request_id)
+        self._send_abort(request_id)
+        if not pending.future.done():
+            pending.future.set_exception(error)
+
+    def _send_abort(self, request_id: str) -> None:
+        if self._dead is None:
+            self.core.send(("abort", request_id))
 
     def _fail_all(self, error: Exception) -> None:
         for request_id in list(self._streams):
-            stream = self._streams[request_id]
-            try:
-                self.engine.abort_request(request_id)
-            except Exception:
-                logger.exception("abort of %s after a failed step raised", request_id)
-            with self._cond:
-                self._streams.pop(request_id, None)
-            self._put(stream, error)
+            self._streams.pop(request_id).queue.put_nowait(error)
 
-    def _put(self, stream: _Stream, item: Any) -> None:
-        self._call(stream.queue.put_nowait, item)
-
-    def _call(self, fn: Any, *args: Any) -> None:
+    def _on_loop(self) -> bool:
         loop = self._loop
-        if loop is None or loop.is_closed():
-            return
+        if loop is None:
+            return True
         try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop closed under us (interpreter shutdown)
-            pass
-
-    def _update_snapshot(self) -> None:
-        try:
-            stats = self.engine.get_stats()
-        except Exception:
-            logger.exception("get_stats failed")
-            return
-        self._stats = stats
-
-
-def _set_result(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _set_exception(future: asyncio.Future, error: BaseException) -> None:
-    if not future.done():
-        future.set_exception(error)
+            return asyncio.get_running_loop() is loop
+        except RuntimeError:
+            return threading.current_thread() is threading.main_thread() and not loop.is_running()

@@ -272,6 +272,11 @@ class LLMEngine:
         warm_up(engine)  # before it serves: the first requests compile nothing
         return engine
 
+    @property
+    def prefix_block_size(self) -> int | None:
+        """The cache's block size when prefix caching is on (prompt block hashes use it)."""
+        return self.cache.block_size if self.cache.prefix is not None else None
+
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (the engine cannot step afterwards)."""
         if self.executor is not None:

@@ -250,8 +250,7 @@ def _parsed_as_json(request: Request) -> bool:
 
 def _block_size(engine: AsyncEngine) -> int | None:
     """The cache's block size when prefix caching is on: the pool hashes prompt blocks too."""
-    cache = getattr(getattr(engine, "engine", None), "cache", None)
-    return cache.block_size if getattr(cache, "prefix", None) is not None else None
+    return getattr(getattr(engine, "engine", None), "prefix_block_size", None)
 
 
 def _vocab_size(engine: AsyncEngine) -> int | None:

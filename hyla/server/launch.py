@@ -13,9 +13,9 @@ Shutdown sequence (first signal):
      threads; seconds of garbage collection over the model's objects).
 A second signal exits at once with code 1 (streams are cut).
 
-A tensor-parallel rank that dies or hangs (`hyla.distributed`) fails the requests in flight with
-an error (the engine's step raises); the process then exits with code 1, at most
-`EXECUTOR_FAILURE_GRACE` seconds later (its ranks end with it).
+A tensor-parallel rank that dies or hangs (`hyla.distributed`), or an engine-core process that
+dies (`hyla.engine.core_process`), fails the requests in flight with an error; the server then
+exits with code 1, at most `EXECUTOR_FAILURE_GRACE` seconds later.
 """
 
 from __future__ import annotations
@@ -110,18 +110,19 @@ class DrainingServer(uvicorn.Server):
             self.async_engine.abort_all()
 
     def _check_executor(self) -> None:
-        """Exit 1 once a tensor-parallel rank is gone and the in-flight requests have their
-        errors (or `EXECUTOR_FAILURE_GRACE` seconds passed)."""
-        executor = getattr(getattr(self.async_engine, "engine", None), "executor", None)
-        if executor is None:
+        """Exit 1 once the engine cannot go on (its core process or a tensor-parallel rank is
+        gone) and the in-flight requests have their errors (or `EXECUTOR_FAILURE_GRACE`
+        seconds passed)."""
+        check_health = getattr(self.async_engine, "check_health", None)
+        if check_health is None:
             return
         now = time.monotonic()
         if self.executor_failed_at is None:
             try:
-                executor.check_health()
+                check_health()
                 return
-            except Exception as e:  # noqa: BLE001 - ExecutorError; any other failure too
-                logger.error("tensor-parallel executor failed: %s; exiting", e)
+            except Exception as e:  # noqa: BLE001 - ExecutorError, EngineDeadError, any other
+                logger.error("engine failed: %s; exiting", e)
                 self.executor_failed_at = now
                 self.async_engine.begin_drain()  # new requests get 503 meanwhile
         waited = now - self.executor_failed_at
