@@ -104,5 +104,5 @@ class PooledDSAttention(MLAttention):
         return kpool_indexer_topk(
             q, weights, cache["index_pool_keys"], batch.block_tables, batch.cu_seqlens,
             batch.seq_lens_tensor, batch.max_seq_len, self.index_topk, self.kpool,
-            self.always_select_tail, indexer.softmax_scale,
+            self.always_select_tail, indexer.softmax_scale, static_shapes=batch.attn.graph_kernels,
         )  # fmt: skip
