@@ -36,7 +36,8 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
     run $t gpu_tests_dsa $pytest $g/test_dsa_gpu.py $g/test_sparse_safe_gpu.py \
         $g/test_kpool_indexer_gpu.py > /dev/null &
     run $t gpu_tests_mla $pytest $g/test_mla_prefill_gpu.py > /dev/null &
-    run $t gpu_tests_moe $pytest $g/test_moe_gpu.py $g/test_moe_grouped_gpu.py > /dev/null &
+    run $t gpu_tests_moe $pytest $g/test_moe_gpu.py $g/test_moe_grouped_gpu.py \
+        $g/test_moe_clamped_gpu.py > /dev/null &
     run $t gpu_tests_linear $pytest $g/test_linear_gpu.py $g/test_greedy_gpu.py > /dev/null &
     run $t gpu_tests_kernels $pytest $g/test_norm_paged_gpu.py $g/test_kernel_strides.py \
         $g/test_short_conv_gpu.py $g/test_gates_gpu.py $g/test_activation_gpu.py \
