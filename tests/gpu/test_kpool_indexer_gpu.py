@@ -23,6 +23,7 @@ CASES = {  # name: (seq_lens, new tokens per sequence, kpool, topk)
     "decode": ([37, 5, 64, 16], [1, 1, 1, 1], 4, 8),
     "prefill": ([23, 9, 40], [23, 4, 17], 4, 8),
     "kpool3": ([30, 2], [1, 2], 3, 6),
+    "few_pools": ([9, 6], [1, 2], 4, 64),  # more pools asked for than exist: -1 padded ranks
 }
 
 
@@ -88,7 +89,9 @@ def check_write_pool_keys(case: str, dtype, device: str, every_token: bool) -> N
     torch.testing.assert_close(got.float(), want.float(), equal_nan=True, **_pool_tol(dtype))
 
 
-def check_topk(case: str, dtype, device: str, tail: bool, static_shapes: bool) -> None:
+def check_topk(case: str, dtype, device: str, tail: bool, static_shapes: bool, sort: bool) -> None:
+    """`sort`: rows sorted by one program each (`SORT_MAX_POOLS`), else the indexer's top-k
+    (`static_shapes`: its radix select) and the expansion kernel."""
     from hyla.ops.kpool_indexer import kernels
 
     seq_lens, new_tokens, kpool, topk = CASES[case]
@@ -96,7 +99,12 @@ def check_topk(case: str, dtype, device: str, tail: bool, static_shapes: bool) -
     args = (s.q, s.w, s.pool_keys, s.block_tables, s.cu_seqlens, s.lens, max(seq_lens) + 3,
             topk, kpool, tail, DI**-0.5)  # fmt: skip
     want = reference.kpool_indexer_topk(*args)
-    got = kernels.kpool_indexer_topk(*args, static_shapes=static_shapes)
+    saved = kernels.SORT_MAX_POOLS
+    kernels.SORT_MAX_POOLS = saved if sort else 0
+    try:
+        got = kernels.kpool_indexer_topk(*args, static_shapes=static_shapes)
+    finally:
+        kernels.SORT_MAX_POOLS = saved
     assert got.dtype == torch.int32 and got.shape == want.shape
     assert torch.equal(got, want)
 
@@ -112,11 +120,14 @@ def test_write_pool_keys(case: str, dtype: torch.dtype, every_token: bool) -> No
 
 
 @DTYPES
-@pytest.mark.parametrize("static_shapes", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize(
+    ("static_shapes", "sort"), [(False, True), (False, False), (True, False)],
+    ids=["sort", "topk", "radix"],
+)  # fmt: skip
 @pytest.mark.parametrize("tail", [True, False], ids=["tail", "no_tail"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_topk(case: str, dtype: torch.dtype, tail: bool, static_shapes: bool) -> None:
-    check_topk(case, dtype, "cuda", tail, static_shapes)
+def test_topk(case: str, dtype: torch.dtype, tail: bool, static_shapes: bool, sort: bool) -> None:
+    check_topk(case, dtype, "cuda", tail, static_shapes, sort)
 
 
 def test_topk_in_a_cuda_graph() -> None:
@@ -127,6 +138,7 @@ def test_topk_in_a_cuda_graph() -> None:
     args = (s.q, s.w, s.pool_keys, s.block_tables, s.cu_seqlens, s.lens, 128, topk, kpool,
             True, DI**-0.5)  # fmt: skip
     kernels.kpool_indexer_topk(*args, static_shapes=True)  # compile outside the capture
+    assert 128 // kpool <= kernels.SORT_MAX_POOLS  # the one-kernel sort; radix: test_topk
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

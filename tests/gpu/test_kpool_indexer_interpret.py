@@ -22,10 +22,13 @@ def test_write_pool_keys(case: str, dtype: torch.dtype, every_token: bool) -> No
 
 
 @pytest.mark.parametrize(
-    ("case", "dtype", "tail", "static_shapes"),
-    [("decode", torch.float32, True, False), ("decode", torch.bfloat16, True, True),
-     ("prefill", torch.float32, True, False), ("prefill", torch.bfloat16, False, False),
-     ("kpool3", torch.float32, True, True), ("kpool3", torch.float32, False, False)],
+    ("case", "dtype", "tail", "static_shapes", "sort"),
+    [("decode", torch.float32, True, False, True), ("decode", torch.bfloat16, True, True, False),
+     ("decode", torch.float32, False, False, True), ("prefill", torch.float32, True, False, False),
+     ("prefill", torch.bfloat16, False, False, True), ("kpool3", torch.float32, True, True, False),
+     ("kpool3", torch.float32, False, False, True), ("kpool3", torch.bfloat16, True, False, True),
+     ("few_pools", torch.float32, True, False, True),
+     ("few_pools", torch.float32, True, True, False)],
 )  # fmt: skip
-def test_topk(case: str, dtype: torch.dtype, tail: bool, static_shapes: bool) -> None:
-    check_topk(case, dtype, "cpu", tail, static_shapes)
+def test_topk(case: str, dtype: torch.dtype, tail: bool, static_shapes: bool, sort: bool) -> None:
+    check_topk(case, dtype, "cpu", tail, static_shapes, sort)

@@ -7,9 +7,11 @@
                 POOL = P: column j reads the pool key at position jP + P - 1 and is visible when
                 jP + P - 1 <= the row's position; each score becomes an int64 sort key
                 (score, -pool), so ties go to the lower pool as in the reference
-    top-k       the indexer's `keys_to_topk` (torch.topk eagerly, the radix select in captured
-                steps) over the pools, with rank r kept while r < the row's visible pools
-    expand      one program per row: pools -> their P token positions, then the tail
+    top-k       rows of at most SORT_MAX_POOLS pools: one program per row sorts its keys
+                (tl.sort) and writes the expanded selection itself (pools -> their P token
+                positions, then the tail); longer rows: the indexer's `keys_to_topk` (torch.topk
+                eagerly, the radix select in captured steps), then an expansion kernel. Rank r
+                is kept while r < the row's visible pools
 
 Grids depend on shapes only, lengths are read on the device: CUDA-graph safe.
 """
@@ -24,6 +26,9 @@ import triton.language as tl
 
 from hyla.ops.dsa_indexer import kernels as dsa_kernels
 from hyla.ops.dsa_indexer.rows import row_positions
+from hyla.ops.dsa_indexer.select import INVISIBLE
+
+SORT_MAX_POOLS = 4096  # pools per row sorted by one program (64K tokens at P = 16)
 
 
 @triton.jit
@@ -111,6 +116,36 @@ def _expand_pools_kernel(
         tl.store(out_ptr + t * WIDTH + K * P + i, tail, mask=i < P - 1)
 
 
+@triton.jit
+def _sort_expand_kernel(
+    keys_ptr, row_pos_ptr, out_ptr, L, K, WIDTH, row_offset,
+    P: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, TAIL: tl.constexpr,
+    INVISIBLE: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    row = row_offset + t
+    rank = tl.arange(0, BLOCK_L)
+    key = tl.load(keys_ptr + t * L + rank, mask=rank < L, other=INVISIBLE)
+    key = tl.sort(key, descending=True)
+    pools = (0x7FFFFFFF - (key & 0x7FFFFFFF)).to(tl.int32)
+    pos = tl.load(row_pos_ptr + row)
+    keep = (rank < (pos + 1) // P) & (rank < L)
+    i = tl.arange(0, BLOCK_P)
+    tokens = tl.where(keep[:, None], pools[:, None] * P + i[None, :], -1)
+    mask = (rank < K)[:, None] & (i < P)[None, :]
+    tl.store(out_ptr + row * WIDTH + rank[:, None] * P + i[None, :], tokens, mask=mask)
+    if BLOCK_L < K:  # fewer pools than k: the remaining ranks are -1
+        for r0 in range(BLOCK_L, K, BLOCK_L):
+            r = r0 + rank
+            pad = tl.full([BLOCK_L, BLOCK_P], -1, tl.int32)
+            pad_mask = (r < K)[:, None] & (i < P)[None, :]
+            tl.store(out_ptr + row * WIDTH + r[:, None] * P + i[None, :], pad, mask=pad_mask)
+    if TAIL:
+        tail = (pos + 1) // P * P + i
+        tail = tl.where(tail <= pos, tail, -1).to(tl.int32)
+        tl.store(out_ptr + row * WIDTH + K * P + i, tail, mask=i < P - 1)
+
+
 def kpool_indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -141,17 +176,29 @@ def kpool_indexer_topk(
     block_t = 1 if num_rows <= cu_seqlens.shape[0] - 1 else dsa_kernels.BLOCK_T_PREFILL
     chunk = dsa_kernels._rows_per_chunk(num_rows, num_pools, block_t)
     keys = torch.empty(chunk, num_pools, dtype=torch.int64, device=q.device)
-    pools = torch.empty(num_rows, k_pools, dtype=torch.int32, device=q.device)
-    last_visible = (row_pos + 1) // kpool - 1  # rank r is kept while r <= this
+    block_p = max(2, triton.next_power_of_2(kpool))
+    sort = num_pools <= SORT_MAX_POOLS
+    if not sort:
+        pools = torch.empty(num_rows, k_pools, dtype=torch.int32, device=q.device)
+    last_visible = None if sort else (row_pos + 1) // kpool - 1  # rank r kept while r <= this
     for start in range(0, num_rows, chunk):
         n = min(chunk, num_rows - start)
         dsa_kernels._launch(
             q, weights, pool_key_cache, None, block_tables, row_seq, row_pos, keys[:n], start,
             softmax_scale, block_t, write_keys=True, pool=kpool,
         )  # fmt: skip
-        pools[start : start + n] = dsa_kernels.keys_to_topk(
-            keys[:n], last_visible[start : start + n], k_pools, static_shapes
-        )
+        if sort:
+            _sort_expand_kernel[(n,)](
+                keys, row_pos, out, num_pools, k_pools, width, start, P=kpool,
+                BLOCK_L=max(2, triton.next_power_of_2(num_pools)), BLOCK_P=block_p,
+                TAIL=always_select_tail, INVISIBLE=INVISIBLE,
+            )  # fmt: skip
+        else:
+            pools[start : start + n] = dsa_kernels.keys_to_topk(
+                keys[:n], last_visible[start : start + n], k_pools, static_shapes
+            )
+    if sort:
+        return out
     _expand_pools_kernel[(num_rows,)](
         pools, row_pos, out, k_pools, width, P=kpool,
         BLOCK_K=max(2, triton.next_power_of_2(k_pools)),
