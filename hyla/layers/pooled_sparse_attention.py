@@ -1,7 +1,9 @@
 """GLM-5.3-Flash's DSA mixer (kind "dsa" with `dsa.index_kpool` > 0): NoPE MLA whose queries
 attend to the tokens of the pools the pooled indexer selects, plus the tail
-(`hyla.ops.kpool_indexer`), through the safe sparse op (`sparse_mla` with `seq_lens`: the
-expanded pools may repeat or run past a row's position, the op drops those entries itself).
+(`hyla.ops.kpool_indexer`), through `sparse_mla` with `seq_lens` (a row left without tokens, as
+a CUDA graph's padding rows, gets zeros) and `valid_selection`: the expanded pools are distinct
+and visible by construction (pools j < (p + 1) // P, the tail up to p), so the GPU path skips
+the per-row sort that would drop repeats and future entries.
 
 A "shared" layer (`dsa.indexer_types`) has no indexer: it reuses the selection of the last
 "full" DSA layer of the same forward pass (`batch.per_pass`), so top-k runs once for both.
@@ -84,6 +86,7 @@ class PooledDSAttention(MLAttention):
         out = sparse_mla(
             proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,
             selected, self.kv_b_proj.weight, self.scale, seq_lens=batch.seq_lens_tensor,
+            valid_selection=True,
         )  # fmt: skip
         return self.o_proj(out.flatten(1))
 

@@ -146,3 +146,34 @@ def test_topk_in_a_cuda_graph() -> None:
     s.q.copy_(torch.randn_like(s.q))
     graph.replay()
     assert torch.equal(got, reference.kpool_indexer_topk(*args))
+
+
+def check_sparse_mla_valid_selection(device: str) -> None:
+    """`kernel_sparse_mla(..., valid_selection=True)` on a pooled selection (one row emptied)
+    equals the safe path (`valid_topk_indices` first) to fp32 summation order; the empty row is
+    zero on both."""
+    from hyla.ops.sparse_attention import kernel_sparse_mla
+
+    seq_lens, new_tokens, kpool, topk = CASES["prefill"]
+    s = PagedSetup(seq_lens, new_tokens, kpool, torch.float32, device, seed=4)
+    sel = reference.kpool_indexer_topk(
+        s.q, s.w, s.pool_keys, s.block_tables, s.cu_seqlens, s.lens, max(seq_lens), topk, kpool,
+        True, DI**-0.5,
+    )  # fmt: skip
+    sel[0] = -1
+    gen = torch.Generator().manual_seed(5)
+    heads, rank, dv = 2, 16, 8
+    num_rows = sel.shape[0]
+    q_nope = torch.randn(num_rows, heads, rank, generator=gen).to(device)
+    q_rope = torch.randn(num_rows, heads, 0, generator=gen).to(device)
+    latent = torch.randn(*s.keys.shape[:2], rank, generator=gen).to(device)
+    kv_b = torch.randn(heads * (rank + dv), rank, generator=gen).to(device) * 0.2
+    args = (q_nope, q_rope, latent, s.block_tables, s.cu_seqlens, sel, kv_b, 0.3, s.lens)
+    want = kernel_sparse_mla(*args)
+    got = kernel_sparse_mla(*args, valid_selection=True)
+    assert bool((got[0] == 0).all())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_mla_valid_selection() -> None:
+    check_sparse_mla_valid_selection("cuda")
