@@ -23,6 +23,7 @@ from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
 from hyla.layers.attention import MLAttention
 from hyla.layers.sparse_attention import LightningIndexer
+from hyla.ops.dsa_indexer.rows import row_positions
 from hyla.ops.kpool_indexer import kpool_indexer_topk, write_pool_keys
 from hyla.ops.paged import write_paged
 from hyla.ops.sparse_attention import sparse_mla
@@ -96,16 +97,20 @@ class PooledDSAttention(MLAttention):
         """Write this step's indexer entries and pool keys, then rank the pools:
         [T, topk (+ P - 1)] int32 positions (`kpool_indexer_topk`)."""
         cache, indexer = batch.caches[self.layer_idx], self.indexer
+        num_rows = hidden_states.shape[0]
+        rows = batch.shared(("row_positions", num_rows), lambda: row_positions(
+            batch.cu_seqlens, batch.seq_lens_tensor, num_rows))  # fmt: skip
         q, weights, keys = indexer(hidden_states, q_resid, None)
         write_paged(cache["index_keys"], batch.slot_mapping, keys)
         write_paged(cache["index_gates"], batch.slot_mapping, indexer.gate_scores(hidden_states))
         write_pool_keys(
             cache["index_keys"], cache["index_gates"], cache["index_pool_keys"],
             indexer.index_kpool_compress_ape, batch.block_tables, batch.cu_seqlens,
-            batch.seq_lens_tensor, batch.slot_mapping,
+            batch.seq_lens_tensor, batch.slot_mapping, rows,
         )  # fmt: skip
         return kpool_indexer_topk(
             q, weights, cache["index_pool_keys"], batch.block_tables, batch.cu_seqlens,
             batch.seq_lens_tensor, batch.max_seq_len, self.index_topk, self.kpool,
             self.always_select_tail, indexer.softmax_scale, static_shapes=batch.attn.graph_kernels,
+            rows=rows,
         )  # fmt: skip

@@ -2,8 +2,8 @@
 indexer layer, clamped MoE) with its hyper-connection, pooled-indexer and clamped-MoE kernels
 (GEMVs with the shared expert for decode rows, `combine` after the dense form) forced on CPU
 tensors under
-TRITON_INTERPRET=1, against transformers (fp32): prefill logits within the CPU parity tests'
-1e-4 and greedy tokens equal to `generate`'s. Skipped as `test_dsa_interpret.py` is."""
+TRITON_INTERPRET=1, against transformers (fp32): prefill and decode logits within the CPU
+parity tests' 1e-4. Skipped as `test_dsa_interpret.py` is."""
 
 from __future__ import annotations
 
@@ -55,25 +55,30 @@ def kernel_calls(monkeypatch) -> list[str]:
     return calls
 
 
-def _prompts(vocab: int) -> list[list[int]]:
+@torch.no_grad()
+def test_prefill_and_decode_logits_match_transformers(pair, kernel_calls) -> None:
+    """Two sequences (3 and 9 tokens) prefilled in one packed step, then 2 decode steps of
+    their greedy tokens: every step's logits within 1e-4 of transformers' on the whole
+    sequence so far (the decode rows take the GEMV and one-kernel top-k forms)."""
+    from hyla.models.runner import SequenceRunner
+
+    hf, model = pair
     gen = torch.Generator().manual_seed(1234)
-    return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 18)]
-
-
-def test_prefill_logits_match_transformers(pair, kernel_calls) -> None:
-    from tests.models.parity import assert_prefill_matches
-
-    hf, model = pair
-    assert_prefill_matches(hf, model, _prompts(hf.config.text_config.vocab_size), 1e-4,
-                           "glm5_next interpreted kernels")  # fmt: skip
+    vocab = hf.config.text_config.vocab_size
+    seqs = {i: torch.randint(3, vocab, (n,), generator=gen).tolist() for i, n in enumerate((3, 9))}
+    runner = SequenceRunner(model, num_seqs=2, max_len=16)
+    got = runner.step(seqs, all_logits=True)
+    for step in range(3):
+        for i, ids in seqs.items():
+            want = hf(torch.tensor([ids])).logits[0].float()
+            logits = got[i] if step == 0 else got[i][None]
+            err = (logits - want[-logits.shape[0] :]).abs().max().item()
+            assert err <= 1e-4, (step, i, err)
+        if step == 2:
+            break
+        nxt = {i: int((got[i] if step else got[i][-1]).argmax()) for i in seqs}
+        for i, t in nxt.items():
+            seqs[i] = seqs[i] + [t]
+        got = runner.step({i: [t] for i, t in nxt.items()})
     assert set(kernel_calls) == {"hc_pre_norm", "hc_expand", "write_pool_keys",
-                                 "kpool_indexer_topk"}  # fmt: skip
-
-
-def test_greedy_decode_matches_transformers_generate(pair, kernel_calls) -> None:
-    from tests.models.parity import assert_greedy_matches_generate
-
-    hf, model = pair
-    prompts = _prompts(hf.config.text_config.vocab_size)[:1]
-    assert_greedy_matches_generate(hf, model, prompts, 3, "glm5_next interpreted kernels")
-    assert {"kpool_indexer_topk", "moe_gemv"} <= set(kernel_calls)  # decode rows: T k <= E
+                                 "kpool_indexer_topk", "moe_gemv"}  # fmt: skip

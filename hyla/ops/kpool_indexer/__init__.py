@@ -24,10 +24,11 @@ def write_pool_keys(
     cu_seqlens: torch.Tensor,
     seq_lens: Sequence[int] | torch.Tensor,
     slot_mapping: torch.Tensor,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Write the pool keys this step's rows complete; see `reference.write_pool_keys`."""
     args = (key_cache, gate_cache, pool_key_cache, ape, block_tables, cu_seqlens, seq_lens,
-            slot_mapping)  # fmt: skip
+            slot_mapping, rows)  # fmt: skip
     if use_triton(key_cache):
         from hyla.ops.kpool_indexer import kernels
 
@@ -49,14 +50,15 @@ def kpool_indexer_topk(
     softmax_scale: float,
     *,
     static_shapes: bool = False,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """[T, topk (+ P - 1)] int32 selected positions; see `reference.kpool_indexer_topk`.
     `static_shapes`: a captured decode step (CUDA: the top-k form fastest in a graph; the
-    result is the same)."""
+    result is the same); `rows`: `row_positions(cu_seqlens, seq_lens, T)` when known."""
     args = (q, weights, pool_key_cache, block_tables, cu_seqlens, seq_lens, max_seq_len, topk,
             kpool, always_select_tail, softmax_scale)  # fmt: skip
     if use_triton(q):
         from hyla.ops.kpool_indexer import kernels
 
-        return kernels.kpool_indexer_topk(*args, static_shapes=static_shapes)
-    return reference.kpool_indexer_topk(*args)
+        return kernels.kpool_indexer_topk(*args, static_shapes=static_shapes, rows=rows)
+    return reference.kpool_indexer_topk(*args, rows=rows)
