@@ -230,7 +230,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tiny:
         args.batches, args.prompt_len, args.decode_tokens = "1,4", 16, 4
-        args.prefill_len, args.long_len, args.chunk, args.kv_cache_gib = 256, 512, 256, 1
+        args.prefill_len, args.long_len, args.chunk, args.kv_cache_gib = 128, 256, 128, 1
     args.batches = [int(b) for b in args.batches.split(",")]
     return args
 
