@@ -119,27 +119,29 @@ def _expand_pools_kernel(
 @triton.jit
 def _sort_expand_kernel(
     keys_ptr, row_pos_ptr, out_ptr, L, K, WIDTH, row_offset,
-    P: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_P: tl.constexpr, TAIL: tl.constexpr,
-    INVISIBLE: tl.constexpr,
+    P: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr,
+    TAIL: tl.constexpr, INVISIBLE: tl.constexpr,
 ):  # fmt: skip
+    # the sorted pools go back to the row's (scratch) key buffer, then the first K are read
+    # again as a [BLOCK_K, BLOCK_P] tile: a [BLOCK_L, BLOCK_P] one would not fit in registers
     t = tl.program_id(0).to(tl.int64)
     row = row_offset + t
+    key_row = keys_ptr + t * L
     rank = tl.arange(0, BLOCK_L)
-    key = tl.load(keys_ptr + t * L + rank, mask=rank < L, other=INVISIBLE)
+    key = tl.load(key_row + rank, mask=rank < L, other=INVISIBLE)
     key = tl.sort(key, descending=True)
-    pools = (0x7FFFFFFF - (key & 0x7FFFFFFF)).to(tl.int32)
     pos = tl.load(row_pos_ptr + row)
-    keep = (rank < (pos + 1) // P) & (rank < L)
+    keep = rank < (pos + 1) // P  # invisible pools rank last
+    pools = tl.where(keep, 0x7FFFFFFF - (key & 0x7FFFFFFF), -1)
+    tl.debug_barrier()  # every thread has read its keys before any is overwritten
+    tl.store(key_row + rank, pools, mask=(rank < L) & (rank < K))
+    tl.debug_barrier()
+    r = tl.arange(0, BLOCK_K)
+    best = tl.load(key_row + r, mask=(r < L) & (r < K), other=-1).to(tl.int32)
     i = tl.arange(0, BLOCK_P)
-    tokens = tl.where(keep[:, None], pools[:, None] * P + i[None, :], -1)
-    mask = (rank < K)[:, None] & (i < P)[None, :]
-    tl.store(out_ptr + row * WIDTH + rank[:, None] * P + i[None, :], tokens, mask=mask)
-    if BLOCK_L < K:  # fewer pools than k: the remaining ranks are -1
-        for r0 in range(BLOCK_L, K, BLOCK_L):
-            r = r0 + rank
-            pad = tl.full([BLOCK_L, BLOCK_P], -1, tl.int32)
-            pad_mask = (r < K)[:, None] & (i < P)[None, :]
-            tl.store(out_ptr + row * WIDTH + r[:, None] * P + i[None, :], pad, mask=pad_mask)
+    tokens = tl.where(best[:, None] >= 0, best[:, None] * P + i[None, :], -1)
+    mask = (r < K)[:, None] & (i < P)[None, :]
+    tl.store(out_ptr + row * WIDTH + r[:, None] * P + i[None, :], tokens, mask=mask)
     if TAIL:
         tail = (pos + 1) // P * P + i
         tail = tl.where(tail <= pos, tail, -1).to(tl.int32)
@@ -188,10 +190,11 @@ def kpool_indexer_topk(
             softmax_scale, block_t, write_keys=True, pool=kpool,
         )  # fmt: skip
         if sort:
+            block_l = max(2, triton.next_power_of_2(num_pools))
             _sort_expand_kernel[(n,)](
-                keys, row_pos, out, num_pools, k_pools, width, start, P=kpool,
-                BLOCK_L=max(2, triton.next_power_of_2(num_pools)), BLOCK_P=block_p,
-                TAIL=always_select_tail, INVISIBLE=INVISIBLE,
+                keys, row_pos, out, num_pools, k_pools, width, start, P=kpool, BLOCK_L=block_l,
+                BLOCK_K=max(2, triton.next_power_of_2(k_pools)), BLOCK_P=block_p,
+                TAIL=always_select_tail, INVISIBLE=INVISIBLE, num_warps=8 if block_l > 1024 else 4,
             )  # fmt: skip
         else:
             pools[start : start + n] = dsa_kernels.keys_to_topk(
