@@ -7,6 +7,7 @@
 #   bash bench/gpu_suite.sh ops [OUT_DIR]     # 4a DSA decode, 4b KDA/GDN vs fla (~8 min)
 #   bash bench/gpu_suite.sh tune [OUT_DIR]    # decode GEMV tiles: dense, MoE (~4 min)
 #   bash bench/gpu_suite.sh model [OUT_DIR]   # 4c end to end, 4d one 1M-token prompt (~8 min)
+#   bash bench/gpu_suite.sh glm5 [OUT_DIR]    # issue 30: GLM-5.3-Flash vs Kimi-Linear (~5 min)
 #   bash bench/gpu_suite.sh all [OUT_DIR]     # the three in a row (a machine without limits)
 # On a lent machine (whose .git is stale) prefix HYLA_COMMIT=<the commit you sent>, and carry
 # data/ holding the triton_cache.tar.gz a previous part left in its OUT_DIR.
@@ -32,13 +33,16 @@ run() {  # run SECONDS NAME COMMAND...
 tests() {  # one process per group, all at once: the GPU is mostly idle while fla autotunes
     local pytest="python3 -m pytest -q -p no:cacheprovider -rs -s" la=tests/gpu/test_linear_attention_gpu.py
     local g=tests/gpu t=${GPU_TEST_LIMIT:-420}  # kernel files in groups (as one, they overran 420 s)
-    run $t gpu_tests_dsa $pytest $g/test_dsa_gpu.py $g/test_sparse_safe_gpu.py > /dev/null &
+    run $t gpu_tests_dsa $pytest $g/test_dsa_gpu.py $g/test_sparse_safe_gpu.py \
+        $g/test_kpool_indexer_gpu.py > /dev/null &
     run $t gpu_tests_mla $pytest $g/test_mla_prefill_gpu.py > /dev/null &
-    run $t gpu_tests_moe $pytest $g/test_moe_gpu.py $g/test_moe_grouped_gpu.py > /dev/null &
+    run $t gpu_tests_moe $pytest $g/test_moe_gpu.py $g/test_moe_grouped_gpu.py \
+        $g/test_moe_clamped_gpu.py > /dev/null &
     run $t gpu_tests_linear $pytest $g/test_linear_gpu.py $g/test_greedy_gpu.py > /dev/null &
     run $t gpu_tests_kernels $pytest $g/test_norm_paged_gpu.py $g/test_kernel_strides.py \
         $g/test_short_conv_gpu.py $g/test_gates_gpu.py $g/test_activation_gpu.py \
-        $g/test_short_conv_varlen_gpu.py $g/test_gqa_gpu.py > /dev/null &
+        $g/test_short_conv_varlen_gpu.py $g/test_gqa_gpu.py $g/test_hyper_connection_gpu.py \
+        > /dev/null &
     run $t gpu_tests_graphs $pytest $g/test_cuda_graphs_gpu.py $g/test_piecewise_graphs_gpu.py \
         $g/test_mixed_graphs_gpu.py \
         > /dev/null &
@@ -74,11 +78,16 @@ model() {
     run 260 gpu_long_context python3 bench/gpu_long_context.py --out-dir "$OUT_DIR"
 }
 
+glm5() {
+    run 560 gpu_glm5 python3 bench/gpu_glm5.py --out-dir "$OUT_DIR"
+}
+
 case "$PART" in
     tests) tests ;;
     ops) ops ;;
     model) model ;;
+    glm5) glm5 ;;
     tune) tune ;;
-    all) tests; ops; tune; model ;;
-    *) echo "usage: bash bench/gpu_suite.sh tests|ops|tune|model|all [OUT_DIR]" >&2; exit 2 ;;
+    all) tests; ops; tune; model; glm5 ;;
+    *) echo "usage: bash bench/gpu_suite.sh tests|ops|tune|model|glm5|all [OUT_DIR]" >&2; exit 2 ;;
 esac

@@ -11,7 +11,14 @@ import torch
 from torch import nn
 
 from hyla.config import ModelConfig
-from hyla.ops.hyper_connection import hc_collapse, hc_expand, hc_head_weights, hc_weights
+from hyla.layers.norm import RMSNorm
+from hyla.ops.hyper_connection import (
+    hc_collapse,
+    hc_expand,
+    hc_head_weights,
+    hc_pre_norm,
+    hc_weights,
+)
 
 
 class HyperConnection(nn.Module):
@@ -32,6 +39,16 @@ class HyperConnection(nn.Module):
             streams, self.fn, self.base, self.scale, self.hc_eps, self.iters, self.norm_eps
         )
         return hc_collapse(streams, pre), post, comb
+
+    def pre_norm(
+        self, streams: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`forward` with the block's input norm applied (`hc_pre_norm`: one op, two kernels on
+        CUDA): streams [T, N, D] -> (norm(block input) [T, D], post [T, N], comb [T, N, N])."""
+        return hc_pre_norm(
+            streams, self.fn, self.base, self.scale, self.hc_eps, self.iters, self.norm_eps,
+            norm.weight, norm.eps, norm.offset,
+        )  # fmt: skip
 
     @staticmethod
     def expand(

@@ -201,6 +201,12 @@ class MoE(nn.Module):
         route = getattr(e, "local_routing", None)  # expert parallel: this rank's experts only
         if route is not None:
             topk_weights, topk_ids = route(topk_weights, topk_ids)
+        fused = None if route is not None else self._fused_shared(hidden_states, topk_ids)
+        if fused is not None:  # decode rows on CUDA: the shared expert inside the routed GEMVs
+            return moe_experts_and_shared(
+                hidden_states, e.gate_up_proj, e.down_proj, topk_weights, topk_ids, *fused,
+                limit=self.swiglu_limit,
+            )  # fmt: skip
         out = moe_experts_clamped(
             hidden_states, e.gate_up_proj, e.down_proj, topk_weights, topk_ids, self.swiglu_limit
         )

@@ -1,7 +1,9 @@
 """GLM-5.3-Flash's DSA mixer (kind "dsa" with `dsa.index_kpool` > 0): NoPE MLA whose queries
 attend to the tokens of the pools the pooled indexer selects, plus the tail
-(`hyla.ops.kpool_indexer`), through the safe sparse op (`sparse_mla` with `seq_lens`: the
-expanded pools may repeat or run past a row's position, the op drops those entries itself).
+(`hyla.ops.kpool_indexer`), through `sparse_mla` with `seq_lens` (a row left without tokens, as
+a CUDA graph's padding rows, gets zeros) and `valid_selection`: the expanded pools are distinct
+and visible by construction (pools j < (p + 1) // P, the tail up to p), so the GPU path skips
+the per-row sort that would drop repeats and future entries.
 
 A "shared" layer (`dsa.indexer_types`) has no indexer: it reuses the selection of the last
 "full" DSA layer of the same forward pass (`batch.per_pass`), so top-k runs once for both.
@@ -21,6 +23,7 @@ from hyla.config import ModelConfig
 from hyla.forward_batch import ForwardBatch
 from hyla.layers.attention import MLAttention
 from hyla.layers.sparse_attention import LightningIndexer
+from hyla.ops.dsa_indexer.rows import row_positions
 from hyla.ops.kpool_indexer import kpool_indexer_topk, write_pool_keys
 from hyla.ops.paged import write_paged
 from hyla.ops.sparse_attention import sparse_mla
@@ -84,6 +87,7 @@ class PooledDSAttention(MLAttention):
         out = sparse_mla(
             proj.q_nope, proj.q_rope, cache["latent"], batch.block_tables, batch.cu_seqlens,
             selected, self.kv_b_proj.weight, self.scale, seq_lens=batch.seq_lens_tensor,
+            valid_selection=True,
         )  # fmt: skip
         return self.o_proj(out.flatten(1))
 
@@ -93,16 +97,20 @@ class PooledDSAttention(MLAttention):
         """Write this step's indexer entries and pool keys, then rank the pools:
         [T, topk (+ P - 1)] int32 positions (`kpool_indexer_topk`)."""
         cache, indexer = batch.caches[self.layer_idx], self.indexer
+        num_rows = hidden_states.shape[0]
+        rows = batch.shared(("row_positions", num_rows), lambda: row_positions(
+            batch.cu_seqlens, batch.seq_lens_tensor, num_rows))  # fmt: skip
         q, weights, keys = indexer(hidden_states, q_resid, None)
         write_paged(cache["index_keys"], batch.slot_mapping, keys)
         write_paged(cache["index_gates"], batch.slot_mapping, indexer.gate_scores(hidden_states))
         write_pool_keys(
             cache["index_keys"], cache["index_gates"], cache["index_pool_keys"],
             indexer.index_kpool_compress_ape, batch.block_tables, batch.cu_seqlens,
-            batch.seq_lens_tensor, batch.slot_mapping,
+            batch.seq_lens_tensor, batch.slot_mapping, rows,
         )  # fmt: skip
         return kpool_indexer_topk(
             q, weights, cache["index_pool_keys"], batch.block_tables, batch.cu_seqlens,
             batch.seq_lens_tensor, batch.max_seq_len, self.index_topk, self.kpool,
-            self.always_select_tail, indexer.softmax_scale,
+            self.always_select_tail, indexer.softmax_scale, static_shapes=batch.attn.graph_kernels,
+            rows=rows,
         )  # fmt: skip

@@ -100,11 +100,11 @@ class DecoderLayer(nn.Module):
         self, streams: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         """The block with hyper-connections: streams [T, N, D] -> [T, N, D]."""
-        x, post, comb = self.attn_hc(streams)
-        out = self.mixer(self.input_layernorm(x), positions, batch)
+        x, post, comb = self.attn_hc.pre_norm(streams, self.input_layernorm)
+        out = self.mixer(x, positions, batch)
         streams = self.attn_hc.expand(out, streams, post, comb)
-        x, post, comb = self.ffn_hc(streams)
-        out = self._ffn(self.post_attention_layernorm(x), batch)
+        x, post, comb = self.ffn_hc.pre_norm(streams, self.post_attention_layernorm)
+        out = self._ffn(x, batch)
         return self.ffn_hc.expand(out, streams, post, comb)
 
     def _ffn(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

@@ -25,8 +25,8 @@ from hyla.models.loader import config_path
 OK, MISSING, CHECK, SKIPPED = "ok", "missing", "check", "skipped"
 # Every OK target starts with the hyla module (`layers/x.Name`, `ops/x.fn`) that runs it;
 # tests/models/test_module_gaps.py checks each one exists.
-_HC = "layers/hyper_connection.HyperConnection (ops/hyper_connection; PyTorch only)"
-_CLAMPED_MLP = "ops/activation.silu_and_mul_clamped (layers/mlp.GatedMLP; PyTorch only)"
+_HC = "layers/hyper_connection.HyperConnection (ops/hyper_connection; Triton on CUDA)"
+_CLAMPED_MLP = "ops/activation.silu_and_mul_clamped (layers/mlp.GatedMLP; Triton on CUDA)"
 _VISION_TOWERS = {  # family -> hyla tower (hyla.models.vision_loader.TOWERS)
     "glm5_next": "layers/glm5_next_vision.Glm5NextVisionTower (ops/vision)",
     "qwen3_5": "layers/qwen3_5_vision.Qwen35VisionTower (ops/vision)",
@@ -158,13 +158,13 @@ def _variant(name: str, path: str, text: dict[str, Any]) -> tuple[str, str] | No
         return CHECK, "LayerNorm: hyla has it only as the DSA indexer's k_norm"
     if name.endswith("forgetgate"):
         if text.get("linear_lower_bound") is not None:
-            return OK, "ops/gates.kda_gates_bounded (lower-bounded; PyTorch only)"
+            return OK, "ops/gates.kda_gates_bounded (lower-bounded; Triton on CUDA)"
         return OK, "ops/gates.kda_gates"
     if re.search(r"indexer$", name) and text.get("index_kpool"):
-        return OK, "layers/pooled_sparse_attention.KPoolIndexer (ops/kpool_indexer; PyTorch only)"
+        return OK, "layers/pooled_sparse_attention.KPoolIndexer (ops/kpool_indexer; Triton on CUDA)"
     if name.endswith("experts"):
         if text.get("swiglu_limit") is not None:
-            return OK, "ops/moe_clamped.moe_experts_clamped (clamped SwiGLU; PyTorch only)"
+            return OK, "ops/moe_clamped.moe_experts_clamped (clamped SwiGLU; Triton on CUDA)"
         return OK, "ops/moe.moe_experts"
     if name.endswith("mlp") and text.get("swiglu_limit") is not None:
         return OK, _CLAMPED_MLP
@@ -233,8 +233,8 @@ def module_gaps(config: dict[str, Any]) -> tuple[Gap, ...]:
 _FIELDS: tuple[tuple[str, str, str], ...] = (
     ("swiglu_limit", OK, _CLAMPED_MLP + ", ops/moe_clamped (clamped SwiGLU)"),
     ("hc_mult", OK, _HC + ", hc_mult residual streams"),
-    ("index_kpool", OK, "ops/kpool_indexer.kpool_indexer_topk (pooled indexer; PyTorch only)"),
-    ("linear_lower_bound", OK, "ops/gates.kda_gates_bounded (KDA gate lower bound; PyTorch only)"),
+    ("index_kpool", OK, "ops/kpool_indexer.kpool_indexer_topk (pooled indexer; Triton on CUDA)"),
+    ("linear_lower_bound", OK, "ops/gates.kda_gates_bounded (KDA gate lower bound; Triton on CUDA)"),
     ("compress_rates", MISSING, "compressed-KV attention"),
     ("o_lora_rank", MISSING, "low-rank grouped output projection"),
 )

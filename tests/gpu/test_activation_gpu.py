@@ -31,18 +31,23 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
 
 
-def check(fn, device: str, bf16_ulps: int = 1) -> None:
+def check(fn, device: str, bf16_ulps: int = 1, limit: float | None = None) -> None:
+    """fn vs `reference.silu_and_mul` (with `limit`: `silu_and_mul_clamped`; x ~ 3 N(0, 1), so
+    a limit of 1.5 clamps most values)."""
     bounds = {**BOUNDS, torch.bfloat16: bf16_ulps * BOUNDS[torch.bfloat16]}
+    ref = reference.silu_and_mul
+    if limit is not None:
+        ref = lambda x: reference.silu_and_mul_clamped(x, limit)  # noqa: E731
     for dtype in bounds:
         for i, shape in enumerate(SHAPES):
             x = (3 * torch.randn(shape, generator=torch.Generator().manual_seed(i))).to(dtype)
             x = x.to(device)
             got = fn(x)
-            want = reference.silu_and_mul(x.cpu())
+            want = ref(x.cpu())
             assert got.dtype == dtype and got.shape == want.shape
             assert _rel(got, want) <= bounds[dtype], (dtype, shape)
         rows = torch.randn(8, 2 * 40, dtype=dtype, device=device)[::2]  # strided rows
-        assert _rel(fn(rows), reference.silu_and_mul(rows.cpu())) <= bounds[dtype]
+        assert _rel(fn(rows), ref(rows.cpu())) <= bounds[dtype]
         assert fn(x[:0]).shape == (0, *want.shape[1:])
 
 
@@ -71,6 +76,13 @@ def test_silu_and_mul_cuda_matches_reference() -> None:
 
 
 @needs_cuda
+def test_silu_and_mul_clamped_cuda_matches_reference() -> None:
+    from hyla.ops.activation import silu_and_mul_clamped
+
+    check(lambda x: silu_and_mul_clamped(x, 1.5), "cuda", limit=1.5)
+
+
+@needs_cuda
 def test_silu_and_mul_cuda_graph_replay() -> None:
     x = torch.randn(4, 2 * 256, device="cuda", dtype=torch.bfloat16)
     silu_and_mul(x)
@@ -86,6 +98,7 @@ def _interpreted_checks() -> None:
     from hyla.ops.activation import kernels
 
     check(kernels.silu_and_mul, "cpu", bf16_ulps=2)
+    check(lambda x: kernels.silu_and_mul(x, 1.5), "cpu", bf16_ulps=2, limit=1.5)
     with pytest.raises(ValueError, match="even"):
         kernels.silu_and_mul(torch.zeros(2, 5))
 

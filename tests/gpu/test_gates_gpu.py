@@ -61,6 +61,19 @@ def check_kda(T: int, HV: int, K: int, dtype, device, extreme: bool = False) -> 
     assert_gates_close(kernels.kda_gates(f, dt_bias, a_log, wide), want, a_log.reshape(-1))
 
 
+def check_kda_bounded(T: int, HV: int, K: int, dtype, device, extreme: bool = False) -> None:
+    """The bounded decay (GLM-5.3-Flash, lower bound -5): g = lb * sigmoid(exp(A_log) raw)."""
+    from hyla.ops.gates import kernels, reference
+
+    f, dt_bias, a_log, b = kda_inputs(T, HV, K, dtype, device, extreme, seed=T * HV + K + 1)
+    a_log = a_log.reshape(-1)  # stored as [HV]
+    g = reference.kda_log_decay_bounded(f, dt_bias, a_log, -5.0)
+    got = kernels.kda_gates(f, dt_bias, a_log, b, -5.0)
+    # the bound of assert_gates_close with exp(A_log) -> 1: |dg| <= |lb| sigmoid' |y| |dy / y|
+    # <= 5 * 0.23 * 2^-23 for an ulp of y = exp(A_log) raw
+    assert_gates_close(got, (g, b.sigmoid()), torch.zeros_like(a_log))
+
+
 def gdn_inputs(T: int, HV: int, dtype, device, extreme: bool, seed: int = 0):
     """a, b [T, HV] (strided, as `_split_projections` may leave them), A_log, dt_bias [HV]."""
     gen = torch.Generator().manual_seed(seed)
@@ -93,6 +106,13 @@ DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=[
 @pytest.mark.parametrize(("T", "HV", "K"), SHAPES)
 def test_kda_gates(T: int, HV: int, K: int, dtype: torch.dtype, extreme: bool) -> None:
     check_kda(T, HV, K, dtype, "cuda", extreme)
+
+
+@DTYPES
+@pytest.mark.parametrize("extreme", [False, True], ids=["normal", "extreme"])
+@pytest.mark.parametrize(("T", "HV", "K"), SHAPES)
+def test_kda_gates_bounded(T: int, HV: int, K: int, dtype: torch.dtype, extreme: bool) -> None:
+    check_kda_bounded(T, HV, K, dtype, "cuda", extreme)
 
 
 @DTYPES

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.gpu import interpreter  # first: sets TRITON_INTERPRET before triton loads
-from tests.gpu.test_gates_gpu import SHAPES, check_gdn, check_kda
+from tests.gpu.test_gates_gpu import SHAPES, check_gdn, check_kda, check_kda_bounded
 
 pytestmark = [
     *interpreter.marks("test_gates_gpu.py"),
@@ -32,6 +32,13 @@ DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=[
 @pytest.mark.parametrize(("T", "HV", "K"), SHAPES)
 def test_kda_gates(T: int, HV: int, K: int, dtype: torch.dtype, extreme: bool) -> None:
     check_kda(T, HV, K, dtype, "cpu", extreme)
+
+
+@DTYPES
+@pytest.mark.parametrize("extreme", [False, True], ids=["normal", "extreme"])
+@pytest.mark.parametrize(("T", "HV", "K"), SHAPES[::3])
+def test_kda_gates_bounded(T: int, HV: int, K: int, dtype: torch.dtype, extreme: bool) -> None:
+    check_kda_bounded(T, HV, K, dtype, "cpu", extreme)
 
 
 @DTYPES

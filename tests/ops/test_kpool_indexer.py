@@ -106,3 +106,26 @@ def test_scoring_in_row_chunks_gives_the_same_selection(monkeypatch):
     whole = kpool_indexer_topk(*args)
     monkeypatch.setattr(reference, "SCORE_ELEMENTS", 1)  # one row per chunk
     assert torch.equal(kpool_indexer_topk(*args), whole)
+
+
+@pytest.mark.parametrize("case", ["decode", "prefill", "kpool3", "few_pools"])
+@pytest.mark.parametrize("tail", [True, False], ids=["tail", "no_tail"])
+def test_selection_is_valid_by_construction(case, tail):
+    """What `sparse_mla(..., valid_selection=True)` relies on: every row's selection holds
+    distinct positions within 0 .. the row's own, i.e. `valid_topk_indices` leaves its set
+    unchanged."""
+    from hyla.ops.dsa_indexer.rows import row_positions
+    from hyla.ops.sparse_attention import valid_topk_indices
+    from tests.gpu.test_kpool_indexer_gpu import CASES, DI, PagedSetup
+
+    seq_lens, new_tokens, kpool, topk = CASES[case]
+    s = PagedSetup(seq_lens, new_tokens, kpool, torch.float32, "cpu", seed=3)
+    sel = kpool_indexer_topk(s.q, s.w, s.pool_keys, s.block_tables, s.cu_seqlens, s.lens,
+                             max(seq_lens) + 3, topk, kpool, tail, DI**-0.5)  # fmt: skip
+    _, row_pos = row_positions(s.cu_seqlens, s.lens, sel.shape[0])
+    safe = valid_topk_indices(sel, s.cu_seqlens, s.lens)
+    for row, pos, safe_row in zip(sel.tolist(), row_pos.tolist(), safe.tolist(), strict=True):
+        kept = [p for p in row if p >= 0]
+        assert len(kept) == len(set(kept)) and all(p <= pos for p in kept)
+        assert sorted(kept) == sorted(p for p in safe_row if p >= 0)
+        assert kept or not tail  # with the tail a row always sees its own token

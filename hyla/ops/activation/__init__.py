@@ -33,5 +33,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_clamped(x: torch.Tensor, limit: float) -> torch.Tensor:
-    """`reference.silu_and_mul_clamped` ([..., 2I] -> [..., I]); PyTorch on every device."""
+    """`reference.silu_and_mul_clamped` ([..., 2I] -> [..., I]): the `silu_and_mul` kernel
+    with its clamp on CUDA."""
+    if use_triton(x) and not needs_grad(x) and kernel_supports(x):
+        from hyla.ops.activation import kernels
+
+        return kernels.silu_and_mul(x, limit)
     return reference.silu_and_mul_clamped(x, limit)

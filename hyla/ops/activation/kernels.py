@@ -13,19 +13,25 @@ BLOCK = 1024  # output columns per program
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, y_ptr, stride_x, stride_y, I, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, y_ptr, stride_x, stride_y, I, limit, BLOCK: tl.constexpr, CLAMP: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
     dtype = y_ptr.dtype.element_ty
     g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
+    if CLAMP:  # `reference.silu_and_mul_clamped` (clamping a stored value is exact)
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
     s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
     tl.store(y_ptr + row * stride_y + cols, (s * u).to(dtype), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """`reference.silu_and_mul` in one Triton kernel (CUDA, or TRITON_INTERPRET=1).
+def silu_and_mul(x: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """`reference.silu_and_mul` in one Triton kernel (CUDA, or TRITON_INTERPRET=1); with
+    `limit`, `reference.silu_and_mul_clamped`.
 
     Args:
         x: [..., 2I] float tensor (gate | up), unit stride along the last dim.
@@ -41,5 +47,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty(x2.shape[0], inter, dtype=x.dtype, device=x.device)
     if x2.shape[0] and inter:
         grid = (x2.shape[0], triton.cdiv(inter, BLOCK))
-        _silu_and_mul_kernel[grid](x2, y, x2.stride(0), y.stride(0), inter, BLOCK=BLOCK)
+        _silu_and_mul_kernel[grid](
+            x2, y, x2.stride(0), y.stride(0), inter, 0.0 if limit is None else float(limit),
+            BLOCK=BLOCK, CLAMP=limit is not None,
+        )  # fmt: skip
     return y.view(*x.shape[:-1], inter)

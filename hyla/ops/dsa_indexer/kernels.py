@@ -96,10 +96,14 @@ def _indexer_key_kernel(
     IEEE: tl.constexpr,
     WRITE_KEYS: tl.constexpr,
     INVISIBLE: tl.constexpr,
+    POOL: tl.constexpr,
 ):
+    """Column c is the key at position c * POOL + POOL - 1 (POOL = 1: every token; > 1: the
+    pooled keys of `hyla.ops.kpool_indexer`, stored at each pool's last token)."""
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    key_pos = cols * POOL + (POOL - 1)
     offs_h = tl.arange(0, BLOCK_H).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     mask_h = offs_h < HI
@@ -111,11 +115,12 @@ def _indexer_key_kernel(
             row = row_offset + t
             seq = tl.load(row_seq_ptr + row).to(tl.int64)
             pos = tl.load(row_pos_ptr + row)
-            visible = cols <= pos
+            visible = key_pos <= pos
             out_row = out_ptr + t.to(tl.int64) * stride_out + cols
-            if pid_n * BLOCK_N <= pos:
-                blocks = tl.load(bt_ptr + seq * stride_bt + cols // PAGE, mask=visible, other=0)
-                slot = blocks.to(tl.int64) * stride_kp + (cols % PAGE).to(tl.int64) * stride_kb
+            if pid_n * BLOCK_N * POOL + POOL - 1 <= pos:
+                page = key_pos // PAGE
+                blocks = tl.load(bt_ptr + seq * stride_bt + page, mask=visible, other=0)
+                slot = blocks.to(tl.int64) * stride_kp + (key_pos % PAGE).to(tl.int64) * stride_kb
                 kmask = visible[:, None] & mask_d[None, :]
                 k = tl.load(k_ptr + slot[:, None] + offs_d[None, :], mask=kmask, other=0.0)
                 q_rows = q_ptr + row.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
@@ -128,7 +133,7 @@ def _indexer_key_kernel(
                 else:
                     s = tl.dot(q, tl.trans(k.to(q.dtype)))
                 if HAS_SCALE:
-                    ks_slot = blocks.to(tl.int64) * stride_ksp + cols % PAGE
+                    ks_slot = blocks.to(tl.int64) * stride_ksp + key_pos % PAGE
                     s = s * tl.load(ks_ptr + ks_slot, mask=visible, other=0.0)[None, :]
                 s = tl.maximum(s * scale, 0.0)
                 w = tl.load(w_ptr + row.to(tl.int64) * stride_wt + offs_h, mask=mask_h, other=0.0)
@@ -161,6 +166,7 @@ def _launch(
     softmax_scale: float,
     block_t: int,
     write_keys: bool,
+    pool: int = 1,
 ) -> None:
     num_rows, num_cols = out.shape
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -205,6 +211,7 @@ def _launch(
         IEEE=_ieee(q),
         WRITE_KEYS=write_keys,
         INVISIBLE=INVISIBLE,
+        POOL=pool,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )

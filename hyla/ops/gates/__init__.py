@@ -37,8 +37,12 @@ def kda_gates_bounded(
     b: torch.Tensor,
     lower_bound: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`kda_gates` with the lower-bounded decay (`reference.kda_log_decay_bounded`); PyTorch on
-    every device (a few elementwise ops, no kernel yet)."""
+    """`kda_gates` with the lower-bounded decay (`reference.kda_log_decay_bounded`): the same
+    kernel on CUDA, with its bounded branch."""
+    if _use_kernel(f_b_out, dt_bias, A_log, b):
+        from hyla.ops.gates import kernels
+
+        return kernels.kda_gates(f_b_out, dt_bias, A_log, b, lower_bound)
     return reference.kda_log_decay_bounded(f_b_out, dt_bias, A_log, lower_bound), b.sigmoid()
 
 

@@ -71,21 +71,27 @@ def _kda_gates_kernel(
     stride_b_h,
     HV,
     K,
+    lower_bound,
     BLOCK_C: tl.constexpr,
     BLOCK_H: tl.constexpr,
     PRECISE: tl.constexpr,
+    BOUNDED: tl.constexpr,
 ):
     """One program per token t: g[t] = -exp(A_log[c // K]) * softplus(f[t, c] + dt_bias[c]) for
-    the HV * K channels c, and beta[t] = sigmoid(b[t]) for the HV heads."""
+    the HV * K channels c (BOUNDED: lower_bound * sigmoid(exp(A_log[c // K]) * raw)), and
+    beta[t] = sigmoid(b[t]) for the HV heads."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_C)
     mask = cols < HV * K
     f = tl.load(f_ptr + t * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
     raw = f + tl.load(dt_bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    # log(1 + exp(x)), not log1p: the rounding of KimiLinearForgetGate
-    softplus = tl.where(raw > 20.0, raw, _log(1.0 + _exp(raw, PRECISE), PRECISE))
     a_log = tl.load(a_log_ptr + cols // K, mask=mask, other=0.0).to(tl.float32)
-    g = -_exp(a_log, PRECISE) * softplus
+    if BOUNDED:  # Glm5NextTextForgetGate
+        g = lower_bound * _sigmoid(_exp(a_log, PRECISE) * raw, PRECISE)
+    else:
+        # log(1 + exp(x)), not log1p: the rounding of KimiLinearForgetGate
+        softplus = tl.where(raw > 20.0, raw, _log(1.0 + _exp(raw, PRECISE), PRECISE))
+        g = -_exp(a_log, PRECISE) * softplus
     tl.store(g_ptr + t * HV * K + cols, g, mask=mask)
     heads = tl.arange(0, BLOCK_H)
     head_mask = heads < HV
@@ -134,9 +140,14 @@ def _check(cond: bool, message: str) -> None:
 
 
 def kda_gates(
-    f_b_out: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, b: torch.Tensor
+    f_b_out: torch.Tensor,
+    dt_bias: torch.Tensor,
+    A_log: torch.Tensor,
+    b: torch.Tensor,
+    lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.kda_gates` in one launch. f_b_out [T, HV*K] any float dtype; dt_bias [HV*K];
+    """`reference.kda_gates` in one launch (with `lower_bound`: the bounded decay of
+    `reference.kda_log_decay_bounded`). f_b_out [T, HV*K] any float dtype; dt_bias [HV*K];
     A_log: HV elements (the stored [1, 1, HV, 1]); b [T, HV] -> (g [T, HV, K] fp32 contiguous,
     beta [T, HV] in b's dtype, contiguous). Raises ValueError on inconsistent shapes or
     HV * K > MAX_KDA_CHANNELS. Source: Kimi-Linear `KimiDeltaAttention` (fla's kda gate)."""
@@ -165,9 +176,11 @@ def kda_gates(
         b.stride(1),
         num_heads,
         K,
+        0.0 if lower_bound is None else float(lower_bound),
         BLOCK_C=block,
         BLOCK_H=triton.next_power_of_2(num_heads),
         PRECISE=_precise(),
+        BOUNDED=lower_bound is not None,
         num_warps=4 if block <= 2048 else 8,
     )
     return g, beta

@@ -1,14 +1,52 @@
-"""Hyper-connection mixing (mHC). See `reference.py`; a few small per-token ops, run as
-PyTorch on every device (no kernel: off the decode hot path's large reads)."""
+"""Hyper-connection mixing (mHC). See `reference.py`; on CUDA tensors `hc_pre_norm` (weights,
+collapse and the block's norm) and `hc_expand` run the Triton kernels of `kernels.py` (imported
+on first use), everything else and anything that needs autograd the reference."""
 
 from __future__ import annotations
 
+import torch
+
+from hyla.ops.gpu import needs_grad, use_triton
+from hyla.ops.hyper_connection import reference
 from hyla.ops.hyper_connection.reference import (
     hc_collapse,
-    hc_expand,
     hc_head_weights,
     hc_weights,
     sinkhorn,
 )
 
-__all__ = ["hc_collapse", "hc_expand", "hc_head_weights", "hc_weights", "sinkhorn"]
+__all__ = ["hc_collapse", "hc_expand", "hc_head_weights", "hc_pre_norm", "hc_weights", "sinkhorn"]
+
+
+def hc_pre_norm(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    hc_eps: float,
+    sinkhorn_iters: int,
+    norm_eps: float,
+    norm_weight: torch.Tensor,
+    rms_eps: float,
+    offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """streams [T, N, D] -> (normed block input [T, D], post [T, N], comb [T, N, N] fp32);
+    see `reference.hc_pre_norm`."""
+    args = (streams, fn, base, scale, hc_eps, sinkhorn_iters, norm_eps, norm_weight, rms_eps,
+            offset)  # fmt: skip
+    if use_triton(streams) and not needs_grad(streams, fn, base, scale, norm_weight):
+        from hyla.ops.hyper_connection import kernels
+
+        return kernels.hc_pre_norm(*args)
+    return reference.hc_pre_norm(*args)
+
+
+def hc_expand(
+    block_out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+) -> torch.Tensor:
+    """The next streams [T, N, D] in streams' dtype; see `reference.hc_expand`."""
+    if use_triton(streams) and not needs_grad(block_out, streams, post, comb):
+        from hyla.ops.hyper_connection import kernels
+
+        return kernels.hc_expand(block_out, streams, post, comb)
+    return reference.hc_expand(block_out, streams, post, comb)

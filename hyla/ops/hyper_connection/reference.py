@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from hyla.ops.norm.reference import rms_norm
+
 
 def hc_weights(
     streams: torch.Tensor,
@@ -76,6 +78,26 @@ def hc_expand(
     dtype = streams.dtype
     spread = post.to(dtype).unsqueeze(-1) * block_out.unsqueeze(-2)
     return spread + comb.to(dtype).transpose(-1, -2) @ streams
+
+
+def hc_pre_norm(
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    hc_eps: float,
+    sinkhorn_iters: int,
+    norm_eps: float,
+    norm_weight: torch.Tensor,
+    rms_eps: float,
+    offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block's normed input from its streams: `hc_weights`, `hc_collapse` by pre, then the
+    block's RMSNorm (`norm_weight` [D], `rms_eps`, `offset`, as `hyla.ops.norm.rms_norm`).
+    Returns (x [T, D] in streams' dtype, post [T, N], comb [T, N, N] float32)."""
+    pre, post, comb = hc_weights(streams, fn, base, scale, hc_eps, sinkhorn_iters, norm_eps)
+    x = hc_collapse(streams, pre)
+    return rms_norm(x, norm_weight, rms_eps, offset), post, comb
 
 
 def hc_head_weights(

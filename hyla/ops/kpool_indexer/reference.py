@@ -46,6 +46,7 @@ def write_pool_keys(
     cu_seqlens: torch.Tensor,
     seq_lens: Sequence[int] | torch.Tensor,
     slot_mapping: torch.Tensor,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Write the key of every pool that this step's rows complete (this step's keys and gates
     already in their caches). Each row writes its own slot: the compression of its last P
@@ -55,10 +56,11 @@ def write_pool_keys(
     Args:
         key_cache, gate_cache, pool_key_cache: [Pg, B, Di]; ape: [P, Di];
         block_tables: [N, max_blocks] int32; cu_seqlens: [N + 1] int32; seq_lens: N lengths
-        including this step's tokens; slot_mapping: [T] each row's own slot.
+        including this step's tokens; slot_mapping: [T] each row's own slot; rows:
+        `row_positions(cu_seqlens, seq_lens, T)` when the caller has them.
     """
     num_rows, kpool, block = slot_mapping.shape[0], ape.shape[0], key_cache.shape[1]
-    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     window = (row_pos[:, None] - kpool + 1 + torch.arange(kpool, device=row_pos.device)).clamp(0)
     slots = _slots(block_tables, row_seq.long()[:, None], window, block)  # [T, P]
     keys = key_cache.flatten(0, 1)[slots]
@@ -103,6 +105,7 @@ def kpool_indexer_topk(
     kpool: int,
     always_select_tail: bool,
     softmax_scale: float,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Each new row's selected token positions (module docstring).
 
@@ -111,13 +114,14 @@ def kpool_indexer_topk(
         pool_key_cache: [Pg, B, Di] with this step's pools written (`write_pool_keys`);
         block_tables: [N, max_blocks] int32; cu_seqlens: [N + 1] int32; seq_lens: N lengths
         including this step's tokens (host ints or a device tensor); max_seq_len: a host bound
-        on them (sizes the work, no device read); topk: `index_topk`; kpool: P.
+        on them (sizes the work, no device read); topk: `index_topk`; kpool: P; rows: as
+        `write_pool_keys`.
     Returns: [T, topk + P - 1] int32 positions (without the tail: [T, topk]), -1 padded, no
         duplicates; pools best first, then the tail ascending.
     """
     num_rows = q.shape[0]
     device = q.device
-    row_seq, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
+    row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     num_pools = max(max_seq_len // kpool, 1)
     pool_ends = torch.arange(num_pools, device=device) * kpool + kpool - 1  # [Np]
     block = pool_key_cache.shape[1]

@@ -10,7 +10,7 @@ patch `use_triton` here to send CPU tensors there too.
 
 import torch
 
-from hyla.ops.activation import silu_and_mul
+from hyla.ops.activation import silu_and_mul, silu_and_mul_clamped
 from hyla.ops.gpu import use_triton
 from hyla.ops.linear.dispatch import linear
 from hyla.ops.moe import cpu, kernels, reference
@@ -61,11 +61,19 @@ def moe_experts(
     topk_ids: torch.Tensor,
     *,
     packed: tuple | None = None,
+    limit: float | None = None,
 ) -> torch.Tensor:
     """`reference.moe_experts` (see there for shapes): `kernels.moe_experts` for CUDA tensors
-    (no host sync for decode-sized batches), `cpu.moe_experts` otherwise."""
-    impl = kernels.moe_experts if hidden_states.is_cuda else cpu.moe_experts
-    return impl(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, packed=packed)
+    (no host sync for decode-sized batches), `cpu.moe_experts` otherwise. `limit`: the clamped
+    SwiGLU (`hyla.ops.moe_clamped`; off CUDA its reference)."""
+    args = (hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids)
+    if hidden_states.is_cuda:
+        return kernels.moe_experts(*args, packed=packed, limit=limit)
+    if limit is not None:
+        from hyla.ops.moe_clamped.reference import moe_experts_clamped
+
+        return moe_experts_clamped(*args, limit)
+    return cpu.moe_experts(*args, packed=packed)
 
 
 def fuses_shared(
@@ -94,21 +102,28 @@ def moe_experts_and_shared(
     topk_ids: torch.Tensor,
     shared_gate_up: torch.Tensor,
     shared_down: torch.Tensor,
+    limit: float | None = None,
 ) -> torch.Tensor:
     """`moe_experts(...) + linear(silu_and_mul(linear(x, shared_gate_up)), shared_down)`: the
     routed experts plus an ungated shared expert (DeepSeek-V3, Kimi), each op rounded to the
     hidden dtype as it would be alone. Shapes as `moe_experts`; shared_gate_up [2I', D] (gate
     rows, then up rows), shared_down [D, I']. Where `fuses_shared` holds, two kernels in all
-    (`gemv.moe_gemv(..., shared=)`); otherwise the ops one after another."""
+    (`gemv.moe_gemv(..., shared=)`); otherwise the ops one after another. `limit`: the clamped
+    SwiGLU in both (GLM-5.3-Flash)."""
     if fuses_shared(hidden_states, gate_up_proj, down_proj, topk_ids, shared_gate_up, shared_down):
         from hyla.ops.moe import gemv
 
         shared = (shared_gate_up, shared_down)
         return gemv.moe_gemv(
-            hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, shared=shared
-        )
-    routed = moe_experts(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids)
-    return routed + linear(silu_and_mul(linear(hidden_states, shared_gate_up)), shared_down)
+            hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, shared=shared,
+            limit=limit,
+        )  # fmt: skip
+    routed = moe_experts(
+        hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, limit=limit
+    )
+    gate_up = linear(hidden_states, shared_gate_up)
+    act = silu_and_mul(gate_up) if limit is None else silu_and_mul_clamped(gate_up, limit)
+    return routed + linear(act, shared_down)
 
 
 __all__ = [

@@ -47,9 +47,11 @@ def _gate_up_kernel(
     stride_we,
     stride_wr,
     stride_hp,
+    limit,
     TOPK: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    CLAMP: tl.constexpr,
 ):
     # programs p < P: pair p (token p // k, its expert's rows); p >= P: token p - P through the
     # shared expert (sw_ptr, same row stride), when the launch has those programs
@@ -77,6 +79,9 @@ def _gate_up_kernel(
     dtype = h_ptr.dtype.element_ty
     g = acc_g.to(dtype).to(tl.float32)
     u = acc_u.to(dtype).to(tl.float32)
+    if CLAMP:  # GLM-5.3-Flash's swiglu_limit (`silu_and_mul_clamped`)
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
     s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
     tl.store(h_ptr + p * stride_hp + offs_i, (s * u).to(dtype), mask=mask_i)
 
@@ -215,8 +220,10 @@ def moe_gemv(
     topk_ids: torch.Tensor,
     blocks: GemvBlocks | None = None,
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    limit: float | None = None,
 ) -> torch.Tensor:
-    """Routed experts of T tokens, experts read in place (see the module docstring).
+    """Routed experts of T tokens, experts read in place (see the module docstring); `limit`:
+    the clamped SwiGLU (`silu_and_mul_clamped`) for routed and shared experts alike.
 
     Shapes: hidden_states [T, D]; gate_up_proj [E, 2I, D]; down_proj [E, D, I] (last dims
     contiguous); topk_weights [T, k] float; topk_ids [T, k] int, distinct within a row;
@@ -248,8 +255,9 @@ def moe_gemv(
     _gate_up_kernel[(rows, triton.cdiv(inter, b.gate_rows))](
         x, gate_up_proj, s_gate_up, ids, h, num_pairs, dim, inter,
         x.stride(0), gate_up_proj.stride(0), gate_up_proj.stride(1), h.stride(0),
+        0.0 if limit is None else float(limit),
         TOPK=topk, BLOCK_I=b.gate_rows, BLOCK_D=min(b.gate_cols, _pow2(dim)),
-        num_warps=b.gate_warps,
+        CLAMP=limit is not None, num_warps=b.gate_warps,
     )  # fmt: skip
     _down_sum_kernel[(num_tokens, triton.cdiv(dim, b.down_rows))](
         h, down_proj, s_down, ids, wts, out, num_pairs, dim, inter,

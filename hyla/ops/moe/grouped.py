@@ -30,9 +30,9 @@ BLOCK_M = 64
 def _gate_up_kernel(
     x_ptr, w_ptr, pairs_ptr, block_expert_ptr, h_ptr,
     P, D, I,
-    stride_xt, stride_xd, stride_we, stride_wn, stride_wd, stride_hp, stride_hi,
+    stride_xt, stride_xd, stride_we, stride_wn, stride_wd, stride_hp, stride_hi, limit,
     TOPK: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CLAMP: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0)
     e = tl.load(block_expert_ptr + block).to(tl.int64)
@@ -61,6 +61,9 @@ def _gate_up_kernel(
     out_ty = h_ptr.dtype.element_ty
     gate = acc_g.to(out_ty).to(tl.float32)
     up = acc_u.to(out_ty).to(tl.float32)
+    if CLAMP:  # GLM-5.3-Flash's swiglu_limit (`silu_and_mul_clamped`)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
     act = (gate / (1.0 + tl.exp(-gate))).to(out_ty).to(tl.float32)  # F.silu rounds, then the *
     tl.store(
         h_ptr + pairs[:, None] * stride_hp + cols[None, :] * stride_hi,
@@ -163,9 +166,11 @@ def moe_experts(
     topk_ids: torch.Tensor,
     *,
     packed: tuple | None = None,
+    limit: float | None = None,
 ) -> torch.Tensor:
     """`reference.moe_experts` as align + three Triton launches (CUDA, or TRITON_INTERPRET=1 on
-    CPU tensors); `packed` is accepted for the dispatcher's signature and not used.
+    CPU tensors); `packed` is accepted for the dispatcher's signature and not used; `limit`:
+    the clamped SwiGLU (`hyla.ops.moe_clamped`).
 
     Shapes: hidden_states [T, D]; gate_up_proj [E, 2I, D]; down_proj [E, D, I];
     topk_weights [T, k]; topk_ids [T, k] int64 in [0, E), distinct within a row.
@@ -185,8 +190,8 @@ def moe_experts(
     _gate_up_kernel[(num_blocks, triton.cdiv(inter, bn))](
         x, w1, sorted_pairs, block_expert, h, P, D, inter,
         x.stride(0), x.stride(1), w1.stride(0), w1.stride(1), w1.stride(2),
-        h.stride(0), h.stride(1),
-        TOPK=k, PRECISION=prec, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=bk,
+        h.stride(0), h.stride(1), 0.0 if limit is None else float(limit),
+        TOPK=k, PRECISION=prec, BLOCK_M=BLOCK_M, BLOCK_N=bn, BLOCK_K=bk, CLAMP=limit is not None,
         num_warps=4, num_stages=3,
     )  # fmt: skip
     y = torch.empty(P, D, dtype=dtype, device=x.device)

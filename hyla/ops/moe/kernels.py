@@ -29,9 +29,8 @@ order, as the reference sums them.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from hyla.ops.activation import silu_and_mul
+from hyla.ops.activation import silu_and_mul, silu_and_mul_clamped
 from hyla.ops.gpu import needs_grad, use_triton
 from hyla.ops.moe.cpu import moe_experts as grouped_moe_experts
 
@@ -52,9 +51,11 @@ def moe_experts(
     topk_ids: torch.Tensor,
     *,
     packed: tuple | None = None,
+    limit: float | None = None,
 ) -> torch.Tensor:
     """`reference.moe_experts` (same arguments and result to fp32 rounding), sync-free for
-    T * E <= `DENSE_MAX_ROWS`; `packed` is only used by the `cpu.moe_experts` fallback.
+    T * E <= `DENSE_MAX_ROWS`; `packed` is only used by the `cpu.moe_experts` fallback;
+    `limit`: the clamped SwiGLU of `hyla.ops.moe_clamped` (same forms).
 
     Shapes: hidden_states [T, D]; gate_up_proj [E, 2 * I, D]; down_proj [E, D, I];
     topk_weights [T, k]; topk_ids [T, k] int64 in [0, E), distinct within a row.
@@ -67,11 +68,11 @@ def moe_experts(
     if num_pairs <= num_experts and use_triton(hidden_states):
         from hyla.ops.moe.gemv import moe_gemv
 
-        return moe_gemv(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids)
+        return moe_gemv(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, limit=limit)
     if 3 * num_pairs <= num_experts:
-        y = _gathered(hidden_states, gate_up_proj, down_proj, topk_ids)
+        y = _gathered(hidden_states, gate_up_proj, down_proj, topk_ids, limit)
     elif sync_free(num_tokens, topk, num_experts):
-        y = _dense(hidden_states, gate_up_proj, down_proj)
+        y = _dense(hidden_states, gate_up_proj, down_proj, limit)
         if use_triton(hidden_states):
             from hyla.ops.moe.gemv import combine
 
@@ -80,7 +81,15 @@ def moe_experts(
     elif use_triton(hidden_states) and not needs_grad(hidden_states, gate_up_proj, down_proj):
         from hyla.ops.moe import grouped
 
-        return grouped.moe_experts(hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids)
+        return grouped.moe_experts(
+            hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, limit=limit
+        )
+    elif limit is not None:
+        from hyla.ops.moe_clamped.reference import moe_experts_clamped
+
+        return moe_experts_clamped(
+            hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, limit
+        )
     else:
         return grouped_moe_experts(
             hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, packed=packed
@@ -88,25 +97,35 @@ def moe_experts(
     return _weighted_sum(y, topk_weights, topk_ids, hidden_states.dtype)
 
 
+def _activation(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
+    return silu_and_mul(gate_up) if limit is None else silu_and_mul_clamped(gate_up, limit)
+
+
 def _gathered(
-    x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_ids: torch.Tensor,
+    limit: float | None = None,
 ) -> torch.Tensor:
     """[T, k, D]: pair (t, j) through expert topk_ids[t, j], one batched GEMV per matrix."""
     T, k = topk_ids.shape
     flat = topk_ids.reshape(-1)
     rows = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [P, 1, D], pair p = token p // k
     w1 = gate_up_proj.index_select(0, flat)  # [P, 2I, D]
-    gate, up = torch.bmm(rows, w1.transpose(1, 2)).chunk(2, dim=-1)  # [P, 1, I] each
+    gate_up = torch.bmm(rows, w1.transpose(1, 2))  # [P, 1, 2I]
     w2 = down_proj.index_select(0, flat)  # [P, D, I]
-    return torch.bmm(F.silu(gate) * up, w2.transpose(1, 2)).view(T, k, -1)
+    return torch.bmm(_activation(gate_up, limit), w2.transpose(1, 2)).view(T, k, -1)
 
 
-def _dense(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+def _dense(
+    x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, limit: float | None
+) -> torch.Tensor:
     """[E, T, D]: every expert over every token (two bmm; `silu_and_mul` between them)."""
     num_experts = gate_up_proj.shape[0]
     rows = x.unsqueeze(0).expand(num_experts, -1, -1)  # [E, T, D]
     gate_up = torch.bmm(rows, gate_up_proj.transpose(1, 2))  # [E, T, 2I]
-    return torch.bmm(silu_and_mul(gate_up), down_proj.transpose(1, 2))
+    return torch.bmm(_activation(gate_up, limit), down_proj.transpose(1, 2))
 
 
 def _select(y: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
