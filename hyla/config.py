@@ -799,12 +799,14 @@ class SpeculativeConfig:
         name = "speculative_config"
         _require(self.method in SPEC_METHODS, f"{name}.method",
                  f"must be one of {SPEC_METHODS}, got {self.method!r}")  # fmt: skip
+        _positive(self, f"{name}.", "num_speculative_tokens", "disable_by_batch_size")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        lo, hi = (5, 5) if lo is None and hi is None else (lo or hi, hi or lo)
+        pairs = (("prompt_lookup_min", lo), ("prompt_lookup_max", hi))
+        given = [n for n, v in pairs if v is not None]
+        _positive(self, f"{name}.", *given)
+        lo, hi = (5, 5) if lo is None and hi is None else (lo or hi, hi or lo)  # as vLLM's
         object.__setattr__(self, "prompt_lookup_min", lo)
         object.__setattr__(self, "prompt_lookup_max", hi)
-        _positive(self, f"{name}.", "num_speculative_tokens", "prompt_lookup_min",
-                  "prompt_lookup_max", "disable_by_batch_size")  # fmt: skip
         _require(self.num_speculative_tokens <= 16, f"{name}.num_speculative_tokens",
                  f"must be at most 16, got {self.num_speculative_tokens}")  # fmt: skip
         _require(lo <= hi, f"{name}.prompt_lookup_min",

@@ -42,10 +42,13 @@ class OracleDrafts:
     def __init__(self, reference: dict[tuple[int, ...], list[int]], vocab: int) -> None:
         self.reference, self.vocab = reference, vocab
 
-    def __call__(self, tokens, k, lo, hi):  # noqa: ARG002 - propose_ngram's signature
+    def right(self, tokens: list[int], k: int) -> list[int]:
         prompt = max((p for p in self.reference if tuple(tokens[: len(p)]) == p), key=len)
         done = len(tokens) - len(prompt)
-        drafts = list(self.reference[prompt][done : done + k])
+        return list(self.reference[prompt][done : done + k])
+
+    def __call__(self, tokens, k, lo, hi):  # noqa: ARG002 - propose_ngram's signature
+        drafts = self.right(tokens, k)
         wrong = len(tokens) % 4 - 1  # -1: all right
         if 0 <= wrong < len(drafts):
             drafts[wrong] = (drafts[wrong] + 1) % self.vocab
@@ -155,3 +158,32 @@ def test_ngram_drafts_and_off_switch(checkpoints):
         assert_same_completion(got[rid], want[rid])
     assert engine.get_stats().spec_decode_num_draft_tokens > 0  # (a random model rejects most)
     assert drafting_batches and max(drafting_batches) <= 2
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["all-right", "all-wrong"])
+def test_acceptance_counters_and_metrics(checkpoints, monkeypatch, wrong):
+    from hyla.server.metrics import ServerMetrics
+
+    model, path = checkpoints("kimi_linear")
+    vocab = model.config.vocab_size
+    arrivals = {0: {"a": prompt_ids(11, 5, vocab), "b": prompt_ids(17, 6, vocab)}}
+    want = run(make_engine(model, path), {0: dict(arrivals[0])})
+    reference = {tuple(p): want[r].outputs[0].token_ids for r, p in arrivals[0].items()}
+    oracle = OracleDrafts(reference, vocab)
+    shift = 1 if wrong else 0
+    drafter = lambda t, k, lo, hi: [(d + shift) % vocab for d in oracle.right(t, k)]  # noqa: E731
+    monkeypatch.setattr(hyla.spec.decoder, "propose_ngram", drafter)
+    engine = make_engine(model, path, speculative_config=SPEC)
+    got = run(engine, arrivals)
+    for rid in want:
+        assert_same_completion(got[rid], want[rid])
+    s = engine.get_stats()
+    assert s.spec_decode_num_draft_tokens > 0
+    assert s.spec_decode_num_accepted_tokens == (0 if wrong else s.spec_decode_num_draft_tokens)
+    assert s.spec_decode_acceptance_rate == (0.0 if wrong else 1.0)
+    engine.num_in_flight = lambda: 0  # the collector's AsyncEngine hook
+    text = ServerMetrics(engine).render()[0].decode()
+    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        value = float(getattr(s, f"spec_decode_{name}"))
+        assert f"hyla_spec_decode_{name}_total {value}" in text
+    assert f"hyla_engine_spec_decode_acceptance_rate {s.spec_decode_acceptance_rate}" in text

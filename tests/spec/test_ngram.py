@@ -35,8 +35,17 @@ def brute_force(tokens: list[int], k: int, lo: int, hi: int) -> list[int]:
         ([4], 3, 1, 3, []),
         ([1, 2, 1, 2], 0, 1, 2, []),
     ],
-    ids=["trigram", "short-tail", "exact-n", "none", "overlap", "below-min", "unigram", "one",
-         "k0"],  # fmt: skip
+    ids=[
+        "trigram",
+        "short-tail",
+        "exact-n",
+        "none",
+        "overlap",
+        "below-min",
+        "unigram",
+        "one",
+        "k0",
+    ],  # fmt: skip
 )
 def test_cases(tokens, k, lo, hi, want):
     assert propose_ngram(tokens, k, lo, hi) == want
