@@ -54,6 +54,7 @@ def test_json_form_and_defaults():
         "k17",
         "min>max",
         "max<0",
+        "min0",
         "batch0",
         "unknown",
         "text",
