@@ -66,7 +66,7 @@ from hyla.request import (
     check_token_stop,
 )
 from hyla.scheduler import Scheduler, SchedulerOutput
-from hyla.spec.decoder import spec_decoder, spec_stats
+from hyla.spec.decoder import spec_decoder, spec_state_bytes, spec_stats
 from hyla.structured.backend import GrammarBackend
 from hyla.structured.params import StructuredOutputsError
 
@@ -164,6 +164,7 @@ class LLMEngine:
         sched = engine_config.scheduler
         if executor is None:
             budget = memory_budget(engine_config.cache, device)
+            budget -= spec_state_bytes(engine_config, self.model_config)  # drafts' state rows
             plan = plan_cache(
                 self.model_config, engine_config.cache, self.max_model_len, sched.max_num_seqs,
                 budget,

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hyla.cache.manager import CacheManager
-from hyla.config import ConfigError, EngineConfig, SpeculativeConfig
+from hyla.cache.spec import bytes_per_state_slot
+from hyla.config import ConfigError, EngineConfig, ModelConfig, SpeculativeConfig
 from hyla.request import Request, RequestStatus
 from hyla.scheduler import SchedulerOutput
 from hyla.spec.ngram import propose_ngram
@@ -170,6 +171,14 @@ def spec_decoder(config: EngineConfig, plan: Any, executor: Any) -> SpecDecoder 
         raise ConfigError("speculative_config: not supported with tensor_parallel_size > 1 or "
                           "distributed_executor_backend mp yet")  # fmt: skip
     return SpecDecoder(spec, plan.bytes_per_slot > 0, plan.num_slots + plan.num_checkpoints)
+
+
+def spec_state_bytes(config: EngineConfig, model: ModelConfig) -> int:
+    """Bytes of the scratch state rows (`SpecDecoder.num_state_rows`), out of the cache budget."""
+    spec = config.speculative_config
+    if spec is None:
+        return 0
+    return spec.disable_by_batch_size * spec.num_speculative_tokens * bytes_per_state_slot(model)
 
 
 def spec_stats(decoder: SpecDecoder | None) -> dict[str, float]:
