@@ -776,6 +776,63 @@ class CacheConfig:
         )
 
 
+SPEC_METHODS = ("ngram",)
+# Above this many running sequences no step drafts (`disable_by_batch_size`): drafting costs an
+# eager step with per-position states and a host round trip, which a full batch pays for nothing.
+DEFAULT_SPEC_DISABLE_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """`--speculative-config` in vLLM's JSON form: drafts from n-gram prompt lookup (the last
+    n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`, found earlier in the
+    sequence propose the `num_speculative_tokens` that followed them); no step drafts while
+    more than `disable_by_batch_size` sequences run."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    disable_by_batch_size: int = DEFAULT_SPEC_DISABLE_BATCH_SIZE
+
+    def __post_init__(self) -> None:
+        name = "speculative_config"
+        _require(self.method in SPEC_METHODS, f"{name}.method",
+                 f"must be one of {SPEC_METHODS}, got {self.method!r}")  # fmt: skip
+        _positive(self, f"{name}.", "num_speculative_tokens", "disable_by_batch_size")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        pairs = (("prompt_lookup_min", lo), ("prompt_lookup_max", hi))
+        given = [n for n, v in pairs if v is not None]
+        _positive(self, f"{name}.", *given)
+        lo, hi = (5, 5) if lo is None and hi is None else (lo or hi, hi or lo)  # as vLLM's
+        object.__setattr__(self, "prompt_lookup_min", lo)
+        object.__setattr__(self, "prompt_lookup_max", hi)
+        _require(self.num_speculative_tokens <= 16, f"{name}.num_speculative_tokens",
+                 f"must be at most 16, got {self.num_speculative_tokens}")  # fmt: skip
+        _require(lo <= hi, f"{name}.prompt_lookup_min",
+                 f"must be <= prompt_lookup_max ({hi}), got {lo}")  # fmt: skip
+
+    @classmethod
+    def parse(cls, value: Any) -> SpeculativeConfig | None:
+        """None, a SpeculativeConfig, a mapping or its JSON text -> a SpeculativeConfig."""
+        if value is None or isinstance(value, cls):
+            return value
+        name = "speculative_config"
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise ConfigError(f"{name}: expected a JSON object such as "
+                                  f'{{"method": "ngram", "num_speculative_tokens": 3}}, '
+                                  f"got {value!r}") from None  # fmt: skip
+        _require(isinstance(value, dict), name, f"expected a JSON object, got {value!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in value:
+            _require(key in known, f"{name}.{key}", f"unknown field (known: {sorted(known)})")
+        _require("method" in value, f"{name}.method", "is required (ngram)")
+        return cls(**value)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Token budgets of one engine step."""
@@ -938,6 +995,13 @@ class EngineConfig:
         metadata={"help": "Split <think>...</think> into reasoning_content: auto, deepseek_r1, "
                   "deepseek_v3, qwen3, glm45, kimi_k2 (all one format); default: none."},
     )  # fmt: skip
+    speculative_config: SpeculativeConfig | None = field(
+        default=None,
+        metadata={"help": 'Speculative decoding, vLLM\'s JSON form: \'{"method": "ngram", '
+                  '"num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}\' '
+                  '(optional "disable_by_batch_size", default 8); default: off.',
+                  "cli_type": str},
+    )  # fmt: skip
     distributed_executor_backend: str | None = field(
         default=None,
         metadata={"help": "mp (worker processes; also with one rank) or uni (in process, one "
@@ -951,6 +1015,8 @@ class EngineConfig:
         _positive(self, "", "max_image_pixels", "max_image_bytes")
         object.__setattr__(self, "limit_mm_per_prompt", images_per_prompt(self.limit_mm_per_prompt))
         object.__setattr__(self, "allowed_media_domains", media_domains(self.allowed_media_domains))
+        spec = SpeculativeConfig.parse(self.speculative_config)
+        object.__setattr__(self, "speculative_config", spec)
         local = self.allowed_local_media_path  # as vLLM: checked at start, not per request
         _require(local is None or Path(local).is_dir(), "allowed_local_media_path",
                  f"{local!r} is not an existing directory")  # fmt: skip

@@ -352,6 +352,7 @@ class Request:
     num_cached_tokens: int = 0
     num_placeholders: int = 0
     mm_spans: tuple = ()
+    spec_token_ids: list[int] = field(default_factory=list)  # this step's drafts (hyla.spec)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

@@ -64,6 +64,8 @@ class SchedulerOutput:
     state_restores: list[tuple[int, int]] = field(default_factory=list)
     state_saves: list[tuple[int, int]] = field(default_factory=list)
     state_boundaries: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    # Draft tokens verified this step (counted in num_scheduled_tokens, after the real ones).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total_num_tokens(self) -> int:
@@ -184,7 +186,8 @@ class Scheduler:
             if n == 0:  # its next image waits for the encoder budget
                 i += 1
                 continue
-            total = req.num_computed_tokens + n
+            drafts = req.spec_token_ids[: budget - n] if n == req.num_uncomputed_tokens else []
+            total = req.num_computed_tokens + n + len(drafts)
             while not self.cache.allocate(req.request_id, total):
                 victim = max(self.running[i:], key=self._rank)
                 self._preempt(victim)
@@ -192,9 +195,11 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                out.num_scheduled_tokens[req.request_id] = n
-                self.cache.plan_saves(req, req.num_computed_tokens, total)
-                budget -= n
+                out.num_scheduled_tokens[req.request_id] = n + len(drafts)
+                if drafts:  # verified in this step; saves only from real tokens (hyla.spec)
+                    out.spec_token_ids[req.request_id] = drafts
+                self.cache.plan_saves(req, req.num_computed_tokens, total - len(drafts))
+                budget -= n + len(drafts)
                 i += 1
         return budget
 
@@ -257,7 +262,7 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # aborted after scheduling
-            req.num_computed_tokens += n
+            req.num_computed_tokens += n - len(out.spec_token_ids.get(rid, ()))
             self.cache.commit(req)
         self.cache.end_step()
 

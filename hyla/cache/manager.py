@@ -136,6 +136,15 @@ class CacheManager:
         if self.prefix is not None:
             self.prefix.release(request_id, keep_hashes)
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Free `request_id`'s blocks past the first `num_tokens` tokens (rejected drafts'
+        entries; never filed in the prefix cache, which files computed tokens only)."""
+        table = self.block_tables[request_id]
+        keep = num_blocks_for(num_tokens, self.block_size)
+        if len(table) > keep:
+            self.block_pool.free(table[keep:])
+            del table[keep:]
+
     def uncache(self, req: Request, first_block: int = 0) -> None:
         """Make the blocks `req` filed from `first_block` on, and the state checkpoints keyed by
         them, unfindable by prefix matching (a step of it produced non-finite values). Found by

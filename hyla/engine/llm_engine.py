@@ -46,6 +46,7 @@ from hyla.engine.mixed_graphs import mixed_graph_buckets
 from hyla.engine.model_runner import ModelRunner
 from hyla.engine.piecewise_graphs import token_buckets
 from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
+from hyla.engine.state_copies import copy_state_rows
 from hyla.engine.step_stats import StepStats
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.engine.warmup import warm_up
@@ -65,6 +66,7 @@ from hyla.request import (
     check_token_stop,
 )
 from hyla.scheduler import Scheduler, SchedulerOutput
+from hyla.spec.decoder import spec_decoder, spec_state_bytes, spec_stats
 from hyla.structured.backend import GrammarBackend
 from hyla.structured.params import StructuredOutputsError
 
@@ -112,6 +114,10 @@ class EngineStats:
     encoder_cache_bytes: int = 0
     num_encoded_images: int = 0
     encoder_cache_hits: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_acceptance_rate: float = 0.0
     step_stats: dict = dataclasses.field(default_factory=dict)
 
 
@@ -158,6 +164,7 @@ class LLMEngine:
         sched = engine_config.scheduler
         if executor is None:
             budget = memory_budget(engine_config.cache, device)
+            budget -= spec_state_bytes(engine_config, self.model_config)  # drafts' state rows
             plan = plan_cache(
                 self.model_config, engine_config.cache, self.max_model_len, sched.max_num_seqs,
                 budget,
@@ -182,6 +189,7 @@ class LLMEngine:
             budget = EncoderBudget(self.max_encoder_tokens, multimodal.cache.__contains__)
             multimodal.max_encoder_tokens = self.max_encoder_tokens
         self.scheduler = Scheduler(sched, self.cache, budget)
+        self.spec = spec_decoder(engine_config, plan, executor)  # speculative decoding or None
         sizes: tuple[int, ...] = ()
         buckets: tuple[int, ...] = ()
         mixed: tuple[int, ...] = ()
@@ -202,8 +210,9 @@ class LLMEngine:
             if device.type == "cuda":  # one matmul per projection group (one kernel, not n + 1)
                 self.model.stack_projections()
             self.runner = ModelRunner(
-                self.model, plan, sizes, self.max_model_len, buckets, mixed
-            )
+                self.model, plan, sizes, self.max_model_len, buckets, mixed,
+                num_spec_rows=0 if self.spec is None else self.spec.num_state_rows,
+            )  # fmt: skip
         self.runner.multimodal = multimodal
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
@@ -457,6 +466,7 @@ class LLMEngine:
                 num_preemptions=self.scheduler.num_preemptions,
                 **self._prefix_stats(),
                 **self._encoder_stats(),
+                **spec_stats(self.spec),
                 step_stats=self.step_stats.snapshot(),
             )
 
@@ -509,7 +519,13 @@ class LLMEngine:
             self._release_suspect()
             if self._inflight is not None and self._inflight.save_needs_values(self.cache):
                 self._drain()
+            if self.spec is not None:  # drafts need the last tokens on the host
+                if self.spec.needs_drain(self._inflight, self.scheduler.num_running):
+                    self._drain()
+                self.spec.propose(self.scheduler.running)
             out = self._schedule()
+            if self.spec is not None:
+                self.spec.plan_states(out, self.scheduler.requests)
             launched = None if out.is_empty else self._launch(out)
             self._drain()  # the host work of step N while N+1 runs
             if launched is not None and launched.logits is not None:
@@ -570,7 +586,8 @@ class LLMEngine:
         try:
             t0, begin = time.perf_counter(), self.step_stats.start(self.device)
             result = self.runner.execute(out, requests, self.cache, plp, device_tokens)
-            rows = [self._sampling_row(rid) for rid in result.sample_ids]
+            spec_ids = [r for r, d in out.spec_token_ids.items() for _ in d]  # draft rows
+            rows = [self._sampling_row(rid) for rid in result.sample_ids + spec_ids]
             sample = None
             constrained = any(r.grammar is not None for r in rows)
             if rows and not constrained:
@@ -710,11 +727,29 @@ class LLMEngine:
             if req.is_finished:  # ended since the launch: its token is dropped
                 continue
             try:
-                self._take_token(rid, sample.token_ids[i], sample, i, now)
+                self._take_tokens(step, i, sample, now)
             except Exception as e:  # noqa: BLE001 - its host work failed: it ends alone
                 logger.exception("processing a token of %s failed", rid)
                 message = f"engine step failed: {type(e).__name__}: {e}"
                 self._finish(rid, RequestStatus.FINISHED_ERROR, message)
+
+    def _take_tokens(self, step: LaunchedStep, i: int, sample: SamplerOutput, now: float) -> None:
+        """Row `i`'s token; after it a verifying request's accepted drafts and the token that
+        follows them, then its rollback to the last accepted token (`hyla.spec`)."""
+        rid, req = step.sample_ids[i], step.requests[step.sample_ids[i]]
+        rows = [i] if self.spec is None else self.spec.token_rows(
+            step.out, rid, i, sample.token_ids, len(step.sample_ids))  # fmt: skip
+        taken = 0
+        for j in rows:
+            if req.is_finished or not sample.is_finite[j]:
+                break
+            if j != i:
+                req.add_placeholder()
+            self._take_token(rid, sample.token_ids[j], sample, j, now)
+            taken += 1
+        if self.spec is not None:
+            copy = lambda copies: copy_state_rows(self.runner.state_tensors, copies)  # noqa: E731
+            self.spec.settle(step.out, req, taken, self.cache, copy)
 
     def _take_token(self, rid: str, token: int, sample: SamplerOutput, i: int, now: float) -> None:
         """Row `i` of `sample` is `rid`'s new token: resolve its placeholder, then its stops."""

@@ -45,8 +45,9 @@ from hyla.scheduler import SchedulerOutput
 
 @dataclass
 class RunnerOutput:
-    """`sample_ids[i]` owns row i of `logits: [n, V]` float32; `prompt_logprobs[rid]` holds the
-    new prompt-logprob entries of this step, in position order."""
+    """`sample_ids[i]` owns row i of `logits: [n + m, V]` float32, then the m draft rows of the
+    verifying requests follow in scheduling order; `prompt_logprobs[rid]` holds the new
+    prompt-logprob entries of this step, in position order."""
 
     sample_ids: list[str] = field(default_factory=list)
     logits: torch.Tensor | None = None
@@ -65,6 +66,7 @@ class ModelRunner:
             empty: none; `hyla.engine.piecewise_graphs`).
         mixed_buckets: token buckets of whole captured mixed steps (CUDA only; empty: none;
             `hyla.engine.mixed_graphs`).
+        num_spec_rows: scratch state rows of speculative decoding (`hyla.spec.decoder`).
     """
 
     def __init__(
@@ -75,12 +77,14 @@ class ModelRunner:
         max_model_len: int | None = None,
         token_buckets: tuple[int, ...] = (),
         mixed_buckets: tuple[int, ...] = (),
+        num_spec_rows: int = 0,
     ) -> None:
         self.model = model
         self.config = model.config
         self.device = next(model.parameters()).device
         self.block_size = plan.block_size
-        num_state_rows = plan.num_slots + plan.num_checkpoints  # checkpoints follow the slots
+        # checkpoints follow the slots, then speculative decoding's scratch rows (hyla.spec)
+        num_state_rows = plan.num_slots + plan.num_checkpoints + num_spec_rows
         self.caches = allocate_caches(
             self.config, plan.num_blocks, plan.block_size, num_state_rows, self.device
         )
@@ -131,7 +135,7 @@ class ModelRunner:
         tokens: list[int] = []
         num_pending = 0
         for r, c, q in zip(ids, context_lens, query_lens, strict=True):
-            known = requests[r].all_token_ids[c : c + q]
+            known = requests[r].all_token_ids[c : c + q] + out.spec_token_ids.get(r, [])
             tokens.extend(known)
             tokens.extend([0] * (q - len(known)))  # placeholders: their values come from the device
             num_pending += q - len(known)
@@ -180,7 +184,10 @@ class ModelRunner:
             else:  # (piecewise graphs take token ids and plain positions only)
                 hidden = self._forward(input_ids, batch)
         copy_state_rows(self.state_tensors, out.state_saves)  # slot at its chunk end -> checkpoint
-        return self._logits(ids, context_lens, query_lens, requests, hidden, prompt_logprob_from)
+        return self._logits(
+            ids, context_lens, query_lens, requests, hidden, prompt_logprob_from,
+            out.spec_token_ids,
+        )  # fmt: skip
 
     def _mixed_runs(
         self, out: SchedulerOutput, query_lens: list[int], context_lens: list[int]
@@ -211,17 +218,21 @@ class ModelRunner:
         requests: dict[str, Request],
         hidden: torch.Tensor,
         prompt_logprob_from: dict[str, int] | None,
+        spec_token_ids: dict[str, list[int]],
     ) -> RunnerOutput:
         result = RunnerOutput()
         sample_rows: list[int] = []
+        spec_rows: list[int] = []  # a verifying request's draft rows, after the sampled ones
         prompt_rows: list[int] = []
         prompt_spans: list[tuple[str, int, int]] = []  # (request id, first position, end)
         start = 0
         for r, c, q in zip(ids, context_lens, query_lens, strict=True):
             req = requests[r]
-            if c + q == req.num_tokens:
+            k = len(spec_token_ids.get(r, ()))
+            if c + q - k == req.num_tokens:
                 result.sample_ids.append(r)
-                sample_rows.append(start + q - 1)
+                sample_rows.append(start + q - 1 - k)
+                spec_rows.extend(range(start + q - k, start + q))
             if prompt_logprob_from and r in prompt_logprob_from:
                 lo = max(c, prompt_logprob_from[r])
                 hi = min(c + q, req.num_prompt_tokens - 1)
@@ -229,13 +240,14 @@ class ModelRunner:
                     prompt_spans.append((r, lo, hi))
                     prompt_rows.extend(range(start + lo - c, start + hi - c))
             start += q
-        rows = sample_rows + prompt_rows
+        rows = sample_rows + spec_rows + prompt_rows
         if not rows:
             return result
         logits = self.model.compute_logits(_select_rows(hidden, rows))
-        result.logits = logits[: len(sample_rows)]
+        num_sampled = len(sample_rows) + len(spec_rows)
+        result.logits = logits[:num_sampled]
         if prompt_spans:
-            logprobs = torch.log_softmax(logits[len(sample_rows) :].float(), dim=-1)
+            logprobs = torch.log_softmax(logits[num_sampled:].float(), dim=-1)
             cursor = 0
             for r, lo, hi in prompt_spans:
                 req = requests[r]

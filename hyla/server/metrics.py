@@ -58,6 +58,12 @@ _COUNTER_STATS = {
         "sequences with no checkpoint stride before their last token (only a tail can hit)"),
     "prefix_cache_checkpoint_saves": (
         "hyla_prefix_cache_checkpoint_saves", "linear-state checkpoints written"),
+    "spec_decode_num_drafts": (
+        "hyla_spec_decode_num_drafts", "verify steps of one sequence (speculative decoding)"),
+    "spec_decode_num_draft_tokens": (
+        "hyla_spec_decode_num_draft_tokens", "draft tokens verified"),
+    "spec_decode_num_accepted_tokens": (
+        "hyla_spec_decode_num_accepted_tokens", "draft tokens accepted"),
     "num_encoded_images": ("hyla_encoder_images", "images run through the vision encoder"),
     "encoder_cache_hits": (
         "hyla_encoder_cache_hits", "image uses served by the encoder cache (no encoding)"),

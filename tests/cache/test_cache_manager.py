@@ -37,3 +37,14 @@ def test_free_returns_everything_and_unknown_is_noop():
     cm.free("zzz")
     cm.free("b")
     assert cm.num_free_blocks == 5 and cm.num_free_slots == 2
+
+
+def test_trim_frees_the_blocks_past_the_tokens():  # rejected drafts' entries (hyla.spec)
+    cm = CacheManager(num_blocks=9, num_slots=3, block_size=4)
+    assert cm.allocate("a", 13)  # 4 blocks
+    head = cm.block_table("a")[:2]
+    cm.trim("a", 6)
+    assert cm.block_table("a") == head and cm.num_free_blocks == 6
+    cm.trim("a", 8)  # already covered: nothing to free
+    assert cm.block_table("a") == head and cm.num_free_blocks == 6
+    assert cm.allocate("a", 9) and len(cm.block_table("a")) == 3
