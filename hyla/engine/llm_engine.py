@@ -41,6 +41,7 @@ from hyla.distributed.groups import ExecutorError
 from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
+from hyla.engine.kv_offload import attach_tiers, tier_stats
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.mixed_graphs import mixed_graph_buckets
 from hyla.engine.model_runner import ModelRunner
@@ -113,6 +114,7 @@ class EngineStats:
     num_encoded_images: int = 0
     encoder_cache_hits: int = 0
     step_stats: dict = dataclasses.field(default_factory=dict)
+    tier_stats: dict = dataclasses.field(default_factory=dict)
 
 
 def checkpoint_policy(cache: CacheConfig, device: torch.device) -> str:
@@ -205,6 +207,7 @@ class LLMEngine:
                 self.model, plan, sizes, self.max_model_len, buckets, mixed
             )
         self.runner.multimodal = multimodal
+        attach_tiers(self)  # kv offload: host / disk / remote tiers below the prefix cache
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
         self.step_stats = StepStats()
@@ -453,6 +456,7 @@ class LLMEngine:
                 **self._prefix_stats(),
                 **self._encoder_stats(),
                 step_stats=self.step_stats.snapshot(),
+                tier_stats=tier_stats(self.cache.tiers),
             )
 
     def _encoder_stats(self) -> dict[str, Any]:
