@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hyla.cache.block_pool import BlockPool, SlotPool
+from hyla.cache.documents import DocumentPins
 from hyla.cache.prefix import CheckpointPolicy, PrefixCache, PrefixHit, request_block_hashes
 from hyla.cache.tiers.index import TieredPrefix
 from hyla.request import Request
@@ -78,6 +79,7 @@ class CacheManager:
             )
         self._restores: list[tuple[int, int]] = []
         self.tiers: TieredPrefix | None = None  # host / disk / remote tiers below the device
+        self.documents = DocumentPins(self.prefix) if self.prefix is not None else None
 
     @property
     def num_free_blocks(self) -> int:

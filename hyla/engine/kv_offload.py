@@ -194,11 +194,19 @@ def attach_tiers(engine: Any) -> TieredPrefix | None:
     return tiered
 
 
-def tier_stats(tiered: TieredPrefix | None) -> dict[str, int]:
-    """Flat counters for /metrics: loads and spills, and each tier's own."""
+def tier_stats(cache: Any) -> dict[str, int]:
+    """Flat counters of a CacheManager for /metrics: pinned documents, the tiers' loads and
+    spills, and each tier's own counters."""
+    out: dict[str, int] = {}
+    if cache.documents is not None:
+        docs = cache.documents
+        out["documents_pinned"] = len(docs.documents)
+        out["documents_pinned_blocks"] = docs.num_pinned_blocks
+        out["documents_pinned_tokens"] = docs.num_pinned_tokens
+    tiered = cache.tiers
     if tiered is None:
-        return {}
-    out = {f"kv_offload_{k}": v for k, v in vars(tiered.stats).items()}
+        return out
+    out.update({f"kv_offload_{k}": v for k, v in vars(tiered.stats).items()})
     for tier in tiered.tiers:
         out.update({f"kv_offload_{tier.name}_{k}": v for k, v in vars(tier.stats).items()})
         out[f"kv_offload_{tier.name}_bytes"] = tier.num_bytes

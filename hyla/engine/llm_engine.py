@@ -456,7 +456,7 @@ class LLMEngine:
                 **self._prefix_stats(),
                 **self._encoder_stats(),
                 step_stats=self.step_stats.snapshot(),
-                tier_stats=tier_stats(self.cache.tiers),
+                tier_stats=tier_stats(self.cache),
             )
 
     def _encoder_stats(self) -> dict[str, Any]:

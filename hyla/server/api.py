@@ -31,6 +31,8 @@ from hyla.server.errors import (
     install_error_handlers,
     to_api_error,
 )
+from hyla.server.documents import PATH as DOCUMENTS_PATH
+from hyla.server.documents import add_document_routes
 from hyla.server.metrics import ServerMetrics
 from hyla.server.middleware import (
     APIKeyGuard,
@@ -71,7 +73,8 @@ logger = logging.getLogger("hyla.server")
 # media_fetch_timeout per image); more queue for these threads, not for the loop's default ones,
 # which render every other chat and tokenize completions.
 MEDIA_FETCH_THREADS = 4
-ROUTES = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics"}
+ROUTES = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics",
+          DOCUMENTS_PATH}  # fmt: skip
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -129,6 +132,7 @@ def build_app(
     app.add_middleware(ShutdownAnswer)
     app.add_middleware(StatusCounter, metrics=metrics, routes=ROUTES)
     _add_routes(app, ctx)
+    add_document_routes(app, engine)  # pinned documents (issue 37)
     return app
 
 

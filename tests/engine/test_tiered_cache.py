@@ -95,3 +95,102 @@ def test_evicted_prefix_comes_back_from_the_tier(models, family, kind, tmp_path,
     assert engine.cache.tiers.stats.num_loads == 1
     assert_same_completion(out, cold(model, query), atol=ATOL)
     assert_i4(engine)
+
+
+def doc_hashes(engine, doc):
+    from hyla.cache.prefix import extend_block_hashes
+
+    return extend_block_hashes([], doc, engine.cache.block_size)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_second_engine_serves_a_document_the_first_computed(models, family, redis_url):
+    """Two engines with separate caches on one Redis: B's first request hits what A pinned."""
+    from hyla.engine.documents import pin_document
+
+    model = models[family]
+    doc = prompt_ids(DOC, seed=41)
+    query = doc + prompt_ids(20, seed=42)
+    a = make_engine(model, **SMALL, kv_offload_remote_url=redis_url)
+    b = make_engine(model, **SMALL, kv_offload_remote_url=redis_url)
+    pinned = pin_document(a, "manual", doc)
+    assert pinned.num_tokens == DOC // 16 * 16
+    out = run(b, "query", query)
+    assert out.num_cached_tokens == pinned.num_tokens
+    assert b.cache.tiers.stats.num_loads == 1
+    assert_same_completion(out, cold(model, query), atol=ATOL)
+    assert_i4(b)
+    assert a.cache.documents.unpin("manual")
+    assert_i4(a)
+
+
+@pytest.mark.parametrize("store", ["down", "silent"])
+def test_store_down_or_slow_recomputes(models, store, tmp_path):
+    from tests.redis_server import free_port
+
+    model = models["kimi_linear"]
+    doc = prompt_ids(DOC, seed=43)
+    query = doc + prompt_ids(20, seed=44)
+    with silent_server() as silent:
+        url = silent if store == "silent" else f"redis://127.0.0.1:{free_port()}/0"
+        engine = make_engine(model, **SMALL, kv_offload_remote_url=url,
+                             kv_offload_remote_timeout=0.05)  # fmt: skip
+        evict_document(engine, doc)
+        out = run(engine, "query", query)
+    assert out.num_cached_tokens == 0
+    assert engine.cache.tiers.tiers[0].stats.num_errors >= 1
+    assert_same_completion(out, cold(model, query), atol=ATOL)
+    assert_i4(engine)
+
+
+@pytest.mark.parametrize("kind", ["disk", "remote"])
+def test_corrupted_checkpoint_is_dropped_and_a_shallower_pair_used(models, kind, tmp_path,
+                                                                   request):  # fmt: skip
+    url = request.getfixturevalue("redis_url") if kind == "remote" else None
+    model = models["kimi_linear"]
+    doc = prompt_ids(DOC, seed=45)
+    query = doc + prompt_ids(20, seed=46)
+    engine = make_engine(model, **SMALL, **tier_options(kind, tmp_path, url))
+    evict_document(engine, doc)
+    tiers = engine.cache.tiers
+    key = tiers.checkpoint_key(doc_hashes(engine, doc)[192 // 16 - 1])
+    store = tiers.tiers[0]
+    if kind == "disk":
+        path = store._path(key)
+        frame = bytearray(path.read_bytes())
+        frame[-1] ^= 0xFF
+        path.write_bytes(bytes(frame))
+    else:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        frame = bytearray(client.get(key))
+        frame[len(frame) // 2] ^= 0x01
+        client.set(key, bytes(frame))
+    out = run(engine, "query", query)
+    assert out.num_cached_tokens == 160  # the stride before the corrupted checkpoint
+    assert store.stats.num_corrupt == 1
+    assert store.contains_many([key]) == [False]  # dropped
+    assert_same_completion(out, cold(model, query), atol=ATOL)
+    assert_i4(engine)
+
+
+def test_pinned_document_is_never_evicted(models):
+    from hyla.engine.documents import pin_document
+
+    model = models["kimi_linear"]
+    doc = prompt_ids(DOC, seed=47)
+    engine = make_engine(model, **SMALL)
+    pinned = pin_document(engine, "d", doc)
+    for k in range(3):
+        run(engine, f"filler{k}", prompt_ids(300, seed=900 + k))
+    hashes = doc_hashes(engine, doc)[: pinned.num_tokens // 16]
+    assert all(engine.cache.block_pool.lookup(h) is not None for h in hashes)
+    query = doc + prompt_ids(20, seed=48)
+    out = run(engine, "query", query)
+    assert out.num_cached_tokens == pinned.num_tokens
+    assert_same_completion(out, cold(model, query), atol=ATOL)
+    stats = engine.get_stats().tier_stats
+    assert stats["documents_pinned"] == 1 and stats["documents_pinned_tokens"] == 192
+    assert engine.cache.documents.unpin("d")
+    assert_i4(engine)
