@@ -42,14 +42,17 @@ def add_document_routes(app: FastAPI, engine: Any) -> None:
         if (body.text is None) == (body.token_ids is None):
             raise APIError(400, "text: give exactly one of text or token_ids", param="text")
         prompt = body.text if body.text is not None else body.token_ids
+        sent = "text" if body.text is not None else "token_ids"
         try:
             doc = await pin_document_async(engine, body.name, prompt)
         except DocumentError as e:
-            raise APIError(400, str(e), param=e.field, code="invalid_value") from None
+            param = sent if e.field == "prompt" else e.field
+            message = str(e).replace(e.field, param, 1)
+            raise APIError(400, message, param=param, code="invalid_value") from None
         except Exception as e:  # noqa: BLE001 - the server's mapping (field errors are 400)
             err = to_api_error(e)
             if err.param == "prompt":  # the client sent it as text or token_ids
-                err.param = "text" if body.text is not None else "token_ids"
+                err.param = sent
             raise err from None
         return JSONResponse(_as_json(doc))
 
