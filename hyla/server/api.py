@@ -24,6 +24,8 @@ from hyla.engine.async_engine import AsyncEngine
 from hyla.multimodal.chat import chat_images
 from hyla.server import convert, limits
 from hyla.server.chat_output import ChatOutput
+from hyla.server.documents import PATH as DOCUMENTS_PATH
+from hyla.server.documents import add_document_routes
 from hyla.server.errors import (
     GET_RESPONSES,
     POST_RESPONSES,
@@ -31,8 +33,6 @@ from hyla.server.errors import (
     install_error_handlers,
     to_api_error,
 )
-from hyla.server.documents import PATH as DOCUMENTS_PATH
-from hyla.server.documents import add_document_routes
 from hyla.server.metrics import ServerMetrics
 from hyla.server.middleware import (
     APIKeyGuard,
