@@ -45,3 +45,20 @@ def test_bad_document_bodies(make_server):
         assert r.status_code == status, (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.text)
     server.wait_idle()
+
+
+def test_store_down_is_never_a_5xx(make_server):
+    from tests.redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    server = make_server(engine_options=dict(kv_offload_remote_url=url,
+                                             kv_offload_remote_timeout=0.05))  # fmt: skip
+    doc = list(range(10, 60))
+    r = httpx.post(server.url + URL, json={"name": "d", "token_ids": doc}, timeout=60)
+    assert r.status_code == 200, r.text
+    out = server.client().completions.create(model="tiny", prompt=doc + [5], max_tokens=2)
+    assert out.choices[0].finish_reason == "length"
+    assert server.engine.cache.tiers.tiers[0].stats.num_errors >= 1
+    assert httpx.delete(server.url + URL + "/d").status_code == 200
+    stats = server.wait_idle()
+    assert stats.num_free_blocks == stats.num_total_blocks

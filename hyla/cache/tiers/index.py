@@ -28,6 +28,7 @@ from hyla.cache.tiers.store import Tier
 from hyla.request import Request
 
 DEVICE = -1  # a checkpoint found on the device (tiers are numbered from 0)
+MAX_MISSES = 4096  # requests whose last lookup found nothing remembered (oldest dropped)
 
 
 @dataclass
@@ -81,6 +82,7 @@ class TieredPrefix:
         self.io: Callable[[Transfers], None] | None = None  # the device side (`transfer`)
         self.entry_nbytes: dict[bytes, int] = {}  # b"b"/b"c" -> payload size (when known)
         self._todo = Transfers()
+        self._missed: dict[str, tuple[int, int]] = {}  # request id -> (start, prefix hash)
         self.block_pool.on_spill = self._spill_block
         prefix.checkpoints.on_spill = self._spill_checkpoint
 
@@ -171,6 +173,8 @@ class TieredPrefix:
         start = hit.num_tokens // block_size
         if limit <= start or not self.tiers:
             return False
+        if self._missed.get(req.request_id) == (start, hashes[limit - 1]):
+            return False  # a waiting request is matched every step: the tiers are asked once
         on_device = [self.block_pool.lookup(h) is not None for h in hashes[:limit]]
         keys = [self.block_key(h) for h in hashes[:limit]]
         where = self._locate([keys[j] for j in range(start, limit) if not on_device[j]])
@@ -179,6 +183,9 @@ class TieredPrefix:
             reach += 1
         candidates = self._candidates(hashes, start, reach)
         if not candidates:
+            if len(self._missed) >= MAX_MISSES:
+                del self._missed[next(iter(self._missed))]
+            self._missed[req.request_id] = (start, hashes[limit - 1])
             return False
         missing = [j for j in range(candidates[0][0]) if not on_device[j]]
         entries = dict(zip(missing, self._fetch([keys[j] for j in missing], where), strict=True))
