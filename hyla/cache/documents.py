@@ -51,12 +51,19 @@ class DocumentPins:
     def num_pinned_tokens(self) -> int:
         return sum(d.num_tokens for d in self.documents.values())
 
-    def pin(self, name: str, token_ids: Sequence[int], tiers=None) -> Document:  # noqa: ANN001
+    def pin(
+        self,
+        name: str,
+        token_ids: Sequence[int],
+        tiers=None,  # noqa: ANN001
+        max_pinned_blocks: int | None = None,
+    ) -> Document:
         """Hold the deepest cached pair of `token_ids` under `name` (a pin of the same name is
         replaced); `tiers` (a `TieredPrefix`), when given, gets a copy.
 
         Raises: DocumentError("name") for an empty or too long name, DocumentError("prompt")
-            when nothing of it is cached (shorter than a block, or evicted already).
+            when nothing of it is cached (shorter than a block, or evicted already) or when
+            all pins would hold more than `max_pinned_blocks`.
         """
         if not name or len(name) > MAX_NAME_LEN:
             raise DocumentError("name", f"must be 1..{MAX_NAME_LEN} characters")
@@ -73,6 +80,13 @@ class DocumentPins:
         if not end:
             raise DocumentError("prompt", "no block of it is cached with its state (too short?)")
         block_ids = tuple(pool.lookup(h) for h in hashes[:end])
+        old = len(self.documents[name].block_ids) if name in self.documents else 0
+        total = self.num_pinned_blocks - old + end
+        if max_pinned_blocks is not None and total > max_pinned_blocks:
+            raise DocumentError(
+                "prompt", f"pins would hold {total} blocks, the limit is {max_pinned_blocks} "
+                "(the rest must hold one full-length sequence)",
+            )  # fmt: skip
         pool.acquire_cached(list(block_ids))
         if c is not None:
             prefix.checkpoints.acquire(c)

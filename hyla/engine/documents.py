@@ -26,8 +26,11 @@ def document_ids(engine: Any, prompt: str | list[int]) -> list[int]:
 def _pin(engine: Any, name: str, ids: list[int]) -> Document:
     if engine.cache.documents is None:
         raise DocumentError("prompt", "prefix caching is off: nothing can be pinned")
+    cache = engine.cache
+    per_sequence = -(-engine.max_model_len // cache.block_size)
+    limit = cache.block_pool.num_usable_blocks - per_sequence
     with engine._lock:
-        return engine.cache.documents.pin(name, ids, engine.cache.tiers)
+        return cache.documents.pin(name, ids, cache.tiers, max(0, limit))
 
 
 def pin_document(engine: Any, name: str, prompt: str | list[int]) -> Document:

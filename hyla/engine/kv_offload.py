@@ -59,15 +59,14 @@ class TierIO:
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
     def _run(self, todo: Transfers) -> None:
-        event = self._spill(todo.spill_blocks, self.token_tensors, 0)
-        event = self._spill(todo.spill_checkpoints, self.state_tensors, self.checkpoint_offset)
-        del event
+        self._spill(todo.spill_blocks, self.token_tensors, 0)
+        self._spill(todo.spill_checkpoints, self.state_tensors, self.checkpoint_offset)
         self._load(todo.load_blocks, self.token_tensors, 0)
         self._load(todo.load_checkpoints, self.state_tensors, self.checkpoint_offset)
 
     def _spill(self, items: list[tuple[int, bytes]], tensors: list[torch.Tensor], offset: int):
         if not items or not tensors:
-            return None
+            return
         idx = torch.tensor([offset + r for r, _ in items], device=self.device)
         hosts = []
         for t in tensors:
@@ -88,7 +87,6 @@ class TierIO:
                 if not tier.holds_bytes:
                     tier.put(key, entry, nbytes)
             self._unsent.append((key, entry, event))
-        return event
 
     def _send_bytes(self) -> None:
         """Write the spilled entries to the byte tiers (disk, remote)."""

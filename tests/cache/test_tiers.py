@@ -124,6 +124,8 @@ def test_document_pins_hold_blocks_and_state():
     prefix.checkpoints.release(c)
     pool.free(blocks)
     docs = DocumentPins(prefix)
+    with pytest.raises(DocumentError, match="limit is 1"):
+        docs.pin("big", ids, max_pinned_blocks=1)
     doc = docs.pin("d", ids)
     assert doc.num_tokens == 2 * B and doc.block_ids == tuple(blocks[:2])
     assert all(pool.blocks[b].ref_count == 1 for b in blocks[:2])

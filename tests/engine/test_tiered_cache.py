@@ -24,7 +24,9 @@ FAMILIES = ("kimi_linear", "deepseek_v32")  # KDA + MLA; DSA only
 PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=5)
 ATOL = 1e-6
 DOC = 200  # tokens of the shared document
-SMALL = dict(num_blocks=40, state_checkpoint_stride=32, max_num_batched_tokens=512)
+SMALL = dict(
+    num_blocks=40, max_model_len=320, state_checkpoint_stride=32, max_num_batched_tokens=512
+)
 
 
 @pytest.fixture(autouse=True)
