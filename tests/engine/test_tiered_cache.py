@@ -25,7 +25,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=5
 ATOL = 1e-6
 DOC = 200  # tokens of the shared document
 SMALL = dict(
-    num_blocks=40, max_model_len=320, state_checkpoint_stride=32, max_num_batched_tokens=512
+    num_blocks=30, max_model_len=320, state_checkpoint_stride=32, max_num_batched_tokens=512
 )
 
 
@@ -65,7 +65,7 @@ def run(engine, rid, prompt):
 def evict_document(engine, doc):
     """Run the document, then prompts that take every device block: its blocks go down."""
     run(engine, "doc", doc)
-    for k in range(3):
+    for k in range(2):
         run(engine, f"filler{k}", prompt_ids(300, seed=900 + k))
     pool = engine.cache.block_pool
     from hyla.cache.prefix import extend_block_hashes
@@ -113,7 +113,7 @@ def test_second_engine_serves_a_document_the_first_computed(models, family, redi
     model = models[family]
     doc = prompt_ids(DOC, seed=41)
     query = doc + prompt_ids(20, seed=42)
-    a = make_engine(model, **SMALL, kv_offload_remote_url=redis_url)
+    a = make_engine(model, **{**SMALL, "num_blocks": 40}, kv_offload_remote_url=redis_url)
     b = make_engine(model, **SMALL, kv_offload_remote_url=redis_url)
     pinned = pin_document(a, "manual", doc)
     assert pinned.num_tokens == DOC // 16 * 16
@@ -182,7 +182,7 @@ def test_pinned_document_is_never_evicted(models):
 
     model = models["kimi_linear"]
     doc = prompt_ids(DOC, seed=47)
-    engine = make_engine(model, **SMALL)
+    engine = make_engine(model, **{**SMALL, "num_blocks": 40})
     pinned = pin_document(engine, "d", doc)
     for k in range(3):
         run(engine, f"filler{k}", prompt_ids(300, seed=900 + k))
