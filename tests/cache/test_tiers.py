@@ -138,3 +138,16 @@ def test_document_pins_hold_blocks_and_state():
     assert all(pool.blocks[b].ref_count == 0 for b in blocks) and not any(
         prefix.checkpoints.ref_counts
     )
+
+
+def test_without_linear_layers_a_failed_block_shortens_the_hit():
+    prefix, host, tiered, done = setup(stride=0, checkpoints=0)
+    ids = list(range(100, 100 + 6 * B + 1))
+    hashes = extend_block_hashes([], ids, B)
+    put_blocks(tiered, host, hashes, range(6), [])
+    unreadable = tiered.block_key(hashes[3])
+    read = host.get
+    host.get = lambda key: None if key == unreadable else read(key)  # listed, fails to read
+    req = request(ids)
+    assert tiered.load_deeper(req, prefix.match(req))
+    assert prefix.match(req).num_tokens == 3 * B

@@ -151,8 +151,8 @@ class TieredPrefix:
 
     def _candidates(self, hashes: list[int], start: int, reach: int) -> list[tuple[int, int]]:
         """(J, where its checkpoint is: DEVICE or a tier) for start < J <= reach, deepest first."""
-        if not self.prefix.stride:
-            return [(reach, DEVICE)] if reach > start else []
+        if not self.prefix.stride:  # blocks alone: any boundary (a shallower one if one fails)
+            return [(j, DEVICE) for j in range(reach, start, -1)]
         keys = [self.checkpoint_key(h) for h in hashes[start:reach]]
         on_device = [self.prefix.checkpoints.lookup(h) is not None for h in hashes[start:reach]]
         where = self._locate([k for k, d in zip(keys, on_device, strict=True) if not d])
