@@ -113,6 +113,8 @@ class TierIO:
             rows = torch.stack([e[i] for e in entries])
             if self.is_cuda:
                 rows = rows.pin_memory().to(self.device, non_blocking=True)
+            if t.element_size() == 1:  # fp8: index_copy_ has no float8 kernels, bytes do
+                t, rows = t.view(torch.uint8), rows.view(torch.uint8)
             t.index_copy_(0, idx, rows)
 
 
