@@ -1,18 +1,19 @@
 """KV offload tiers (issue 37): TTFT of a long document reused after its device blocks were
 evicted, served from the host / disk / Redis tier, against a cold run, one process.
 
-The embedded default model (hyla/assets/default_model: KDA + DSA, 32K context) serves a
-document of `--doc-len` random tokens plus a question:
+The embedded default model (hyla/assets/default_model: KDA + DSA, 32K context) serves, in one
+engine with all three tiers (the host tier first, then disk, then Redis):
 
-    cold      doc + question, prefix caching off (what a tier hit replaces; run twice, the
-              second timed: the first pays one-time costs of a new length)
-    device    doc + a third question while the document is on the device (a plain hit)
-    <tier>    an engine with only that tier: doc + another question computes the document,
-              every device block is then evicted (written down) and the write-down finished,
-              then doc + question is served from the tier
+    warm      a 1K-token prompt (the process's one-time costs; not timed)
+    cold      doc + question: nothing cached anywhere (the baseline)
+    device    doc + another question while the document is on the device (a plain hit)
+    host      every device block evicted (written down to all tiers, the write-down finished
+              before the clock starts), then doc + question: loaded from the host tier
+    disk      evicted again, the host tier emptied: from the disk tier
+    remote    evicted again, host and disk emptied: from Redis
 
 TTFT = wall seconds from `add_request` to the step returning the first token (max_tokens=1).
-Each hit's first token must equal the cold run's and its logprob agree within 1e-4 (a hit
+Each hit reports whether its first token equals the cold run's and its logprob difference (a hit
 resumes at a block boundary: the rest is computed in other chunks than the cold run's, so
 fp32 sums may round differently; tests/engine/test_tiered_cache.py checks 1e-6 on tiny
 models). The remote tier needs `redis-server` (started here on a free port).
@@ -80,60 +81,54 @@ def engine_for(args: argparse.Namespace, **tiers) -> LLMEngine:
     )  # fmt: skip
 
 
-def tier_options(kind: str, args: argparse.Namespace, workdir: Path, url: str | None) -> dict:
-    if kind == "host":
-        return dict(kv_offload_host_gib=args.tier_gib)
-    if kind == "disk":
-        return dict(kv_offload_disk_gib=args.tier_gib, kv_offload_disk_dir=str(workdir / "disk"))
-    return dict(kv_offload_remote_url=url)
-
-
-def run_tiers(args: argparse.Namespace) -> dict:
-    from tests.redis_server import redis_server
-
+def run_tiers(args: argparse.Namespace, workdir: Path, url: str | None) -> dict:
     g = torch.Generator().manual_seed(args.seed)
     doc = torch.randint(3, 8000, (args.doc_len,), generator=g).tolist()
-    question = torch.randint(3, 8000, (32,), generator=g).tolist()
-    other = torch.randint(3, 8000, (32,), generator=g).tolist()
-    third = torch.randint(3, 8000, (32,), generator=g).tolist()
-    cold_engine = engine_for(args, enable_prefix_caching=False)
-    first = ttft(cold_engine, "cold-first", doc + question)  # one-time costs: not the baseline
-    cold = ttft(cold_engine, "cold", doc + question)
-    del cold_engine
-    rows = {"cold": dict(ttft_s=cold[0], first_run_s=first[0], token=cold[1], logprob=cold[2])}
-    kinds = ["host", "disk"] + (["remote"] if shutil.which("redis-server") else [])
-    workdir = Path(tempfile.mkdtemp(prefix="hyla-tier-bench-"))
-    with redis_server() if "remote" in kinds else _nothing() as url:
-        for kind in kinds:
-            engine = engine_for(args, **tier_options(kind, args, workdir, url))
-            first = ttft(engine, f"{kind}-first", doc + other)
-            if kind == "host":  # a plain device hit, for scale
-                dev = ttft(engine, "device", doc + third)
-                rows["device"] = row(dev, cold)
+    question, other = (torch.randint(3, 8000, (32,), generator=g).tolist() for _ in range(2))
+    warm = torch.randint(3, 8000, (1024,), generator=g).tolist()
+    tiers = dict(kv_offload_host_gib=args.tier_gib, kv_offload_disk_gib=args.tier_gib,
+                 kv_offload_disk_dir=str(workdir), kv_offload_remote_url=url)  # fmt: skip
+    engine = engine_for(args, **tiers)
+    ttft(engine, "warm", warm)  # the process's one-time costs
+    cold = ttft(engine, "cold", doc + question)
+    rows = {"cold": dict(ttft_s=cold[0], token=cold[1], logprob=cold[2], cached_tokens=cold[3])}
+    rows["device"] = row(ttft(engine, "device", doc + other), cold, same_prompt=False)
+    host, disk, *remote = engine.cache.tiers.tiers
+    faster = {"host": [], "disk": [host], "remote": [host, disk]}
+    for kind in ["host", "disk"] + (["remote"] if remote else []):
+        hits, loads = [], 0
+        for rep in range(args.reps):  # the fastest of `reps` (a shared machine's noise)
             evict_device(engine)
-            hit = ttft(engine, kind, doc + question)
-            loads = engine.cache.tiers.stats.num_loads
-            rows[kind] = row(hit, cold, document_run_s=first[0], loads=loads)
-            del engine
-    shutil.rmtree(workdir, ignore_errors=True)
-    if "remote" not in kinds:
+            for tier in faster[kind]:
+                tier.clear()
+            before = engine.cache.tiers.stats.num_loads
+            hits.append(ttft(engine, f"{kind}{rep}", doc + question))
+            loads += engine.cache.tiers.stats.num_loads - before
+        best = min(hits)
+        rows[kind] = row(best, cold, loads=loads, ttft_all_s=[h[0] for h in hits])
+    if not remote:
         rows["remote"] = {"skipped": "redis-server not installed"}
     return rows
 
 
-class _nothing:
-    def __enter__(self):
-        return None
+def tier_rows(args: argparse.Namespace) -> dict:
+    from tests.redis_server import redis_server
 
-    def __exit__(self, *exc):
-        return False
+    workdir = Path(tempfile.mkdtemp(prefix="hyla-tier-bench-"))
+    try:
+        if shutil.which("redis-server") is None:
+            return run_tiers(args, workdir, None)
+        with redis_server() as url:
+            return run_tiers(args, workdir, url)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
-def row(hit: tuple, cold: tuple, **extra) -> dict:
-    return dict(
-        ttft_s=hit[0], cached_tokens=hit[3], speedup_vs_cold=cold[0] / hit[0],
-        same_first_token=hit[1] == cold[1], logprob_diff=abs(hit[2] - cold[2]), **extra,
-    )  # fmt: skip
+def row(hit: tuple, cold: tuple, same_prompt: bool = True, **extra) -> dict:
+    out = dict(ttft_s=hit[0], cached_tokens=hit[3], speedup_vs_cold=cold[0] / hit[0], **extra)
+    if same_prompt:
+        out.update(same_first_token=hit[1] == cold[1], logprob_diff=abs(hit[2] - cold[2]))
+    return out
 
 
 def gpu_roundtrip(args: argparse.Namespace) -> dict:
@@ -184,15 +179,17 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gpu-roundtrip", action="store_true")
     p.add_argument("--roundtrip-blocks", type=int, default=4096)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=3, help="timed hits per tier (the fastest)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: a shared host)")
     p.add_argument("--out", default=None)
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     if args.gpu_roundtrip:
         result = {"roundtrip": gpu_roundtrip(args)}
         default_out = "bench/results/tiered_cache_roundtrip_h200.json"
     else:
-        result = {"doc_len": args.doc_len, "rows": run_tiers(args), "goals_speedup": GOALS}
+        result = {"doc_len": args.doc_len, "rows": tier_rows(args), "goals_speedup": GOALS}
         default_out = "bench/results/tiered_cache_cpu.json"
     result.update(command=" ".join(sys.argv), commit=git_commit(), hardware=hardware())
     print(json.dumps(result, indent=2))

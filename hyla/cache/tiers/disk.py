@@ -86,5 +86,9 @@ class DiskTier(Tier):
         self.stats.num_hits += 1
         return payload
 
+    def clear(self) -> None:
+        for key in list(self._sizes):
+            self._remove(key)
+
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         return [k in self._sizes or self._path(k).exists() for k in keys]

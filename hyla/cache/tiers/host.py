@@ -48,5 +48,9 @@ class HostTier(Tier):
         self.stats.num_hits += 1
         return item[0]
 
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         return [k in self._entries for k in keys]
