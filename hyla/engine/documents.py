@@ -49,7 +49,16 @@ async def pin_document_async(async_engine: Any, name: str, prompt: str | list[in
     ids = await asyncio.to_thread(document_ids, engine, prompt)
     async for _ in async_engine.generate(ids, PREFILL):
         pass
-    return await asyncio.to_thread(_pin, engine, name, ids)
+    doc = await asyncio.to_thread(_pin, engine, name, ids)
+    refresh_stats(async_engine)
+    return doc
+
+
+def refresh_stats(async_engine: Any) -> None:
+    """The AsyncEngine's stats snapshot is taken after steps; a pin changes it between them."""
+    refresh = getattr(async_engine, "_update_snapshot", None)
+    if refresh is not None:
+        refresh()
 
 
 def unpin_document(engine: Any, name: str) -> bool:

@@ -11,7 +11,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from hyla.cache.documents import MAX_NAME_LEN, Document, DocumentError
-from hyla.engine.documents import list_documents, pin_document_async, unpin_document
+from hyla.engine.documents import (
+    list_documents,
+    pin_document_async,
+    refresh_stats,
+    unpin_document,
+)
 from hyla.server.errors import GET_RESPONSES, POST_RESPONSES, APIError, to_api_error
 
 PATH = "/v1/cache/documents"
@@ -65,4 +70,5 @@ def add_document_routes(app: FastAPI, engine: Any) -> None:
     async def unpin(name: str) -> JSONResponse:
         if not await asyncio.to_thread(unpin_document, engine.engine, name):
             raise APIError(404, f"name: no pinned document {name!r}", param="name")
+        refresh_stats(engine)
         return JSONResponse({"object": "cache.document.deleted", "name": name, "deleted": True})
