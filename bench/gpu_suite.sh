@@ -48,7 +48,7 @@ tests() {  # one process per group, all at once: the GPU is mostly idle while fl
         > /dev/null &
     run $t gpu_tests_fp8 $pytest $g/test_fp8_gpu.py > /dev/null &
     run $t gpu_tests_prefix $pytest $g/test_prefix_reuse_gpu.py $g/test_state_boundaries_gpu.py \
-        $g/test_spec_decode_gpu.py > /dev/null &
+        $g/test_spec_decode_gpu.py $g/test_kv_offload_gpu.py > /dev/null &
     run $t gpu_tests_models $pytest $g/test_glm5_next_gpu.py $g/test_images_gpu.py > /dev/null &
     run $t gpu_tests_validate $pytest $g/test_validate_vision_gpu.py > /dev/null &
     run $t gpu_tests_tp $pytest $g/test_tp_world1_gpu.py > /dev/null &

@@ -741,7 +741,33 @@ class CacheConfig:
         },
     )
 
+    kv_offload_host_gib: float = field(
+        default=0.0,
+        metadata={"help": "GiB of host memory (pinned on CUDA) holding KV blocks and state "
+                  "checkpoints evicted from the device (0: off)."},
+    )  # fmt: skip
+    kv_offload_disk_gib: float = field(
+        default=0.0,
+        metadata={"help": "GiB of local disk under --kv-offload-disk-dir holding evicted KV "
+                  "blocks and state checkpoints (0: off)."},
+    )  # fmt: skip
+    kv_offload_disk_dir: str | None = field(
+        default=None,
+        metadata={"help": "Directory of the disk tier (default: a new temporary directory)."},
+    )
+    kv_offload_remote_url: str | None = field(
+        default=None,
+        metadata={"help": "A Redis/Valkey store shared by engines, redis://host:port[/db], "
+                  "holding evicted and pinned KV blocks and state checkpoints."},
+    )  # fmt: skip
+    kv_offload_remote_timeout: float = field(
+        default=0.25,
+        metadata={"help": "Seconds a call to the remote store may take; a slower or failed "
+                  "store counts as a miss (recompute) and is skipped for 5 s."},
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
+        _check_offload(self)
         if self.kv_cache_memory is not None:
             try:
                 object.__setattr__(self, "kv_cache_memory",
@@ -831,6 +857,17 @@ class SpeculativeConfig:
             _require(key in known, f"{name}.{key}", f"unknown field (known: {sorted(known)})")
         _require("method" in value, f"{name}.method", "is required (ngram)")
         return cls(**value)
+
+
+def _check_offload(cache: CacheConfig) -> None:
+    for name in ("kv_offload_host_gib", "kv_offload_disk_gib", "kv_offload_remote_timeout"):
+        value = getattr(cache, name)
+        ok = isinstance(value, (int, float)) and value >= 0
+        _require(ok, name, f"must be >= 0, got {value!r}")
+    _require(cache.kv_offload_remote_timeout > 0, "kv_offload_remote_timeout", "must be > 0")
+    url = cache.kv_offload_remote_url
+    _require(url is None or url.startswith(("redis://", "rediss://", "unix://")),
+             "kv_offload_remote_url", f"must be redis://host:port[/db], got {url!r}")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self.cached: dict[int, int] = {}
         self.on_evict: Callable[[int], None] | None = None
+        self.on_spill: Callable[[int, int], None] | None = None  # (block id, hash): tiers
         self.num_evictions = 0
 
     @property
@@ -74,11 +75,11 @@ class BlockPool:
         ids = [self._free.popitem(last=False)[0] for _ in range(count)]
         for i in ids:
             block = self.blocks[i]
-            self._evict(block)
+            self._evict(block, spill=True)
             block.ref_count = 1
         return ids
 
-    def _evict(self, block: Block) -> None:
+    def _evict(self, block: Block, spill: bool = False) -> None:
         h = block.block_hash
         if h is None:
             return
@@ -86,6 +87,8 @@ class BlockPool:
         if self.cached.get(h) == block.block_id:
             del self.cached[h]
             self.num_evictions += 1
+            if spill and self.on_spill is not None:  # reused, not distrusted: written down
+                self.on_spill(block.block_id, h)
             if self.on_evict is not None:
                 self.on_evict(h)
 
@@ -211,6 +214,7 @@ class CheckpointPool:
         self.keys: list[int | None] = [None] * num_checkpoints
         self.cached: dict[int, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_checkpoints))
+        self.on_spill: Callable[[int, int], None] | None = None  # (checkpoint id, key): tiers
         self.num_evictions = 0
 
     @property
@@ -233,6 +237,8 @@ class CheckpointPool:
             return None
         c = self._free.popitem(last=False)[0]
         if self.keys[c] is not None:
+            if self.on_spill is not None:
+                self.on_spill(c, self.keys[c])
             del self.cached[self.keys[c]]
             self.keys[c] = None
             self.num_evictions += 1

@@ -22,7 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hyla.cache.block_pool import BlockPool, SlotPool
+from hyla.cache.documents import DocumentPins
 from hyla.cache.prefix import CheckpointPolicy, PrefixCache, PrefixHit, request_block_hashes
+from hyla.cache.tiers.index import TieredPrefix
 from hyla.request import Request
 
 
@@ -76,6 +78,8 @@ class CacheManager:
                 self.block_pool, block_size, checkpoint_stride, num_checkpoints, checkpoint_policy
             )
         self._restores: list[tuple[int, int]] = []
+        self.tiers: TieredPrefix | None = None  # host / disk / remote tiers below the device
+        self.documents = DocumentPins(self.prefix) if self.prefix is not None else None
 
     @property
     def num_free_blocks(self) -> int:
@@ -172,8 +176,14 @@ class CacheManager:
         return self.prefix is not None and self.prefix.seed_hashes(request_id, token_ids, hashes)
 
     def match(self, req: Request) -> PrefixHit:
-        """`req`'s reusable cached prefix (empty when prefix caching is off)."""
-        return self.prefix.match(req) if self.prefix is not None else PrefixHit()
+        """`req`'s reusable cached prefix (empty when prefix caching is off); a deeper one in
+        the tiers is loaded onto the device first."""
+        if self.prefix is None:
+            return PrefixHit()
+        hit = self.prefix.match(req)
+        if self.tiers is not None and self.tiers.load_deeper(req, hit):
+            hit = self.prefix.match(req)
+        return hit
 
     def in_flight_boundary(self, req: Request, hit: PrefixHit) -> tuple[int, str] | None:
         """(L, owner): a running request is computing `req`'s prefix up to L > hit right now."""

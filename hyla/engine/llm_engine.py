@@ -41,6 +41,7 @@ from hyla.distributed.groups import ExecutorError
 from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
+from hyla.engine.kv_offload import attach_tiers, tier_stats
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.mixed_graphs import mixed_graph_buckets
 from hyla.engine.model_runner import ModelRunner
@@ -119,6 +120,7 @@ class EngineStats:
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_acceptance_rate: float = 0.0
     step_stats: dict = dataclasses.field(default_factory=dict)
+    tier_stats: dict = dataclasses.field(default_factory=dict)
 
 
 def checkpoint_policy(cache: CacheConfig, device: torch.device) -> str:
@@ -214,6 +216,7 @@ class LLMEngine:
                 num_spec_rows=0 if self.spec is None else self.spec.num_state_rows,
             )  # fmt: skip
         self.runner.multimodal = multimodal
+        attach_tiers(self)  # kv offload: host / disk / remote tiers below the prefix cache
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
         self.step_stats = StepStats()
@@ -468,6 +471,7 @@ class LLMEngine:
                 **self._encoder_stats(),
                 **spec_stats(self.spec),
                 step_stats=self.step_stats.snapshot(),
+                tier_stats=tier_stats(self.cache),
             )
 
     def _encoder_stats(self) -> dict[str, Any]:

@@ -126,6 +126,9 @@ class ModelRunner:
             device_tokens: the input ids still on the device (the requests' placeholders).
         Returns: the logits of the sampled rows and the new prompt-logprob entries.
         """
+        tiers = getattr(cache, "tiers", None)  # kv offload (none on a tensor-parallel rank)
+        if tiers is not None:  # evicted rows written down, tier hits loaded, before any read
+            tiers.transfer()
         copy_state_rows(self.state_tensors, out.state_restores)  # cached prefix -> own slot
         ids = list(out.num_scheduled_tokens)
         query_lens = [out.num_scheduled_tokens[r] for r in ids]

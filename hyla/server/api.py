@@ -24,6 +24,8 @@ from hyla.engine.async_engine import AsyncEngine
 from hyla.multimodal.chat import chat_images
 from hyla.server import convert, limits
 from hyla.server.chat_output import ChatOutput
+from hyla.server.documents import PATH as DOCUMENTS_PATH
+from hyla.server.documents import add_document_routes
 from hyla.server.errors import (
     GET_RESPONSES,
     POST_RESPONSES,
@@ -71,7 +73,8 @@ logger = logging.getLogger("hyla.server")
 # media_fetch_timeout per image); more queue for these threads, not for the loop's default ones,
 # which render every other chat and tokenize completions.
 MEDIA_FETCH_THREADS = 4
-ROUTES = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics"}
+ROUTES = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics",
+          DOCUMENTS_PATH}  # fmt: skip
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -129,6 +132,7 @@ def build_app(
     app.add_middleware(ShutdownAnswer)
     app.add_middleware(StatusCounter, metrics=metrics, routes=ROUTES)
     _add_routes(app, ctx)
+    add_document_routes(app, engine)  # pinned documents (issue 37)
     return app
 
 

@@ -99,6 +99,8 @@ class _EngineCollector:
             if name not in named:
                 yield _gauge(f"hyla_engine_{name}", f"engine stat {name}", value)
         yield from _step_counters(getattr(stats, "step_stats", None) or {})
+        for name, value in (getattr(stats, "tier_stats", None) or {}).items():  # issue 37
+            yield _gauge(f"hyla_{name}", f"pinned documents and kv offload tiers: {name}", value)
 
 
 _STEP_DOCS = {
