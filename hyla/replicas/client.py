@@ -178,13 +178,19 @@ class ReplicaClient:
             await asyncio.sleep(0.02)
         calls = [a.shutdown.remote(False, 5.0) for a in self.actors]
         await asyncio.wait([asyncio.ensure_future(_quiet(c)) for c in calls], timeout=10.0)
+        await self.detach()
+        if self.close_replicas:
+            self.replicas.close()
+
+    async def detach(self) -> None:
+        """Stop this front end only: abort its open requests on their replicas and stop the
+        poll loops; the replicas go on serving (another client may attach)."""
+        for request_id in list(self._open):
+            self.abort(request_id)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        self._fail_open(None, EngineDeadError("the server shut down"))
-        if self.close_replicas:
-            self.replicas.close()
 
     # -- requests ---------------------------------------------------------------------------
 
