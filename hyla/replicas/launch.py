@@ -83,7 +83,8 @@ def start_replicas(
 
     owns_ray = init_ray(num_cpus=max(num_replicas, 1), ray_address=ray_address)
     on_gpu = _wants_gpu(options)
-    cores = cpu_core_sets(num_replicas) if (owns_ray and pin_cpus and not on_gpu) else None
+    is_local = ray_address is None
+    cores = cpu_core_sets(num_replicas) if (is_local and pin_cpus and not on_gpu) else None
     gpus = max(1, int(options.get("tensor_parallel_size") or 1)) if on_gpu else 0
     remote = ray.remote(Replica).options(
         num_cpus=1, num_gpus=gpus, max_restarts=REPLICA_MAX_RESTARTS, max_concurrency=1000
