@@ -139,7 +139,10 @@ def _start_replicas(model: str | None, options: dict[str, Any], num_replicas: in
     _check_options(options)
     try:
         client = serve_replicas(model, options, num_replicas, ray_address)
-    except Exception as e:  # noqa: BLE001 - no ray; a replica failed to load (RayActorError)
+    except ImportError as e:
+        _fail(f"data_parallel_size: replicas run on Ray, which is not installed ({e}): pip "
+              "install 'hyla[replicas]'")  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - a replica failed to load (RayActorError)
         _fail(f"data_parallel_size: {num_replicas} replicas did not start: {e}")
     typer.echo(f"hyla: {num_replicas} replicas on Ray, device {client.replicas.info['device']}",
                err=True)  # fmt: skip

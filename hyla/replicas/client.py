@@ -185,8 +185,9 @@ class ReplicaClient:
     async def detach(self) -> None:
         """Stop this front end only: abort its open requests on their replicas and stop the
         poll loops; the replicas go on serving (another client may attach)."""
-        for request_id in list(self._open):
+        for request_id, open_ in list(self._open.items()):
             self.abort(request_id)
+            open_.queue.put_nowait(EngineDeadError("the server shut down"))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
