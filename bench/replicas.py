@@ -125,7 +125,7 @@ def main() -> None:
     options = {"max_model_len": 4096, "kv_cache_memory": 256 << 20, "max_num_seqs": 16}
     init_ray(num_cpus=2)
     phases = {}
-    one = start_replicas(None, options, 1)
+    one = start_replicas(None, options, 1, cores_per_replica=1)  # as each of the two
     vocab = one.info["model_config"].vocab_size
     try:
         phases["one"] = asyncio.run(with_client(one, "prefix", prompts(args, vocab, 1), args))

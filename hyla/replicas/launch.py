@@ -58,11 +58,14 @@ def init_ray(num_cpus: int, ray_address: str | None = None) -> bool:
     return True
 
 
-def cpu_core_sets(num_replicas: int) -> list[tuple[int, ...]] | None:
-    """Disjoint cores for each replica from this process's affinity (None: fewer cores than
-    replicas; they share them)."""
+def cpu_core_sets(num_replicas: int, per_replica: int | None = None
+                  ) -> list[tuple[int, ...]] | None:  # fmt: skip
+    """Disjoint cores for each replica from this process's affinity, `per_replica` each (None:
+    an even share). None: fewer cores than that; the replicas share them."""
     cores = sorted(os.sched_getaffinity(0))
-    k = len(cores) // num_replicas
+    k = per_replica or len(cores) // num_replicas
+    if k * num_replicas > len(cores):
+        return None
     if k == 0:
         return None
     return [tuple(cores[i * k : (i + 1) * k]) for i in range(num_replicas)]
@@ -74,6 +77,7 @@ def start_replicas(
     num_replicas: int,
     ray_address: str | None = None,
     pin_cpus: bool = True,
+    cores_per_replica: int | None = None,
 ) -> ReplicaSet:
     """Start `num_replicas` replicas of `model` (each `LLMEngine.from_path(model, **options)`)
     and wait until all have loaded. Raises the first replica's load error."""
@@ -84,7 +88,11 @@ def start_replicas(
     owns_ray = init_ray(num_cpus=max(num_replicas, 1), ray_address=ray_address)
     on_gpu = _wants_gpu(options)
     is_local = ray_address is None
-    cores = cpu_core_sets(num_replicas) if (is_local and pin_cpus and not on_gpu) else None
+    cores = (
+        cpu_core_sets(num_replicas, cores_per_replica)
+        if (is_local and pin_cpus and not on_gpu)
+        else None
+    )
     gpus = max(1, int(options.get("tensor_parallel_size") or 1)) if on_gpu else 0
     remote = ray.remote(Replica).options(
         num_cpus=1, num_gpus=gpus, max_restarts=REPLICA_MAX_RESTARTS, max_concurrency=1000

@@ -10,8 +10,9 @@ the stride boundaries they will checkpoint), so a burst sharing a prefix lands t
 replica's engine lets the later ones wait for the first one's prefill.
 
     prefix rule   the replica with the most predicted hit tokens (>= one block), unless it is
-                  over the load cap: load - min_load > balance_abs_tokens and
-                  load > balance_rel * min_load (both: a small absolute gap is no imbalance)
+                  over the load cap: load - m > balance_abs_tokens and load > balance_rel * m,
+                  m = the least load + the prefill the hit saves (both: a small absolute gap
+                  is no imbalance; a deeper hit is worth a larger one, and no more)
     least_loaded  otherwise the replica with the least load (then fewest open requests)
     round_robin   the baseline policy: alive replicas in turn
 
@@ -145,7 +146,7 @@ class Router:
         best = max(alive, key=lambda i: (hits[i], -loads[i], -i))
         if hits[best] == 0:
             return Route(least, "least_loaded")
-        if self._over_cap(loads[best], loads[least]):
+        if self._over_cap(loads[best], loads[least] + hits[best] - hits[least]):
             return Route(least, "capped", hits[least])
         return Route(best, "prefix", hits[best])
 

@@ -131,6 +131,17 @@ def test_load_cap_sends_a_hot_prefix_elsewhere():
     assert r2.route("c", _hashes([*PREFIX, 1]), 17).reason == "prefix"  # within the ratio
 
 
+def test_the_cap_allows_as_much_more_load_as_the_hit_saves():
+    r = _router(balance_abs_tokens=100, balance_rel=1.0)
+    h = _hashes(PREFIX)
+    _cached(r, 0, h, [h[3]])  # a 16-token hit on replica 0
+    r.report(0, 116, 0)
+    assert r.route("a", _hashes([*PREFIX, 1]), 17).reason == "prefix"  # 116 - 16 <= 100
+    r.report(0, 117, 0)
+    r.finish("a")
+    assert r.route("b", _hashes([*PREFIX, 1]), 17).reason == "capped"
+
+
 def test_round_robin_skips_a_dead_replica():
     r = _router(n=3, policy="round_robin")
     assert [r.route(str(i), [], 5).replica for i in range(3)] == [0, 1, 2]
