@@ -143,7 +143,8 @@ def _start_replicas(model: str | None, options: dict[str, Any], num_replicas: in
         _fail(f"data_parallel_size: replicas run on Ray, which is not installed ({e}): pip "
               "install 'hyla[replicas]'")  # fmt: skip
     except Exception as e:  # noqa: BLE001 - a replica failed to load (RayActorError)
-        _fail(f"data_parallel_size: {num_replicas} replicas did not start: {e}")
+        cause = str(e).strip().splitlines()[-1]  # the replica's error, after Ray's traceback
+        _fail(f"data_parallel_size: {num_replicas} replicas did not start: {cause}")
     typer.echo(f"hyla: {num_replicas} replicas on Ray, device {client.replicas.info['device']}",
                err=True)  # fmt: skip
     return client

@@ -123,7 +123,7 @@ class Replica:
         version last sent)."""
         if self._wake is None:
             self._wake = asyncio.Event()
-        if not self._events:
+        if not self._events and have_version:  # a new client's first poll answers at once
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
