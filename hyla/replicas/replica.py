@@ -33,7 +33,7 @@ class Replica:
     def __init__(self, index: int, model: str | None, options: dict[str, Any],
                  cpu_cores: tuple[int, ...] | None = None) -> None:  # fmt: skip
         if cpu_cores:
-            os.sched_setaffinity(0, cpu_cores)  # before torch starts its threads
+            pin_process(cpu_cores)  # before torch starts its threads
         from hyla.engine.async_engine import AsyncEngine
         from hyla.engine.llm_engine import LLMEngine
         from hyla.engine.startup import apply_cpu_threads
@@ -171,3 +171,14 @@ class Replica:
     async def shutdown(self, drain: bool, timeout: float | None) -> None:
         await self.async_engine.shutdown(drain=drain, timeout=timeout)
         self.engine.shutdown()
+
+
+def pin_process(cores: tuple[int, ...]) -> None:
+    """Pin every thread of this process to `cores` (threads started later inherit it). Not
+    just the calling one: Ray runs the actor's event loop, which starts the engine thread, on
+    a thread of its own."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that just ended
+            pass

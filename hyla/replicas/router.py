@@ -41,8 +41,8 @@ class RouterConfig:
     The prefix rule yields to the least-loaded one when its pick is over the load cap."""
 
     policy: RoutingPolicy = "prefix"
-    balance_abs_tokens: int = 4096
-    balance_rel: float = 1.5
+    balance_abs_tokens: int = 8192
+    balance_rel: float = 2.0
 
     def __post_init__(self) -> None:
         if self.policy not in ROUTING_POLICIES:
