@@ -41,7 +41,7 @@ from hyla.replicas.router import RouterConfig
 from hyla.request import RequestOutputKind, SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIONS = {"max_model_len": 4096, "kv_cache_memory": 256 << 20, "max_num_seqs": 16}
+OPTIONS = {"device": "cpu", "max_model_len": 4096, "kv_cache_memory": 256 << 20, "max_num_seqs": 16}
 
 
 class Draw:
