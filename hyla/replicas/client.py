@@ -238,6 +238,8 @@ class ReplicaClient:
                       queue: OutputQueue, text: str | None) -> None:  # fmt: skip
         """Route and add; a replica that dies before admitting it is routed around once."""
         for attempt in range(2):
+            if request_id in self._open:  # another request took the id while this one tokenized
+                raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
             try:
                 route = self.router.route(request_id, hashes, len(ids))
             except NoReplicaError as e:
@@ -249,8 +251,10 @@ class ReplicaClient:
             except asyncio.CancelledError:
                 self.abort(request_id)
                 raise
-            except Exception as e:  # noqa: BLE001 - the actor died (RayActorError, ...)
+            except Exception as e:
                 self._close(request_id)
+                if not _is_actor_gone(e):  # e.g. arguments Ray could not serialize
+                    raise
                 self._replica_down(route.replica, e)
                 if attempt:
                     raise EngineDeadError(f"replica {route.replica} failed: {e}") from None
@@ -379,6 +383,12 @@ def _sum_nested(dicts: list[dict]) -> dict:
             else:
                 out[key] = out.get(key, 0) + value
     return out
+
+
+def _is_actor_gone(error: BaseException) -> bool:
+    from ray.exceptions import ActorUnavailableError, RayActorError
+
+    return isinstance(error, (RayActorError, ActorUnavailableError))
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
