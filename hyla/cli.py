@@ -157,6 +157,24 @@ def _has_vision(model: str | None) -> bool:
         return False
 
 
+def _start_replicas(model: str | None, options: dict[str, Any], num_replicas: int,
+                    ray_address: str | None) -> Any:  # fmt: skip
+    from hyla.replicas import serve_replicas
+
+    _check_options(options)
+    try:
+        client = serve_replicas(model, options, num_replicas, ray_address)
+    except ImportError as e:
+        _fail(f"data_parallel_size: replicas run on Ray, which is not installed ({e}): pip "
+              "install 'hyla[replicas]'")  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - a replica failed to load (RayActorError)
+        cause = str(e).strip().splitlines()[-1]  # the replica's error, after Ray's traceback
+        _fail(f"data_parallel_size: {num_replicas} replicas did not start: {cause}")
+    typer.echo(f"hyla: {num_replicas} replicas on Ray, device {client.replicas.info['device']}",
+               err=True)  # fmt: skip
+    return client
+
+
 def _bind(host: str, port: int) -> Any:
     """The listening socket for `host:port` (port 0: a free one), bound before the model loads;
     fails cleanly (exit 2) when it cannot be bound (in use, no such interface)."""
@@ -242,6 +260,12 @@ def serve(
         None, min=1, help="Most open connections; over it, the one waiting longest for a "
         "request head is closed (default: the file-descriptor limit, raised to its hard "
         "limit, less 128)."),
+    data_parallel_size: int = typer.Option(
+        1, min=1, help="Engine replicas behind one front end, each a Ray actor with its own "
+        "devices, requests routed prefix-aware and least-loaded (vLLM's flag)."),
+    ray_address: str | None = typer.Option(
+        None, help="With --data-parallel-size > 1: the Ray cluster to join (default: start a "
+        "local Ray)."),
     engine_options: dict | None = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)."""
@@ -260,18 +284,18 @@ def serve(
         from hyla.server.api import build_app
         from hyla.server.launch import make_server, run_until_signal
 
-        if engine_core_process and not _has_vision(model):
+        if data_parallel_size > 1:  # replicas on Ray (hyla/replicas)
+            async_engine = _start_replicas(model, options, data_parallel_size, ray_address)
+        elif engine_core_process and not _has_vision(model):
             async_engine = _start_core_process(model, options)
-            engine = async_engine.engine
         else:
-            engine = _load_engine(model, options)
-            async_engine = AsyncEngine(engine)  # timeouts and the queue bound are the engine's
-        name = served_model_name or engine.model_name
+            async_engine = AsyncEngine(_load_engine(model, options))  # its timeouts, queue bound
+        name = served_model_name or async_engine.model_name
         fastapi_app = build_app(async_engine, name, api_key=api_key,
                                 max_request_bytes=max_request_bytes,
                                 drain_timeout=drain_timeout, body_timeout=body_timeout,
                                 tokenizer_pool_size=tokenizer_pool_size)
-        typer.echo(f"hyla: serving {name!r} (max_model_len {engine.max_model_len}) on "
+        typer.echo(f"hyla: serving {name!r} (max_model_len {async_engine.max_model_len}) on "
                    f"http://{host}:{port}/v1", err=True)
         server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout,
                              access_log=not disable_uvicorn_access_log,

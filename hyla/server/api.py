@@ -142,6 +142,8 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
     async def health() -> Response:
         if ctx.engine.is_draining:
             return JSONResponse({"status": "draining"}, 503, headers={"Retry-After": "5"})
+        if hasattr(ctx.engine, "health"):  # replicas (hyla/replicas): which ones serve
+            return JSONResponse(*reversed(ctx.engine.health()))
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={

@@ -161,6 +161,8 @@ class ServerMetrics:
         self.e2e = Histogram("hyla_e2e_request_latency_seconds", "request latency",
                              buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_EngineCollector(engine))
+        if hasattr(engine, "metric_collector"):  # replicas: series by replica (hyla/replicas)
+            r.register(engine.metric_collector())
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
