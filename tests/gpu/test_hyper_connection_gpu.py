@@ -88,7 +88,8 @@ def test_pre_norm_and_expand_in_a_cuda_graph() -> None:
 
     streams, fn, base, scale, weight = hc_inputs(4, 4, 512, torch.bfloat16, "cuda")
     args = (fn, base, scale, 1e-6, 20, 1e-5, weight, 1e-5)
-    kernels.hc_expand(*kernels.hc_pre_norm(streams, *args), streams)  # compile outside
+    x, post, comb = kernels.hc_pre_norm(streams, *args)  # compile outside the capture
+    kernels.hc_expand(x, streams, post, comb)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
