@@ -101,6 +101,7 @@ class AsyncEngine:
         self.max_queue_len = getattr(config, "max_queue_len", None)
         self._streams: dict[str, _Stream] = {}
         self._pending: dict[str, _Pending] = {}
+        self._calls: dict[str, asyncio.Future] = {}
         self._stats = engine.get_stats()  # refreshed by every event from the core
         self._is_draining = False
         self._is_aborting = False
@@ -309,6 +310,18 @@ class AsyncEngine:
             pending.future.cancel()
             self._send_abort(request_id)
 
+    async def call(self, fn: Any, *args: Any) -> Any:
+        """`fn(engine, *args)` run by the core between two steps (`fn` a module-level function,
+        `args` picklable); its result, or its exception raised here."""
+        self.start()
+        if self._dead is not None:
+            raise EngineDeadError(str(self._dead))
+        call_id = uuid.uuid4().hex
+        future = self._loop.create_future()
+        self._calls[call_id] = future
+        self.core.send(("call", call_id, fn, args))
+        return await future
+
     # -- events from the core (on the event loop) ------------------------------------------
 
     def _on_event(self, event: tuple) -> None:
@@ -323,6 +336,8 @@ class AsyncEngine:
             pending = self._pending.pop(event[1], None)
             if pending is not None and not pending.future.done():
                 pending.future.set_exception(event[2])
+        elif kind == "called":
+            self._on_called(*event[1:])
         elif kind == "failed":
             self._fail_all(event[1])
         elif kind == "dead":  # the core process is gone: nothing more will come
@@ -330,6 +345,19 @@ class AsyncEngine:
             self._fail_all(event[1])
             for request_id in list(self._pending):
                 self._refuse(request_id, event[1])
+            for call_id in list(self._calls):
+                self._on_called(call_id, None, event[1], None)
+
+    def _on_called(self, call_id: str, result: Any, error: Any, stats: Any) -> None:
+        if stats is not None:
+            self._stats = stats
+        future = self._calls.pop(call_id, None)
+        if future is None or future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
 
     def _on_admitted(self, request_id: str) -> None:
         pending = self._pending.pop(request_id, None)

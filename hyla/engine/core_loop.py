@@ -4,8 +4,10 @@ The same loop runs in a thread of the front-end process (`ThreadCore`, scripts a
 in an engine-core process of its own (`hyla.engine.core_process`, `hyla serve`), where HTTP,
 JSON and the tokenizer pool never take the step's GIL.
 
-Commands: ("add", id, prompt, params, arrival) | ("abort", id) | ("stop",).
+Commands: ("add", id, prompt, params, arrival) | ("abort", id) | ("stop",)
+          | ("call", id, fn, args): fn(engine, *args) between steps (fn a module-level function)
 Events:   ("admitted", id) | ("rejected", id, error) | ("outputs", [RequestOutput], stats)
+          | ("called", id, result, error, stats)
           | ("failed", error): a step raised and every request of the engine was ended.
 """
 
@@ -54,6 +56,15 @@ class CoreLoop:
             self._add(*command[1:])
         elif kind == "abort":
             self._abort(command[1])
+        elif kind == "call":
+            self._call(*command[1:])
+
+    def _call(self, call_id: str, fn: Callable, args: tuple) -> None:
+        try:
+            result, error = fn(self.engine, *args), None
+        except Exception as e:  # the caller's to handle
+            result, error = None, e
+        self.emit(("called", call_id, result, error, self._stats()))
 
     def _add(self, request_id: str, prompt: Any, params: Any, arrival: float | None) -> None:
         try:

@@ -188,6 +188,8 @@ def core_main(model: str | None, options: dict[str, Any], cmd_addr: str, out_add
     def emit(event: tuple) -> None:
         if event[0] in ("rejected", "failed"):
             event = (*event[:-1], picklable(event[-1]))
+        elif event[0] == "called" and event[3] is not None:
+            event = (*event[:3], picklable(event[3]), event[4])
         events.send(pickle.dumps(event, protocol=5))
 
     try:

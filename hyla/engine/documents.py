@@ -3,7 +3,6 @@ then pin its deepest cached pair (`hyla.cache.documents`) under the engine's loc
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from hyla.cache.documents import Document, DocumentError
@@ -44,21 +43,12 @@ def pin_document(engine: Any, name: str, prompt: str | list[int]) -> Document:
 
 
 async def pin_document_async(async_engine: Any, name: str, prompt: str | list[int]) -> Document:
-    """`pin_document` through an `AsyncEngine` (its thread steps the engine)."""
-    engine = async_engine.engine
-    ids = await asyncio.to_thread(document_ids, engine, prompt)
+    """`pin_document` through an `AsyncEngine` (its core steps the engine, in a thread or a
+    process of its own; the pin runs there between two steps)."""
+    ids = await async_engine.call(document_ids, prompt)
     async for _ in async_engine.generate(ids, PREFILL):
         pass
-    doc = await asyncio.to_thread(_pin, engine, name, ids)
-    refresh_stats(async_engine)
-    return doc
-
-
-def refresh_stats(async_engine: Any) -> None:
-    """The AsyncEngine's stats snapshot is taken after steps; a pin changes it between them."""
-    refresh = getattr(async_engine, "_update_snapshot", None)
-    if refresh is not None:
-        refresh()
+    return await async_engine.call(_pin, name, ids)
 
 
 def unpin_document(engine: Any, name: str) -> bool:

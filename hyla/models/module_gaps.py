@@ -234,7 +234,8 @@ _FIELDS: tuple[tuple[str, str, str], ...] = (
     ("swiglu_limit", OK, _CLAMPED_MLP + ", ops/moe_clamped (clamped SwiGLU)"),
     ("hc_mult", OK, _HC + ", hc_mult residual streams"),
     ("index_kpool", OK, "ops/kpool_indexer.kpool_indexer_topk (pooled indexer; Triton on CUDA)"),
-    ("linear_lower_bound", OK, "ops/gates.kda_gates_bounded (KDA gate lower bound; Triton on CUDA)"),
+    ("linear_lower_bound", OK,
+     "ops/gates.kda_gates_bounded (KDA gate lower bound; Triton on CUDA)"),
     ("compress_rates", MISSING, "compressed-KV attention"),
     ("o_lora_rank", MISSING, "low-rank grouped output projection"),
 )

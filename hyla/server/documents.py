@@ -3,7 +3,6 @@ a prefix, GET lists them, DELETE /v1/cache/documents/{name} unpins one."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import FastAPI
@@ -14,7 +13,6 @@ from hyla.cache.documents import MAX_NAME_LEN, Document, DocumentError
 from hyla.engine.documents import (
     list_documents,
     pin_document_async,
-    refresh_stats,
     unpin_document,
 )
 from hyla.server.errors import GET_RESPONSES, POST_RESPONSES, APIError, to_api_error
@@ -63,12 +61,11 @@ def add_document_routes(app: FastAPI, engine: Any) -> None:
 
     @app.get(PATH, responses=GET_RESPONSES)
     async def documents() -> JSONResponse:
-        docs = await asyncio.to_thread(list_documents, engine.engine)
+        docs = await engine.call(list_documents)
         return JSONResponse({"object": "list", "data": [_as_json(d) for d in docs]})
 
     @app.delete(PATH + "/{name}", responses=GET_RESPONSES)
     async def unpin(name: str) -> JSONResponse:
-        if not await asyncio.to_thread(unpin_document, engine.engine, name):
+        if not await engine.call(unpin_document, name):
             raise APIError(404, f"name: no pinned document {name!r}", param="name")
-        refresh_stats(engine)
         return JSONResponse({"object": "cache.document.deleted", "name": name, "deleted": True})

@@ -15,8 +15,9 @@ import pytest
 
 from hyla.engine.async_engine import AsyncEngine
 from hyla.engine.async_stream import EngineDeadError
+from hyla.engine.documents import document_ids
 from hyla.engine.llm_engine import LLMEngine
-from hyla.request import SamplingParams
+from hyla.request import InvalidRequestError, SamplingParams
 from hyla.structured import StructuredOutputsError, StructuredOutputsParams
 
 OPTIONS = {"max_model_len": 512, "kv_cache_memory": 16 << 20, "max_num_seqs": 8}
@@ -62,6 +63,11 @@ def test_core_process_streams_what_the_in_thread_engine_streams():
             with pytest.raises(StructuredOutputsError) as refused:  # raised in the core
                 bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="("))
                 await aengine.add_request("x", bad, "bad")
+            ids = await aengine.call(document_ids, "hello world")  # run in the core
+            assert ids == aengine.tokenizer.encode("hello world")
+            with pytest.raises(InvalidRequestError) as bad_ids:
+                await aengine.call(document_ids, [10**9])
+            assert bad_ids.value.field == "prompt"
             stream = await aengine.add_request(PROMPTS[0], greedy(400), "cancelled")
             await stream.__anext__()
             stream.abort()
