@@ -239,8 +239,8 @@ def serve(
         "server process). Vision models use none."),
     engine_core_process: bool = typer.Option(
         True, help="Run the engine core (scheduler and steps) in a process of its own, so "
-        "HTTP, JSON and tokenization never share its GIL (vision checkpoints run it in the "
-        "server process for now: their image preparation needs the loaded tower)."),
+        "HTTP, JSON and tokenization never share its GIL (vision checkpoints and "
+        "--tensor-parallel-size > 1 run it in the server process for now)."),
     drain_timeout: float = typer.Option(
         30.0, min=0.0, help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
         "them with finish_reason 'abort' (0: at once). A second signal exits at once."),
@@ -286,7 +286,8 @@ def serve(
 
         if data_parallel_size > 1:  # replicas on Ray (hyla/replicas)
             async_engine = _start_replicas(model, options, data_parallel_size, ray_address)
-        elif engine_core_process and not _has_vision(model):
+        elif engine_core_process and not _has_vision(model) \
+                and (options.get("tensor_parallel_size") or 1) == 1:
             async_engine = _start_core_process(model, options)
         else:
             async_engine = AsyncEngine(_load_engine(model, options))  # its timeouts, queue bound

@@ -47,7 +47,8 @@ def test_validate_takes_every_engine_option_serve_takes():
     own_serve = {"model", "host", "port", "api_key", "served_model_name", "max_request_bytes",
                  "tokenizer_pool_size", "drain_timeout", "log_level", "disable_uvicorn_access_log",
                  "header_timeout", "body_timeout", "timeout_keep_alive", "max_connections",
-                 "chat_template", "data_parallel_size", "ray_address"}  # fmt: skip
+                 "chat_template", "data_parallel_size", "ray_address",
+                 "engine_core_process"}  # fmt: skip
     missing = serve - own_serve - validate
     assert not missing, missing
     wanted = {"max_model_len", "kv_cache_memory", "tensor_parallel_size", "kv_cache_dtype"}
