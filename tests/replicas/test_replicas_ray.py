@@ -19,6 +19,9 @@ from hyla.replicas.client import ReplicaClient  # noqa: E402
 from hyla.replicas.launch import start_replicas  # noqa: E402
 from hyla.request import RequestOutputKind, SamplingParams  # noqa: E402
 
+# a hang (seen once in a full suite, not reproduced alone) fails here instead of stalling CI
+pytestmark = pytest.mark.timeout(240)
+
 OPTIONS = {"kv_cache_memory": 32 << 20, "max_model_len": 2048, "max_num_seqs": 8}
 
 
