@@ -81,6 +81,7 @@ class ReplicaClient:
         self.actors = replicas.actors
         self.block_size = info["block_size"]
         self.is_prefix_caching = info["is_prefix_caching"]
+        self._poller_id = uuid.uuid4().hex  # a replica gives its events to the newest poller
         self.router = Router(len(self.actors), self.block_size, info["checkpoint_stride"],
                              router_config or RouterConfig())  # fmt: skip
         self.engine = EngineInfo(
@@ -297,7 +298,7 @@ class ReplicaClient:
         while True:
             try:
                 version = self.router.views[i].cache_version
-                report = await actor.poll.remote(version, POLL_TIMEOUT)
+                report = await actor.poll.remote(version, POLL_TIMEOUT, self._poller_id)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - RayActorError, ActorUnavailableError

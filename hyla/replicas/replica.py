@@ -56,6 +56,7 @@ class Replica:
         self._sent_blocks: set[int] = set()
         self._sent_checkpoints: set[int] = set()
         self._last_cache_report = 0.0
+        self._poller: str | None = None  # the client whose polls take the events
 
     async def ready(self) -> int:
         return os.getpid()
@@ -117,18 +118,22 @@ class Replica:
 
     # -- reports ----------------------------------------------------------------------------
 
-    async def poll(self, have_version: int, timeout: float) -> Report:
+    async def poll(self, have_version: int, timeout: float, poller: str | None = None) -> Report:
         """Events since the last poll (waits up to `timeout` seconds for one), the load, and a
         change of the prefix-cache keys from `have_version` (a full set when it is not the
         version last sent)."""
         if self._wake is None:
             self._wake = asyncio.Event()
+        if poller is not None:
+            self._poller = poller
         if not self._events and have_version:  # a new client's first poll answers at once
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 pass
         await asyncio.sleep(0)  # let the other streams of the same step put their outputs
+        if poller is not None and poller != self._poller:  # a detached client's last long poll
+            return Report([], 0, self._admit_seq, self.async_engine.get_stats(), None)
         events, self._events = self._events, []
         self._wake.clear()
         load = sum(entry[0] + entry[1] for entry in self._open.values())
