@@ -40,7 +40,12 @@ from hyla.engine.async_stream import (
 )
 from hyla.engine.core_loop import ThreadCore
 from hyla.engine.validate import prompt_token_ids, validate_lengths
-from hyla.request import QueueFullError, RequestOutputKind, SamplingParams
+from hyla.request import (
+    InvalidRequestError,
+    QueueFullError,
+    RequestOutputKind,
+    SamplingParams,
+)
 
 __all__ = [
     "AsyncEngine",
@@ -271,8 +276,6 @@ class AsyncEngine:
         self._check_admission()
         self.start()
         if request_id in self._streams or request_id in self._pending:
-            from hyla.request import InvalidRequestError
-
             raise InvalidRequestError("request_id", f"duplicate request id {request_id!r}")
         queue = OutputQueue(getattr(params, "output_kind", None) is RequestOutputKind.DELTA)
         num_outputs = getattr(params, "n", 1) or 1
