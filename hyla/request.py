@@ -95,6 +95,7 @@ class SamplingParams:
     `logprobs`/`prompt_logprobs` ask for the top-N log-probabilities (plus the chosen token).
     `output_kind`: cumulative outputs, deltas, or the final output only (`RequestOutputKind`).
     `structured_outputs`: a grammar the output must follow (`hyla.structured`), None: free text.
+    `detokenize=False`: no text, token ids only (no stop strings then).
 
     Raises:
         SamplingParamsError: a field is out of range; the message names the field and limit.
@@ -121,6 +122,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: StructuredOutputsParams | None = None
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -218,6 +220,7 @@ class SamplingParams:
             _check(isinstance(s, str) and s != "", "stop", f"must be non-empty strings, got {s!r}")
         for t in self.stop_token_ids:
             _check(_is_int(t) and t >= 0, "stop_token_ids", f"must be ids >= 0, got {t!r}")
+        _check(self.detokenize or not self.stop, "stop", "stop strings need detokenize=True")
 
     @property
     def is_greedy(self) -> bool:

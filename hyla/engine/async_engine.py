@@ -39,6 +39,7 @@ from hyla.engine.async_stream import (
     with_finish_reason,
 )
 from hyla.engine.core_loop import ThreadCore
+from hyla.engine.output_text import OutputText, front_detokenized
 from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.request import (
     InvalidRequestError,
@@ -67,6 +68,8 @@ class _Stream:
     num_outputs: int = 1
     last_output: Any = None
     prompt_text: str | None = None
+    prompt_token_ids: list[int] | None = None  # from its first output (`CoreLoop.prompt_once`)
+    text: OutputText | None = None  # its outputs' text, made here (`hyla.engine.output_text`)
     finished: set[int] = field(default_factory=set)  # completions whose finish was sent
 
     def abort_output(self) -> Any:
@@ -280,6 +283,9 @@ class AsyncEngine:
         queue = OutputQueue(getattr(params, "output_kind", None) is RequestOutputKind.DELTA)
         num_outputs = getattr(params, "n", 1) or 1
         stream = _Stream(request_id, queue, num_outputs, prompt_text=text)
+        core_params = front_detokenized(params, self.tokenizer) if self.core.text_in_front else None
+        if core_params is not None:
+            stream.text, params = OutputText(self.tokenizer, params), core_params
         admitted = self._loop.create_future()
         self._pending[request_id] = _Pending(admitted, stream)
         self.core.send(("add", request_id, prompt, params, time.monotonic()))
@@ -382,6 +388,12 @@ class AsyncEngine:
                 continue
             if stream.prompt_text is not None and output.prompt is None:
                 output.prompt = stream.prompt_text  # a fresh object per step: safe to set
+            if output.prompt_token_ids is None:
+                output.prompt_token_ids = stream.prompt_token_ids
+            else:
+                stream.prompt_token_ids = output.prompt_token_ids
+            if stream.text is not None:
+                stream.text.fill(output)
             stream.last_output = output
             stream.finished.update(c.index for c in output.outputs if c.finish_reason)
             errors = [o.stop_reason for o in output.outputs if o.finish_reason == "error"]

@@ -33,6 +33,7 @@ logger = logging.getLogger("hyla.engine")
 
 PARENT_CHECK_MS = 1000  # an idle core looks for its front end this often
 READ_POLL_MS = 200  # the reader thread looks for a dead core this often
+PROFILE_ENV = "HYLA_CORE_PROFILE"
 
 
 @dataclass
@@ -60,11 +61,14 @@ class EngineInfo:
 
 
 class ProcessCore:
-    """Starts `core_main` in a spawned process and waits until its engine is loaded.
+    """Starts `core_main` in a spawned process and waits until its engine is loaded; the front
+    end makes the text of outputs it can (`hyla.engine.output_text`).
 
     Raises: the loading error of the engine (ConfigError, FileNotFoundError, ...), or
         EngineDeadError when the process exits before it is ready.
     """
+
+    text_in_front = True
 
     def __init__(self, model: str | None, options: dict[str, Any]) -> None:
         import zmq
@@ -199,7 +203,19 @@ def core_main(model: str | None, options: dict[str, Any], cmd_addr: str, out_add
         ctx.destroy(linger=2000)
         return
     emit(("ready", EngineInfo.of(engine)))
-    loop = CoreLoop(engine, emit)
+    profile = _start_profile()
+    _serve(CoreLoop(engine, emit, prompt_once=True), commands, engine, parent_pid)
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(os.environ[PROFILE_ENV])
+    engine.shutdown()
+    ctx.destroy(linger=2000)  # the last events reach the front end
+    os._exit(0)  # no interpreter teardown: seconds of garbage collection over the model
+
+
+def _serve(loop: CoreLoop, commands: Any, engine: Any, parent_pid: int) -> None:
+    import zmq
+
     while True:
         wait = 0 if engine.has_unfinished_requests() else PARENT_CHECK_MS
         batch = []
@@ -213,9 +229,18 @@ def core_main(model: str | None, options: dict[str, Any], cmd_addr: str, out_add
             break
         if loop.run_once(batch):
             break
-    engine.shutdown()
-    ctx.destroy(linger=2000)  # the last events reach the front end
-    os._exit(0)  # no interpreter teardown: seconds of garbage collection over the model
+
+
+def _start_profile() -> Any:
+    """A running cProfile of the core's loop when $HYLA_CORE_PROFILE names a file (written at
+    the stop: `python -m pstats FILE`), else None."""
+    if not os.environ.get(PROFILE_ENV):
+        return None
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
 
 
 def _load(model: str | None, options: dict[str, Any]) -> Any:

@@ -178,7 +178,8 @@ def new_group(
             Sequence(
                 index=k,
                 request=req,
-                detokenizer=IncrementalDetokenizer(tokenizer, prompt_token_ids, params),
+                detokenizer=IncrementalDetokenizer(
+                    tokenizer if params.detokenize else None, prompt_token_ids, params),
                 generator=gen,
                 logprobs=None if params.logprobs is None else [],
             )

@@ -87,3 +87,25 @@ def test_warm_decode_rows_mixes_hits_with_a_prompt(kimi, monkeypatch):
     assert sorted(n for n in hits if n) == [64] * 4
     assert [1, 16] in steps and [1, 1, 1, 16] in steps
     assert_all_free(engine)
+
+
+def test_warm_batches_prefill_several_sequences_of_their_own_tokens(kimi):
+    """The GPU-only phase `_warm_batches`, run here on the CPU: the prefill budget split over 3
+    sequences (an odd token total) and over 16, each sequence its own token (none hits another's
+    prefix), each run batched into one prefill step; the engine is left idle."""
+    import hyla.engine.warmup as warmup
+
+    model, path = kimi
+    engine = make_engine(model, path, enable_prefix_caching=True, max_num_seqs=16)
+    steps = []
+    step = engine.runner.execute
+    engine.runner.execute = lambda out, *a, **kw: steps.append(
+        sorted(out.num_scheduled_tokens.values())) or step(out, *a, **kw)  # fmt: skip
+    runs = warmup._warm_batches(engine, 101)
+    assert [len(r) for r in runs] == [3, 16]
+    assert sum(map(len, runs[0])) % 2 == 1 and sum(map(len, runs[0])) <= 101
+    for run in runs:
+        assert len({p[0] for p in run}) == len(run)
+        assert sorted(map(len, run)) in steps
+    assert engine.get_stats().prefix_cache_hit_tokens == 0
+    assert_all_free(engine)
