@@ -41,11 +41,11 @@ def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
     start = time.monotonic()
     sched = engine.config.scheduler
     on_gpu = engine.device.type == "cuda"
-    num = prefill_tokens or (sched.max_num_batched_tokens if on_gpu else CPU_PREFILL_TOKENS)
-    num = max(1, min(num, engine.max_model_len - 2))
+    budget = prefill_tokens or (sched.max_num_batched_tokens if on_gpu else CPU_PREFILL_TOKENS)
+    num = max(1, min(budget, engine.max_model_len - 2))
     _run(engine, [[1] * num])
     if on_gpu:
-        _warm_batches(engine, num)
+        _warm_batches(engine, budget)
     _warm_hits(engine, num)
     graphs = engine.runner.graphs
     for size in graphs.batch_sizes if graphs is not None else ():
@@ -86,18 +86,22 @@ def _warm_hits(engine: Any, num: int) -> None:
         _warm_decode_rows(engine, cached)
 
 
-def _warm_batches(engine: Any, num: int) -> list[list[list[int]]]:
-    """Prefills of `num` tokens or fewer split over n sequences, n in BATCH_PREFILL_SEQS, each
-    its own token (no prefix hits between them): a served burst of prompts batches them so,
-    and Triton compiles a variant per class of its integer arguments (sequence and token
-    counts); on the H200 a cold first burst paid 0.8 s a step compiling 34 kernels.
-    Returns the prompt lists it ran."""
+def _warm_batches(engine: Any, budget: int) -> list[list[list[int]]]:
+    """Prefills of up to `budget` tokens split over n sequences, each its own token (no prefix
+    hits between them), as a served burst of prompts batches them: n in BATCH_PREFILL_SEQS
+    (Triton compiles a variant per class of its integer arguments, such as sequence and token
+    counts), and the fewest sequences of at most max_model_len - 2 tokens that fill the budget
+    (kernels autotune per token-count bucket: fla's l2norm autotuned for 9.7 s in the first
+    8192-token step of an H200 server whose max_model_len of 4096 capped the one-sequence
+    prefill). Returns the prompt lists it ran."""
     sched = engine.config.scheduler
     vocab = engine.model_config.vocab_size
+    cap = max(1, engine.max_model_len - 2)
+    counts = {*BATCH_PREFILL_SEQS, -(-budget // cap)}
     runs = []
-    for n in sorted({min(n, sched.max_num_seqs) for n in BATCH_PREFILL_SEQS} - {1}):
-        length = max(1, (num - 5) // n) | (n % 2)  # an odd total for an odd count
-        runs.append([[(3 + i) % vocab] * length for i in range(n)])
+    for n in sorted({min(n, sched.max_num_seqs) for n in counts} - {1}):
+        length = min(cap, max(1, (budget - 5) // n)) | (n % 2)  # an odd total for an odd n
+        runs.append([[(3 + i) % vocab] * min(length, cap) for i in range(n)])
         _run(engine, runs[-1])
     return runs
 

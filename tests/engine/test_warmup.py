@@ -109,3 +109,22 @@ def test_warm_batches_prefill_several_sequences_of_their_own_tokens(kimi):
         assert sorted(map(len, run)) in steps
     assert engine.get_stats().prefix_cache_hit_tokens == 0
     assert_all_free(engine)
+
+
+def test_warm_batches_fill_a_budget_past_max_model_len(kimi):
+    """A token budget over max_model_len is still reached in one step: the fewest sequences of
+    at most max_model_len - 2 tokens that fill it (fla autotunes per token-count bucket)."""
+    import hyla.engine.warmup as warmup
+
+    model, path = kimi
+    engine = make_engine(model, path, max_num_seqs=16, max_model_len=64,
+                         max_num_batched_tokens=200)  # fmt: skip
+    steps = []
+    step = engine.runner.execute
+    engine.runner.execute = lambda out, *a, **kw: steps.append(
+        sum(out.num_scheduled_tokens.values())) or step(out, *a, **kw)  # fmt: skip
+    runs = warmup._warm_batches(engine, 200)
+    assert [len(r) for r in runs] == [3, 4, 16]
+    assert all(len(p) <= 62 for r in runs for p in r)
+    assert max(steps) >= 190
+    assert_all_free(engine)
