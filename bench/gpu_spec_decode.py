@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT.parent))
 import gpu_e2e  # noqa: E402
 import gpu_serve  # noqa: E402
 
-from hyla.engine.llm_engine import DEFAULT_MODEL_DIR, LLMEngine  # noqa: E402
+from hyla.engine.llm_engine import LLMEngine  # noqa: E402
+from hyla.engine.loading import DEFAULT_MODEL_DIR  # noqa: E402
 from hyla.request import SamplingParams  # noqa: E402
 
 SOURCE_MODULES = ("textwrap", "json.encoder", "string", "shlex", "fnmatch", "calendar", "csv")

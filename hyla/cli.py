@@ -505,7 +505,7 @@ def validate(
     _check_validate_args(model, names, options)
     import torch
 
-    from hyla.engine.llm_engine import DEFAULT_MODEL_DIR
+    from hyla.engine.loading import DEFAULT_MODEL_DIR
     from hyla.models.loader import load_config
     from hyla.validate.runner import Context, run_validate
 

@@ -20,40 +20,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from hyla.config import ConfigError, ModelConfig
-from hyla.engine.llm_engine import LLMEngine, resolve_device
-from hyla.engine.startup import TOKENIZER_FILES, apply_cpu_threads, log_startup
+from hyla.engine.llm_engine import LLMEngine
+from hyla.engine.loading import load_tokenizer, resolve_device  # noqa: F401 - load_tokenizer: its old home
+from hyla.engine.startup import apply_cpu_threads, log_startup
 from hyla.multimodal.chat import chat_prompt
 from hyla.multimodal.runtime import PreparedPrompt
 from hyla.request import InvalidRequestError, RequestOutput, RequestOutputKind, SamplingParams
-
-
-def load_tokenizer(path: str | Path) -> Any:
-    """A transformers tokenizer from directory `path`, or None when it holds no tokenizer files."""
-    directory = Path(path)
-    if not any((directory / name).exists() for name in TOKENIZER_FILES):
-        return None
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    # AutoTokenizer also reads config.json; hyla's own model_type is unknown to transformers,
-    # which only warns about it. The tokenizer files alone decide the tokenizer.
-    previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    finally:
-        hf_logging.set_verbosity(previous)
-    # the engine checks prompt lengths against max_model_len itself (a clear error, or a
-    # long prompt it serves): transformers' "Token indices sequence length is longer than the
-    # specified maximum ... indexing errors" warning is noise. Marked as given already.
-    warned = getattr(tokenizer, "deprecation_warnings", None)
-    if isinstance(warned, dict):
-        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
-    return tokenizer
 
 
 def random_model(config: ModelConfig, seed: int = 0, device: str = "cpu"):

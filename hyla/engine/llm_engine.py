@@ -29,32 +29,28 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from hyla.cache.manager import CacheManager
-from hyla.config import CacheConfig, ConfigError, EngineConfig, ModelConfig
+from hyla.config import EngineConfig, ModelConfig
 from hyla.distributed.groups import ExecutorError
-from hyla.engine.cuda_graphs import graph_batch_sizes, kernels_capturable
 from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
 from hyla.engine.inflight import LaunchedStep
-from hyla.engine.kv_offload import attach_tiers, tier_stats
+from hyla.engine.kv_offload import attach_tiers
+from hyla.engine.loading import checkpoint_policy
 from hyla.engine.memory import memory_budget, plan_cache
-from hyla.engine.mixed_graphs import mixed_graph_buckets
-from hyla.engine.model_runner import ModelRunner
-from hyla.engine.piecewise_graphs import token_buckets
+from hyla.engine.model_runner import ModelRunner, capture_plan
 from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from hyla.engine.state_copies import copy_state_rows
+from hyla.engine.stats import EngineStats, engine_stats
 from hyla.engine.step_stats import StepStats
 from hyla.engine.validate import prompt_token_ids, validate_lengths
-from hyla.engine.warmup import warm_up
 from hyla.forward_batch import index_tensor
 from hyla.models.hybrid import HybridModel
 from hyla.multimodal.budget import EncoderBudget
-from hyla.multimodal.inputs import IMAGE_FIELD, ImageLimits, images_of
+from hyla.multimodal.inputs import IMAGE_FIELD, images_of
 from hyla.multimodal.runtime import MultimodalPrompt, MultimodalRuntime, PreparedPrompt
 from hyla.request import (
     InvalidRequestError,
@@ -67,69 +63,11 @@ from hyla.request import (
     check_token_stop,
 )
 from hyla.scheduler import Scheduler, SchedulerOutput
-from hyla.spec.decoder import spec_decoder, spec_state_bytes, spec_stats
+from hyla.spec.decoder import spec_decoder, spec_state_bytes
 from hyla.structured.backend import GrammarBackend
 from hyla.structured.params import StructuredOutputsError
 
 logger = logging.getLogger("hyla.engine")
-
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_model"
-
-
-@dataclass
-class EngineStats:
-    """A snapshot of queue and cache occupancy (requests, not sequences, for the queues).
-
-    Prefix-cache counters (since start, over admitted sequences): `prefix_cache_queried_tokens`
-    and `prefix_cache_hit_tokens` (tokens served from the cache), their ratio
-    `prefix_cache_hit_rate`, and `prefix_cache_block_only_tokens`: tokens whose attention blocks
-    were cached up to a checkpoint boundary without the linear-state checkpoint there (a miss
-    that an engine restoring the blocks alone would turn into silently wrong output).
-    `prefix_cache_below_{block,stride}_queries`: sequences too short to reuse anything (no full
-    block before the last token) or to reach a stride checkpoint (only a finished request's tail
-    serves them); `cached_checkpoint_bytes` = cached checkpoints x bytes per checkpoint.
-    """
-
-    num_running: int
-    num_waiting: int
-    num_total_blocks: int
-    num_free_blocks: int
-    num_total_slots: int
-    num_free_slots: int
-    num_running_seqs: int = 0
-    num_waiting_seqs: int = 0
-    num_preemptions: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_queried_tokens: int = 0
-    prefix_cache_hit_tokens: int = 0
-    prefix_cache_hit_rate: float = 0.0
-    prefix_cache_block_only_tokens: int = 0
-    num_cached_blocks: int = 0
-    num_total_checkpoints: int = 0
-    num_cached_checkpoints: int = 0
-    cached_checkpoint_bytes: int = 0
-    prefix_cache_below_block_queries: int = 0
-    prefix_cache_below_stride_queries: int = 0
-    prefix_cache_checkpoint_saves: int = 0
-    encoder_cache_entries: int = 0
-    encoder_cache_bytes: int = 0
-    num_encoded_images: int = 0
-    encoder_cache_hits: int = 0
-    spec_decode_num_drafts: int = 0
-    spec_decode_num_draft_tokens: int = 0
-    spec_decode_num_accepted_tokens: int = 0
-    spec_decode_acceptance_rate: float = 0.0
-    step_stats: dict = dataclasses.field(default_factory=dict)
-    tier_stats: dict = dataclasses.field(default_factory=dict)
-
-
-def checkpoint_policy(cache: CacheConfig, device: torch.device) -> str:
-    """`prefix_checkpoint_policy`, "auto" resolved: "repeat" on CUDA (a state inside a chunk
-    costs a split fla call and an eager step there: 2.6x an 8K prefill step's time measured,
-    bench/results/gpu_serve_policy_h200.json), "all" elsewhere (nearly free on the CPU)."""
-    if cache.prefix_checkpoint_policy != "auto":
-        return cache.prefix_checkpoint_policy
-    return "repeat" if device.type == "cuda" else "all"
 
 
 class LLMEngine:
@@ -192,18 +130,7 @@ class LLMEngine:
             multimodal.max_encoder_tokens = self.max_encoder_tokens
         self.scheduler = Scheduler(sched, self.cache, budget)
         self.spec = spec_decoder(engine_config, plan, executor)  # speculative decoding or None
-        sizes: tuple[int, ...] = ()
-        buckets: tuple[int, ...] = ()
-        mixed: tuple[int, ...] = ()
-        if device.type == "cuda" and not engine_config.enforce_eager:
-            if kernels_capturable(self.model_config):
-                sizes = graph_batch_sizes(self.model_config, sched.max_num_seqs)
-                if engine_config.piecewise_cuda_graphs:
-                    buckets = token_buckets(sched.max_num_batched_tokens)
-                if engine_config.mixed_cuda_graphs:
-                    mixed = mixed_graph_buckets(self.model_config, sched.max_num_batched_tokens)
-            else:
-                logger.warning("no CUDA graphs: triton or fla-core is missing")
+        sizes, buckets, mixed = capture_plan(engine_config, self.model_config, device)
         if executor is not None:
             from hyla.distributed.executor import start_runner
 
@@ -234,55 +161,11 @@ class LLMEngine:
 
     @classmethod
     def from_path(cls, path: str | None = None, **overrides: Any) -> LLMEngine:
-        """Load a checkpoint directory (HF family or hyla layout) and its tokenizer, and warm
-        the engine up (`hyla.engine.warmup`).
+        """`hyla.engine.loading.load_engine`: a checkpoint directory (None: the embedded default
+        model) and its tokenizer, warmed up; `overrides` are config fields by name."""
+        from hyla.engine.loading import load_engine
 
-        `path` None loads the embedded default model (hyla/assets/default_model/). `overrides`
-        are EngineConfig/CacheConfig/SchedulerConfig fields by name.
-        Raises: ConfigError for an unknown option or a `tokenizer` directory without tokenizer
-            files; FileNotFoundError for a missing checkpoint.
-        """
-        from hyla.engine.llm import load_tokenizer
-        from hyla.engine.startup import load_chat_template
-        from hyla.models.loader import load_model
-
-        config = resolve_device(EngineConfig.from_kwargs(**overrides))
-        if config.uses_executor:  # first: a rank re-running an unguarded script stops here
-            from hyla.distributed.executor import check_not_in_rank_start
-
-            check_not_in_rank_start()
-        directory = Path(path) if path is not None else DEFAULT_MODEL_DIR
-        if not directory.exists():
-            raise FileNotFoundError(f"model: {directory} does not exist")
-        tokenizer = load_tokenizer(config.tokenizer or str(directory))
-        if config.tokenizer and tokenizer is None:
-            raise ConfigError(
-                f"tokenizer: no tokenizer.json or tokenizer_config.json in {config.tokenizer}"
-            )
-        if config.chat_template is not None:
-            if tokenizer is None:
-                raise ConfigError("chat_template: this model has no tokenizer to render with")
-            tokenizer.chat_template = load_chat_template(config.chat_template)
-        if config.uses_executor:  # tensor parallel: every rank loads its own slices
-            from hyla.distributed.executor import start_executor
-
-            executor = start_executor(directory, config, _load_dtype(config))
-            limits = ImageLimits(config.limit_mm_per_prompt, config.max_image_pixels)
-            # the vision tower on rank 0 only: its rows reach the ranks in the step plan
-            multimodal = MultimodalRuntime.from_path(directory, executor.driver.model, limits)
-            engine = cls(executor.driver.model, tokenizer, config, multimodal, executor=executor)
-        else:
-            model = load_model(
-                str(directory), dtype=_load_dtype(config), device=config.device,
-                quantization=config.quantization, kv_cache_dtype=config.cache.kv_cache_dtype,
-                mamba_ssm_cache_dtype=config.cache.mamba_ssm_cache_dtype,
-            )  # fmt: skip
-            limits = ImageLimits(config.limit_mm_per_prompt, config.max_image_pixels)
-            multimodal = MultimodalRuntime.from_path(directory, model, limits)
-            engine = cls(model, tokenizer, config, multimodal)
-        engine.model_name = "default" if path is None else directory.name
-        warm_up(engine)  # before it serves: the first requests compile nothing
-        return engine
+        return load_engine(cls, path, **overrides)
 
     @property
     def prefix_block_size(self) -> int | None:
@@ -451,59 +334,7 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         with self._lock:
-            running = {self._seq_owner[r.request_id].request_id for r in self.scheduler.running}
-            plan = self.cache_plan
-            return EngineStats(
-                num_running=len(running),
-                num_waiting=sum(
-                    1
-                    for g in self._groups.values()
-                    if g.request_id not in running and not g.is_finished
-                ),
-                num_total_blocks=plan.num_usable_blocks,
-                num_free_blocks=self.cache.num_free_blocks,
-                num_total_slots=plan.num_usable_slots,
-                num_free_slots=self.cache.num_free_slots,
-                num_running_seqs=self.scheduler.num_running,
-                num_waiting_seqs=self.scheduler.num_waiting,
-                num_preemptions=self.scheduler.num_preemptions,
-                **self._prefix_stats(),
-                **self._encoder_stats(),
-                **spec_stats(self.spec),
-                step_stats=self.step_stats.snapshot(),
-                tier_stats=tier_stats(self.cache),
-            )
-
-    def _encoder_stats(self) -> dict[str, Any]:
-        if self.multimodal is None:
-            return {}
-        cache = self.multimodal.cache
-        return dict(
-            encoder_cache_entries=cache.num_entries,
-            encoder_cache_bytes=cache.num_bytes,
-            num_encoded_images=cache.stats.num_encoded_images,
-            encoder_cache_hits=cache.stats.num_hits,
-        )
-
-    def _prefix_stats(self) -> dict[str, Any]:
-        prefix = self.cache.prefix
-        if prefix is None:
-            return {}
-        s = prefix.stats
-        return dict(
-            prefix_cache_queries=s.num_queries,
-            prefix_cache_queried_tokens=s.num_queried_tokens,
-            prefix_cache_hit_tokens=s.num_hit_tokens,
-            prefix_cache_hit_rate=s.hit_rate,
-            prefix_cache_block_only_tokens=s.num_block_only_tokens,
-            num_cached_blocks=self.cache.block_pool.num_cached_blocks,
-            num_total_checkpoints=prefix.checkpoints.num_checkpoints,
-            num_cached_checkpoints=len(prefix.checkpoints.cached),
-            cached_checkpoint_bytes=len(prefix.checkpoints.cached) * self.cache_plan.bytes_per_slot,
-            prefix_cache_below_block_queries=s.num_below_block_queries,
-            prefix_cache_below_stride_queries=s.num_below_stride_queries,
-            prefix_cache_checkpoint_saves=s.num_checkpoint_saves,
-        )
+            return engine_stats(self)
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -840,18 +671,3 @@ class LLMEngine:
                 outputs.append(output)
         self._dirty.clear()
         return outputs
-
-
-def resolve_device(config: EngineConfig) -> EngineConfig:
-    """`config` with device "auto" replaced by "cuda" when torch sees a GPU, else "cpu"."""
-    if config.device != "auto":
-        return config
-    return dataclasses.replace(config, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _load_dtype(config: EngineConfig) -> str | None:
-    """`--dtype`, else the checkpoint's dtype on a GPU and float32 on the CPU, where bf16
-    matmuls are tens of times slower than fp32 on CPUs without native bf16 units."""
-    if config.dtype is not None:
-        return config.dtype
-    return "float32" if str(config.device).startswith("cpu") else None

@@ -19,15 +19,23 @@ from the rows at positions p < prompt_len - 1 (row p predicts prompt token p + 1
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from hyla.cache.manager import CacheManager
-from hyla.engine.cuda_graphs import CaptureFailed, DecodeGraphs, DecodeInputs
+from hyla.engine.cuda_graphs import (
+    CaptureFailed,
+    DecodeGraphs,
+    DecodeInputs,
+    graph_batch_sizes,
+    kernels_capturable,
+)
 from hyla.engine.memory import CachePlan
-from hyla.engine.mixed_graphs import MixedGraphs, MixedInputs
-from hyla.engine.piecewise_graphs import PiecewiseGraphs
+from hyla.engine.mixed_graphs import MixedGraphs, MixedInputs, mixed_graph_buckets
+from hyla.engine.piecewise_graphs import PiecewiseGraphs, token_buckets
 from hyla.engine.sampler import top_logprobs
 from hyla.engine.state_copies import copy_state_rows, set_state_boundaries, state_tensors
 from hyla.forward_batch import (
@@ -42,6 +50,24 @@ from hyla.multimodal.runtime import MultimodalRuntime
 from hyla.request import Request
 from hyla.scheduler import SchedulerOutput
 
+logger = logging.getLogger("hyla.engine")
+
+def capture_plan(config: Any, model_config: Any, device: torch.device) -> tuple[tuple, ...]:
+    """(decode batch sizes, piecewise token buckets, mixed-step token buckets) to capture for an
+    EngineConfig on `device`: all empty off CUDA, with enforce_eager, or without the kernels."""
+    if device.type != "cuda" or config.enforce_eager:
+        return (), (), ()
+    if not kernels_capturable(model_config):
+        logger.warning("no CUDA graphs: triton or fla-core is missing")
+        return (), (), ()
+    sched = config.scheduler
+    sizes = graph_batch_sizes(model_config, sched.max_num_seqs)
+    buckets = token_buckets(sched.max_num_batched_tokens) if config.piecewise_cuda_graphs else ()
+    mixed = (
+        mixed_graph_buckets(model_config, sched.max_num_batched_tokens)
+        if config.mixed_cuda_graphs else ()
+    )  # fmt: skip
+    return sizes, buckets, mixed
 
 @dataclass
 class RunnerOutput:

@@ -44,7 +44,7 @@ class OutputText:
                 detok = IncrementalDetokenizer(self.tokenizer, output.prompt_token_ids, self.params)
                 self._completions[c.index] = (detok, [0])
             detok, fed = self._completions[c.index]
-            new = list(c.token_ids) if self.is_delta else list(c.token_ids[fed[0]:])
+            new = list(c.token_ids) if self.is_delta else list(c.token_ids[fed[0] :])
             fed[0] += len(new)
             if new and self._ended_by_its_token(c):
                 new.pop()  # as the core: a stop token's text is not part of the output

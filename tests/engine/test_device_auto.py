@@ -3,7 +3,7 @@
 import torch
 
 from hyla.config import EngineConfig
-from hyla.engine.llm_engine import resolve_device
+from hyla.engine.loading import resolve_device
 
 
 def test_auto_is_the_default_and_follows_cuda(monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 from hyla import LLM, SamplingParams
 from hyla.cache.spec import bytes_per_token
 from hyla.config import ConfigError
-from hyla.engine.llm_engine import DEFAULT_MODEL_DIR
+from hyla.engine.loading import DEFAULT_MODEL_DIR
 from hyla.models.loader import load_config
 from tests.engine.engine_util import assert_all_free
 from tests.models.test_inspect import DEEPSEEK_V32

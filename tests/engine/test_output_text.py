@@ -2,9 +2,9 @@
 (`hyla.engine.output_text`): the same text, piece by piece, as the engine makes itself.
 
 Oracle: the same requests through the in-thread engine (which detokenizes in the engine), on
-the same checkpoint: the streamed text and token ids of each completion equal, for DELTA and cumulative
-outputs, n > 1, a stop token (its text excluded, or included with include_stop_str_in_output),
-special tokens kept, and a stop string (left to the core)."""
+the same checkpoint: the streamed text and token ids of each completion equal, for DELTA and
+cumulative outputs, n > 1, a stop token (its text excluded, or included with
+include_stop_str_in_output), special tokens kept, and a stop string (left to the core)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def test_auto_is_repeat_on_cuda_and_all_elsewhere():
     import torch
 
     from hyla.config import CacheConfig
-    from hyla.engine.llm_engine import checkpoint_policy
+    from hyla.engine.loading import checkpoint_policy
 
     auto = CacheConfig()
     assert auto.prefix_checkpoint_policy == "auto"

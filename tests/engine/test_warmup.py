@@ -30,9 +30,9 @@ def test_warm_up_builds_every_decode_batch_size(kimi):
 def test_from_path_returns_a_warm_idle_engine(kimi, monkeypatch):
     _, path = kimi
     calls = []
-    import hyla.engine.llm_engine as llm_engine
+    import hyla.engine.loading as loading
 
-    monkeypatch.setattr(llm_engine, "warm_up", lambda e: calls.append(e) or warm_up(e))
+    monkeypatch.setattr(loading, "warm_up", lambda e: calls.append(e) or warm_up(e))
     engine = LLMEngine.from_path(str(path), device="cpu", max_model_len=128)
     assert calls == [engine]
     assert_all_free(engine)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hyla.engine.llm import load_tokenizer
-from hyla.engine.llm_engine import DEFAULT_MODEL_DIR
+from hyla.engine.loading import DEFAULT_MODEL_DIR
 from hyla.models.drift import drift, forced_logprobs, greedy_reference, next_tokens
 from hyla.models.loader import load_model
 

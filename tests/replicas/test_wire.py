@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from hyla.engine.async_stream import EngineDeadError
-from hyla.engine.llm_engine import EngineStats
+from hyla.engine.stats import EngineStats
 from hyla.replicas.client import sum_stats
 from hyla.replicas.wire import from_wire, to_wire
 from hyla.request import InvalidRequestError, QueueFullError
