@@ -24,7 +24,6 @@ All public methods take one lock, so another thread (the async server loop) may 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -36,8 +35,9 @@ import torch
 from hyla.cache.manager import CacheManager
 from hyla.config import EngineConfig, ModelConfig
 from hyla.distributed.groups import ExecutorError
-from hyla.engine.group import RequestGroup, Sequence, new_group, sequence_id
+from hyla.engine.group import RequestGroup, Sequence
 from hyla.engine.inflight import LaunchedStep
+from hyla.engine.input_processor import InputProcessor
 from hyla.engine.kv_offload import attach_tiers
 from hyla.engine.loading import checkpoint_policy
 from hyla.engine.memory import memory_budget, plan_cache
@@ -46,12 +46,10 @@ from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_genera
 from hyla.engine.state_copies import copy_state_rows
 from hyla.engine.stats import EngineStats, engine_stats
 from hyla.engine.step_stats import StepStats
-from hyla.engine.validate import prompt_token_ids, validate_lengths
 from hyla.forward_batch import index_tensor
 from hyla.models.hybrid import HybridModel
 from hyla.multimodal.budget import EncoderBudget
-from hyla.multimodal.inputs import IMAGE_FIELD, images_of
-from hyla.multimodal.runtime import MultimodalPrompt, MultimodalRuntime, PreparedPrompt
+from hyla.multimodal.runtime import MultimodalRuntime, PreparedPrompt
 from hyla.request import (
     InvalidRequestError,
     QueueFullError,
@@ -59,13 +57,10 @@ from hyla.request import (
     RequestOutput,
     RequestStatus,
     SamplingParams,
-    SamplingParamsError,
     check_token_stop,
 )
 from hyla.scheduler import Scheduler, SchedulerOutput
 from hyla.spec.decoder import spec_decoder, spec_state_bytes
-from hyla.structured.backend import GrammarBackend
-from hyla.structured.params import StructuredOutputsError
 
 logger = logging.getLogger("hyla.engine")
 
@@ -147,7 +142,9 @@ class LLMEngine:
         self.sampler = Sampler(make_generator(engine_config.seed, device))
         self.device = device
         self.step_stats = StepStats()
-        self.eos_token_ids = self._eos_token_ids()
+        self.inputs = InputProcessor(self.model_config, tokenizer, multimodal, self.max_model_len,
+                                     device)  # fmt: skip
+        self.eos_token_ids = self.inputs.eos_token_ids
         self._groups: dict[str, RequestGroup] = {}
         self._seq_owner: dict[str, RequestGroup] = {}
         self._seq_of: dict[str, Sequence] = {}  # scheduler id -> its sequence
@@ -157,7 +154,6 @@ class LLMEngine:
         self.num_device_token_steps = 0  # steps that took input ids from the device
         self._suspects: dict[str, None] = {}  # held out after a failed step (`_step_failed`)
         self._probe: str | None = None  # the suspect back in the scheduler, on probation
-        self._grammars: GrammarBackend | None = None  # structured output, on first use
 
     @classmethod
     def from_path(cls, path: str | None = None, **overrides: Any) -> LLMEngine:
@@ -176,13 +172,6 @@ class LLMEngine:
         """Stop the tensor-parallel workers, if any (the engine cannot step afterwards)."""
         if self.executor is not None:
             self.executor.shutdown()
-
-    def _eos_token_ids(self) -> tuple[int, ...]:
-        ids = list(self.model_config.eos_token_ids)
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        if isinstance(eos, int) and eos not in ids:
-            ids.append(eos)
-        return tuple(ids)
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -212,100 +201,24 @@ class LLMEngine:
         with self._lock:
             if request_id in self._groups:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
-            ids, mm = self._prompt_inputs(prompt, multi_modal_data)
-            validate_lengths(len(ids), params, self.max_model_len)
-            if params.stop and self.tokenizer is None:
-                raise SamplingParamsError("stop", "stop strings need a tokenizer")
+            ids, mm = self.inputs.prompt(prompt, params, multi_modal_data)
             limit = self.config.max_queue_len
             if limit is not None and self.scheduler.num_waiting >= limit:
                 raise QueueFullError(limit)
             arrival = time.monotonic() if arrival_time is None else arrival_time
-            self._add_group(request_id, prompt, ids, params, priority, arrival, mm)
+            group = self.inputs.group(request_id, prompt, ids, params, priority, arrival, mm)
+            self._register(group, ids, mm)
 
-    def _prompt_inputs(
-        self, prompt: str | list[int] | PreparedPrompt, data: dict[str, Any] | None
-    ) -> tuple[list[int], MultimodalPrompt | None]:
-        """Token ids (image placeholders expanded) and the images of a request."""
-        vocab = self.model_config.vocab_size
-        images = images_of(data)
-        if (images or isinstance(prompt, PreparedPrompt)) and self.multimodal is None:
-            raise InvalidRequestError(
-                IMAGE_FIELD, "this model takes no images (no vision tower loaded)"
-            )
-        if isinstance(prompt, PreparedPrompt):
-            if images:
-                raise InvalidRequestError("multi_modal_data", "the prepared prompt has its images")
-            return prompt_token_ids(prompt.prompt_token_ids, None, vocab), prompt.mm
-        ids = prompt_token_ids(prompt, self.tokenizer, vocab)
-        if self.multimodal is None:
-            return ids, None
-        if not images:  # placeholders without an image would read the raw token embedding
-            self.multimodal.check_no_placeholders(ids)
-            return ids, None
-        prepared = self.multimodal.prepare(ids, images)
-        return prepared.prompt_token_ids, prepared.mm
-
-    def _add_group(
-        self,
-        request_id: str,
-        prompt: str | list[int] | PreparedPrompt,
-        ids: list[int],
-        params: SamplingParams,
-        priority: int,
-        arrival: float,
-        mm: MultimodalPrompt | None = None,
-    ) -> None:
-        grammars = self._grammar_states(params)
-        requests, generators = [], []
-        # The prompt's log-probabilities are the group's, computed by sequence 0 alone: the
-        # others need no prompt row, so they take the prompt from the prefix cache (waiting
-        # for sequence 0 to compute it) instead of each prefilling it again.
-        siblings = params if params.prompt_logprobs is None else dataclasses.replace(
-            params, prompt_logprobs=None)  # fmt: skip
-        for k in range(params.num_sequences):
-            requests.append(
-                Request(
-                    sequence_id(request_id, k),
-                    ids,
-                    params if k == 0 else siblings,
-                    eos_token_ids=self.eos_token_ids,
-                    max_model_len=self.max_model_len,
-                    priority=priority,
-                    arrival_time=arrival,
-                    mm_spans=() if mm is None else mm.spans,
-                )
-            )
-            if mm is not None and self.multimodal is not None:
-                self.multimodal.add(requests[-1].request_id, mm)
-            seed = params.seed
-            generators.append(None if seed is None else make_generator(seed + k, self.device))
-        text = prompt if isinstance(prompt, str) else None
-        group = new_group(request_id, text, ids, params, requests, self.tokenizer, generators)
-        for seq, grammar in zip(group.sequences, grammars, strict=True):
-            seq.grammar = grammar
-        self._groups[request_id] = group
+    def _register(self, group: RequestGroup, ids: list[int], mm: Any) -> None:
+        self._groups[group.request_id] = group
         hashes = getattr(ids, "block_hashes", None)  # computed off this thread (TokenIds)
         if hashes and mm is None and getattr(ids, "block_size", 0) == self.cache.block_size:
-            for req in requests:
-                self.cache.seed_hashes(req.request_id, ids, hashes)
+            for seq in group.sequences:
+                self.cache.seed_hashes(seq.request.request_id, ids, hashes)
         for seq in group.sequences:
             self._seq_owner[seq.request.request_id] = group
             self._seq_of[seq.request.request_id] = seq
             self.scheduler.add_request(seq.request)
-
-    def _grammar_states(self, params: SamplingParams) -> list[Any]:
-        """One grammar matcher per sequence of a constrained request (None each otherwise).
-        Raises StructuredOutputsError for a constraint that does not compile."""
-        so = params.structured_outputs
-        if so is None:
-            return [None] * params.num_sequences
-        if self.tokenizer is None:
-            raise StructuredOutputsError(so.field, "structured output needs a tokenizer")
-        if self._grammars is None:  # built on first use: a few ms to seconds by vocabulary
-            self._grammars = GrammarBackend(
-                self.tokenizer, self.model_config.vocab_size, self.eos_token_ids
-            )
-        return [self._grammars.matcher(so) for _ in range(params.num_sequences)]
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Finish requests with reason "abort", freeing their blocks and slots now (tokens still
@@ -449,7 +362,7 @@ class LLMEngine:
         try:
             step.rows = [self._sampling_row(rid) for rid in step.sample_ids]
             grammars = [r.grammar for r in step.rows if r.grammar is not None]
-            bitmask = self._grammars.allocate_bitmask(len(grammars))
+            bitmask = self.inputs.grammars.allocate_bitmask(len(grammars))
             for j, grammar in enumerate(grammars):
                 grammar.fill_bitmask(bitmask, j)
             step.sample = self.sampler.launch(logits, step.rows, None, bitmask)
