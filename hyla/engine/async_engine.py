@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hyla.engine.async_stream import (
@@ -33,10 +33,8 @@ from hyla.engine.async_stream import (
     EngineDeadError,
     EngineDrainingError,
     OutputQueue,
-    RequestFailedError,
     RequestStream,
-    empty_output,
-    with_finish_reason,
+    StreamState,
 )
 from hyla.engine.core_loop import ThreadCore
 from hyla.engine.output_text import OutputText, front_detokenized
@@ -48,37 +46,10 @@ from hyla.request import (
     SamplingParams,
 )
 
-__all__ = [
-    "AsyncEngine",
-    "EngineDeadError",
-    "EngineDrainingError",
-    "QueueFullError",
-    "RequestStream",
-]
+__all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "QueueFullError"]
+__all__ += ["RequestStream"]
 
 logger = logging.getLogger("hyla.engine")
-
-
-@dataclass
-class _Stream:
-    """Per-request state on the event loop."""
-
-    request_id: str
-    queue: OutputQueue
-    num_outputs: int = 1
-    last_output: Any = None
-    prompt_text: str | None = None
-    prompt_token_ids: list[int] | None = None  # from its first output (`CoreLoop.prompt_once`)
-    text: OutputText | None = None  # its outputs' text, made here (`hyla.engine.output_text`)
-    finished: set[int] = field(default_factory=set)  # completions whose finish was sent
-
-    def abort_output(self) -> Any:
-        """The final output of a request ended by the shutdown: "abort" for each completion
-        not finished yet (as a delta: nothing else), or the last cumulative output so ended."""
-        last = self.last_output
-        if last is None or self.queue.is_delta:
-            return empty_output(self.request_id, self.num_outputs, "abort", self.finished)
-        return with_finish_reason(last, "abort")
 
 
 @dataclass
@@ -86,7 +57,7 @@ class _Pending:
     """A request sent to the core and not yet admitted."""
 
     future: asyncio.Future
-    stream: _Stream
+    stream: StreamState
 
 
 class AsyncEngine:
@@ -107,7 +78,7 @@ class AsyncEngine:
         self.core = ThreadCore(engine) if core is None else core
         config = getattr(engine, "config", None)
         self.max_queue_len = getattr(config, "max_queue_len", None)
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, StreamState] = {}
         self._pending: dict[str, _Pending] = {}
         self._calls: dict[str, asyncio.Future] = {}
         self._stats = engine.get_stats()  # refreshed by every event from the core
@@ -282,7 +253,7 @@ class AsyncEngine:
             raise InvalidRequestError("request_id", f"duplicate request id {request_id!r}")
         queue = OutputQueue(getattr(params, "output_kind", None) is RequestOutputKind.DELTA)
         num_outputs = getattr(params, "n", 1) or 1
-        stream = _Stream(request_id, queue, num_outputs, prompt_text=text)
+        stream = StreamState(request_id, queue, num_outputs, prompt_text=text)
         core_params = front_detokenized(params, self.tokenizer) if self.core.text_in_front else None
         if core_params is not None:
             stream.text, params = OutputText(self.tokenizer, params), core_params
@@ -386,19 +357,8 @@ class AsyncEngine:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
-            if stream.prompt_text is not None and output.prompt is None:
-                output.prompt = stream.prompt_text  # a fresh object per step: safe to set
-            if output.prompt_token_ids is None:
-                output.prompt_token_ids = stream.prompt_token_ids
-            else:
-                stream.prompt_token_ids = output.prompt_token_ids
-            if stream.text is not None:
-                stream.text.fill(output)
-            stream.last_output = output
-            stream.finished.update(c.index for c in output.outputs if c.finish_reason)
-            errors = [o.stop_reason for o in output.outputs if o.finish_reason == "error"]
-            stream.queue.put_nowait(RequestFailedError(str(errors[0])) if errors else output)
-            if errors and not output.finished:  # one of its n sequences failed: end them all
+            failed = stream.take(output)
+            if failed and not output.finished:  # one of its n sequences failed: end them all
                 self._end(output.request_id)
             elif output.finished:
                 self._streams.pop(output.request_id, None)

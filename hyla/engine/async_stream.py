@@ -12,6 +12,7 @@ import asyncio
 import collections
 import dataclasses
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from hyla.request import CompletionOutput, RequestMetrics, RequestOutput
@@ -151,3 +152,44 @@ def empty_output(
     return RequestOutput(request_id=request_id, prompt=None, prompt_token_ids=[],
                          prompt_logprobs=None, outputs=outputs, finished=True,
                          metrics=RequestMetrics(arrival_time=time.monotonic()))
+
+
+@dataclass
+class StreamState:
+    """One request's state on the event loop: its queue, and what the core leaves out of its
+    outputs (the prompt text; prompt ids after the first output; text made here when the core
+    runs in its own process, `hyla.engine.output_text`)."""
+
+    request_id: str
+    queue: OutputQueue
+    num_outputs: int = 1
+    last_output: Any = None
+    prompt_text: str | None = None
+    prompt_token_ids: list[int] | None = None
+    text: Any = None  # an `OutputText`, or None: the core made the text
+    finished: set[int] = field(default_factory=set)  # completions whose finish was sent
+
+    def take(self, output: RequestOutput) -> bool:
+        """Complete `output` (a fresh object per step: safe to fill) and queue it, or the error
+        of a failed completion. Returns: whether a completion failed."""
+        if self.prompt_text is not None and output.prompt is None:
+            output.prompt = self.prompt_text
+        if output.prompt_token_ids is None:
+            output.prompt_token_ids = self.prompt_token_ids
+        else:
+            self.prompt_token_ids = output.prompt_token_ids
+        if self.text is not None:
+            self.text.fill(output)
+        self.last_output = output
+        self.finished.update(c.index for c in output.outputs if c.finish_reason)
+        errors = [o.stop_reason for o in output.outputs if o.finish_reason == "error"]
+        self.queue.put_nowait(RequestFailedError(str(errors[0])) if errors else output)
+        return bool(errors)
+
+    def abort_output(self) -> RequestOutput:
+        """The final output of a request ended by the shutdown: "abort" for each completion
+        not finished yet (as a delta: nothing else), or the last cumulative output so ended."""
+        last = self.last_output
+        if last is None or self.queue.is_delta:
+            return empty_output(self.request_id, self.num_outputs, "abort", self.finished)
+        return with_finish_reason(last, "abort")
