@@ -35,13 +35,14 @@ import torch
 from hyla.cache.manager import CacheManager
 from hyla.config import EngineConfig, ModelConfig
 from hyla.distributed.groups import ExecutorError
-from hyla.engine.group import RequestGroup, Sequence
+from hyla.engine.group import RequestGroup
 from hyla.engine.inflight import LaunchedStep
 from hyla.engine.input_processor import InputProcessor
 from hyla.engine.kv_offload import attach_tiers
 from hyla.engine.loading import checkpoint_policy
 from hyla.engine.memory import memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner, capture_plan
+from hyla.engine.request_table import RequestTable
 from hyla.engine.sampler import Sampler, SamplerOutput, SamplingRow, make_generator
 from hyla.engine.state_copies import copy_state_rows
 from hyla.engine.stats import EngineStats, engine_stats
@@ -57,7 +58,6 @@ from hyla.request import (
     RequestOutput,
     RequestStatus,
     SamplingParams,
-    check_token_stop,
 )
 from hyla.scheduler import Scheduler, SchedulerOutput
 from hyla.spec.decoder import spec_decoder, spec_state_bytes
@@ -145,10 +145,7 @@ class LLMEngine:
         self.inputs = InputProcessor(self.model_config, tokenizer, multimodal, self.max_model_len,
                                      device)  # fmt: skip
         self.eos_token_ids = self.inputs.eos_token_ids
-        self._groups: dict[str, RequestGroup] = {}
-        self._seq_owner: dict[str, RequestGroup] = {}
-        self._seq_of: dict[str, Sequence] = {}  # scheduler id -> its sequence
-        self._dirty: dict[str, None] = {}
+        self.requests = RequestTable()
         self._lock = threading.RLock()
         self._inflight: LaunchedStep | None = None  # launched; its tokens not on the host yet
         self.num_device_token_steps = 0  # steps that took input ids from the device
@@ -199,7 +196,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params", f"expected SamplingParams, got {type(params)}")
         with self._lock:
-            if request_id in self._groups:
+            if request_id in self.requests.groups:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
             ids, mm = self.inputs.prompt(prompt, params, multi_modal_data)
             limit = self.config.max_queue_len
@@ -210,14 +207,12 @@ class LLMEngine:
             self._register(group, ids, mm)
 
     def _register(self, group: RequestGroup, ids: list[int], mm: Any) -> None:
-        self._groups[group.request_id] = group
+        self.requests.add(group)
         hashes = getattr(ids, "block_hashes", None)  # computed off this thread (TokenIds)
         if hashes and mm is None and getattr(ids, "block_size", 0) == self.cache.block_size:
             for seq in group.sequences:
                 self.cache.seed_hashes(seq.request.request_id, ids, hashes)
         for seq in group.sequences:
-            self._seq_owner[seq.request.request_id] = group
-            self._seq_of[seq.request.request_id] = seq
             self.scheduler.add_request(seq.request)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
@@ -230,20 +225,20 @@ class LLMEngine:
                 self._finish_group(rid, RequestStatus.FINISHED_ABORTED)
 
     def _finish_group(self, request_id: str, status: RequestStatus) -> None:
-        group = self._groups.get(request_id)
+        group = self.requests.groups.get(request_id)
         if group is None:
             return
         for seq in group.sequences:
             self._finish(seq.request.request_id, status)
-        self._dirty[request_id] = None
+        self.requests.touch_group(request_id)
 
     def has_unfinished_requests(self) -> bool:
         with self._lock:
-            return bool(self._groups)
+            return bool(self.requests.groups)
 
     def get_num_unfinished_requests(self) -> int:
         with self._lock:
-            return len(self._groups)
+            return len(self.requests.groups)
 
     def get_stats(self) -> EngineStats:
         with self._lock:
@@ -285,7 +280,7 @@ class LLMEngine:
                     launched = None  # every sampled request ended meanwhile: nothing to read
             self._inflight = launched
             self.scheduler.observe_step(out.total_num_tokens, time.monotonic() - start)
-            return self._collect_outputs()
+            return self.requests.collect_outputs()
 
     def _schedule(self) -> SchedulerOutput:
         """The next step; a suspect on probation runs alone, unless it cannot run alone (no cache
@@ -299,7 +294,7 @@ class LLMEngine:
         """Read the in-flight step's tokens now (waits for the device); their outputs."""
         with self._lock:
             self._drain()
-            return self._collect_outputs()
+            return self.requests.collect_outputs()
 
     def _drain(self) -> None:
         """Process the in-flight step now (waits for its tokens)."""
@@ -312,7 +307,7 @@ class LLMEngine:
         if timeout is None:
             return
         now = time.monotonic()
-        for rid, group in list(self._groups.items()):
+        for rid, group in list(self.requests.groups.items()):
             if not group.is_finished and now - group.metrics.arrival_time > timeout:
                 self._finish_group(rid, RequestStatus.FINISHED_TIMEOUT)
 
@@ -397,15 +392,15 @@ class LLMEngine:
             if rid == self._probe:  # through a sampled step: no longer a suspect
                 self._probe = None
         for rid, entries in step.prompt_logprobs.items():
-            if rid in self._seq_owner:
-                self._seq_owner[rid].prompt_logprobs.extend(entries)
+            if rid in self.requests.owner:
+                self.requests.owner[rid].prompt_logprobs.extend(entries)
 
     def _scheduled(self, out: SchedulerOutput) -> tuple[dict[str, Request], dict[str, int]]:
         now = time.monotonic()
         requests: dict[str, Request] = {}
         plp: dict[str, int] = {}
         for rid in out.num_scheduled_tokens:
-            group, seq = self._seq_owner[rid], self._seq_of[rid]
+            group, seq = self.requests.owner[rid], self.requests.seqs[rid]
             requests[rid] = seq.request
             if group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
@@ -444,7 +439,7 @@ class LLMEngine:
                 self._hold(rid)
 
     def _hold(self, rid: str) -> None:
-        req = self._seq_of[rid].request
+        req = self.requests.seqs[rid].request
         self.scheduler.finish(rid, RequestStatus.FINISHED_ABORTED)  # releases its cache
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
@@ -458,7 +453,7 @@ class LLMEngine:
             return
         rid = next(iter(self._suspects))
         del self._suspects[rid]
-        self.scheduler.add_request(self._seq_of[rid].request)
+        self.scheduler.add_request(self.requests.seqs[rid].request)
         self._probe = rid
 
     def _process(self, step: LaunchedStep) -> None:
@@ -501,17 +496,10 @@ class LLMEngine:
 
     def _take_token(self, rid: str, token: int, sample: SamplerOutput, i: int, now: float) -> None:
         """Row `i` of `sample` is `rid`'s new token: resolve its placeholder, then its stops."""
-        group, seq = self._seq_owner[rid], self._seq_of[rid]
-        seq.request.resolve_placeholder(token)
-        if seq.grammar is not None and not seq.grammar.is_terminated \
-                and not seq.grammar.accept(token):
-            raise RuntimeError(f"the grammar does not allow the sampled token {token}")
-        self._record_logprobs(rid, sample.logprobs[i], sample.top_logprobs[i])
-        if group.metrics.first_token_time is None:
-            group.metrics.first_token_time = now
-        group.metrics.last_token_time = now
-        self._decide_stop(rid, token)
-        self._dirty[group.request_id] = None
+        self.requests.take_token(rid, token, sample.logprobs[i], sample.top_logprobs[i], now)
+        status, reason = self.requests.stop_of(rid, token)
+        if status is not None:
+            self._finish(rid, status, reason)
 
     def _poisoned(self, req: Request) -> None:
         """`req`'s logits were not finite: end it with an error, and make the blocks and
@@ -521,22 +509,9 @@ class LLMEngine:
         message = "the model produced non-finite logits (NaN or Inf) for this request"
         self._finish(req.request_id, RequestStatus.FINISHED_ERROR, message)
 
-    def _decide_stop(self, rid: str, token: int) -> None:
-        """EOS, stop token ids, length and stop strings for `rid`'s new `token`."""
-        seq = self._seq_of[rid]
-        req = seq.request
-        status = check_token_stop(req)
-        reason = req.stop_reason if status is RequestStatus.FINISHED_STOPPED else None
-        if status is not RequestStatus.FINISHED_STOPPED or req.params.include_stop_str_in_output:
-            stop = seq.detokenizer.update([token])
-            if stop is not None:
-                status, reason = RequestStatus.FINISHED_STOPPED, stop
-        if status is not None:
-            self._finish(rid, status, reason)
-
     def _finish(self, rid: str, status: RequestStatus, reason: str | int | None = None) -> None:
         """The one place a sequence ends: release its cache and write its status."""
-        seq = self._seq_of.get(rid)
+        seq = self.requests.seqs.get(rid)
         if seq is None or seq.request.is_finished:
             return
         self.scheduler.finish(rid, status)  # None for a held suspect: not in the scheduler
@@ -547,10 +522,10 @@ class LLMEngine:
             self._probe = None
         seq.request.status = status
         seq.request.stop_reason = reason
-        self._dirty[self._seq_owner[rid].request_id] = None
+        self.requests.touch(rid)
 
     def _sampling_row(self, rid: str) -> SamplingRow:
-        seq = self._seq_of[rid]
+        seq = self.requests.seqs[rid]
         req = seq.request
         if seq.sampling_row is None:  # its lists are the request's own: valid for its lifetime
             seq.sampling_row = SamplingRow(
@@ -559,28 +534,3 @@ class LLMEngine:
             )  # fmt: skip
         seq.sampling_row.num_pending = req.num_placeholders
         return seq.sampling_row
-
-    def _record_logprobs(self, rid: str, logprob: float, top: dict[int, float] | None) -> None:
-        seq = self._seq_of[rid]
-        seq.cumulative_logprob += logprob
-        if seq.logprobs is not None and top is not None:
-            seq.logprobs.append(top)
-
-    def _collect_outputs(self) -> list[RequestOutput]:
-        outputs: list[RequestOutput] = []
-        now = time.monotonic()
-        for rid in self._dirty:
-            group = self._groups[rid]
-            if not group.wants_stream_output():
-                continue
-            if group.is_finished:
-                group.metrics.finished_time = now
-                del self._groups[rid]
-                for seq in group.sequences:
-                    self._seq_owner.pop(seq.request.request_id, None)
-                    self._seq_of.pop(seq.request.request_id, None)
-            output = group.output()
-            if output is not None:
-                outputs.append(output)
-        self._dirty.clear()
-        return outputs

@@ -59,8 +59,8 @@ class EngineStats:
 
 def engine_stats(engine: Any) -> EngineStats:
     """A snapshot of `engine` (an LLMEngine; the caller holds its lock)."""
-    running = {engine._seq_owner[r.request_id].request_id for r in engine.scheduler.running}
-    waiting = [g for g in engine._groups.values() if g.request_id not in running]
+    running = {engine.requests.owner[r.request_id].request_id for r in engine.scheduler.running}
+    waiting = [g for g in engine.requests.groups.values() if g.request_id not in running]
     plan, cache, scheduler = engine.cache_plan, engine.cache, engine.scheduler
     return EngineStats(
         num_running=len(running),

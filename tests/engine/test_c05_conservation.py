@@ -58,7 +58,7 @@ def make_requests(rng: random.Random):
 
 
 def should_cancel(engine, rid: str, mode: str, k: int, step: int, outputs) -> bool:
-    group = engine._groups.get(rid)
+    group = engine.requests.groups.get(rid)
     if group is None or group.is_finished:
         return False
     req = group.sequences[0].request

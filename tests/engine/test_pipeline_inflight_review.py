@@ -101,8 +101,8 @@ def test_a_timeout_with_a_token_in_flight_ends_only_its_request(kimi):
     for rid, ids in prompts.items():
         engine.add_request(rid, ids, PARAMS)
     outs = engine.step() + engine.step()
-    assert engine._inflight is not None and engine._seq_of["r1#0"].request.num_placeholders
-    engine._groups["r1"].metrics.arrival_time -= 7200.0
+    assert engine._inflight is not None and engine.requests.seqs["r1#0"].request.num_placeholders
+    engine.requests.groups["r1"].metrics.arrival_time -= 7200.0
     while engine.has_unfinished_requests():
         outs += engine.step()
     final = {o.request_id: o for o in outs if o.finished}

@@ -132,7 +132,7 @@ def test_a_failure_while_processing_one_token_ends_only_its_request(kimi):
     def broken(tokens):
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
 
-    engine._seq_of["r1#0"].detokenizer.update = broken
+    engine.requests.seqs["r1#0"].detokenizer.update = broken
     final = run_all(engine)
     err = final["r1"].outputs[0]
     assert err.finish_reason == "error" and "UnicodeDecodeError" in err.stop_reason
@@ -247,7 +247,7 @@ def test_a_probe_without_cache_to_run_alone_runs_with_the_others(kimi):
     outs = engine.step()
     engine.add_request("p", prompts["p"], PARAMS)
     outs += engine.step()
-    assert engine._seq_of["p#0"].request.num_computed_tokens == 0  # no room beside r
+    assert engine.requests.seqs["p#0"].request.num_computed_tokens == 0  # no room beside r
     engine._hold("p#0")  # as after a failed step: a suspect, put back alone
     for _ in range(50):
         outs += engine.step()
