@@ -6,6 +6,8 @@ Scenarios, each after a warm-up pass of the same shapes:
     prefill    8 prompts x 1024 tokens in one 8192-token step (what a burst of arrivals costs)
     prefill_pc the same with prefix caching on, as `hyla serve` runs (checkpoint rounds)
     mixed      64 decoding requests + one 512-token prefill chunk (the steady state under load)
+    burst      64 prompts x 850 tokens at once, prefix caching on: the first 6 (eager) steps of
+               `hyla bench serve`'s c=64 wave
     decode     the same 64 requests, decode only (CUDA graphs: the ceiling the mixed step misses)
 
 For each: engine step wall time, the GPU kernel time inside it (torch.profiler), so
@@ -108,6 +110,27 @@ def prefill(engine: LLMEngine, out_dir: Path, vocab: int, name: str = "prefill")
     return row
 
 
+def burst(engine: LLMEngine, out_dir: Path, vocab: int) -> dict:
+    """64 prompts x 850 tokens arriving at once, as `hyla bench serve`'s c=64 wave: 8192-token
+    eager steps, from the second on beside the decode rows of the requests admitted before."""
+    n, length = (8, 100) if SMOKE else (64, 850)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+    def wave(tag: str, seed: int) -> None:
+        for i, p in enumerate(random_prompts(n, length, vocab, seed=seed)):
+            engine.add_request(f"b{tag}{i}", p, params)
+
+    wave("w", 20)  # warm-up: the same shapes
+    _drain(engine)
+    wave("t", 21)
+    wall = _timed(engine, 6)
+    _drain(engine)
+    wave("p", 22)
+    row = _profile(engine, 6, "burst", out_dir, wall)
+    _drain(engine)
+    return row
+
+
 def mixed_and_decode(engine: LLMEngine, out_dir: Path, vocab: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -161,10 +184,10 @@ def main() -> None:
         rows = {"prefill": prefill(engine, out_dir, args.vocab)}
         rows.update(mixed_and_decode(engine, out_dir, args.vocab))
         del engine
-        # the serving default: prefix caching on, a linear-state checkpoint at every stride
-        # boundary (policy "all"), each one more round of the chunked linear-attention kernels
+        # the serving default: prefix caching on (policy "auto": "repeat" on CUDA)
         engine = _engine(tmp, prefix_caching=True)
         rows["prefill_prefix_caching"] = prefill(engine, out_dir, args.vocab, "prefill_pc")
+        rows["burst"] = burst(engine, out_dir, args.vocab)
     command = " ".join(["python3"] + sys.argv)
     result = {"command": command, "commit": git_commit(), **environment(DEVICE), "rows": rows}
     (out_dir / "gpu_profile_mixed.json").write_text(json.dumps(result, indent=2))
