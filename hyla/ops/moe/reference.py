@@ -147,7 +147,7 @@ def route_sqrt_softplus(
         router_logits: [T, E] float32; correction_bias: [E] float32 or None.
     Returns: (topk_weights [T, top_k] float32, topk_ids [T, top_k] int64).
     """
-    scores = F.softplus(router_logits.double()).sqrt().float()
+    scores = F.softplus(router_logits.float()).sqrt()
     choice = scores if correction_bias is None else scores + correction_bias.float()
     _, topk_ids = stable_topk(choice, top_k)
     return _renormalised(scores, topk_ids, routed_scaling_factor), topk_ids
@@ -166,7 +166,7 @@ def route_hash(
         router_logits: [T, E] float32; token_ids: [T] int64; tid2eid: [V, top_k] int64.
     Returns: (topk_weights [T, top_k] float32, topk_ids [T, top_k] int64).
     """
-    scores = F.softplus(router_logits.double()).sqrt().float()
+    scores = F.softplus(router_logits.float()).sqrt()
     topk_ids = tid2eid[token_ids].long()
     return _renormalised(scores, topk_ids, routed_scaling_factor), topk_ids
 
