@@ -30,8 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from throughput import git_commit, hardware  # noqa: E402
 
-from hyla.engine.llm import load_tokenizer  # noqa: E402
-from hyla.engine.loading import DEFAULT_MODEL_DIR  # noqa: E402
+from hyla.engine.loading import DEFAULT_MODEL_DIR, load_tokenizer  # noqa: E402
 from hyla.models.drift import drift, forced_logprobs, greedy_reference, next_tokens  # noqa: E402
 from hyla.models.loader import load_model  # noqa: E402
 from hyla.training.stdlib_data import iter_modules, read_source  # noqa: E402

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from hyla.assets import default_model_path
 from hyla.config import CacheConfig, ConfigError, EngineConfig
-from hyla.engine.llm import load_tokenizer
+from hyla.engine.loading import load_tokenizer
 from hyla.engine.memory import memory_budget
 from hyla.engine.startup import load_chat_template
 

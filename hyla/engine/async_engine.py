@@ -46,8 +46,13 @@ from hyla.request import (
     SamplingParams,
 )
 
-__all__ = ["AsyncEngine", "EngineDeadError", "EngineDrainingError", "QueueFullError"]
-__all__ += ["RequestStream"]
+__all__ = [
+    "AsyncEngine",
+    "EngineDeadError",
+    "EngineDrainingError",
+    "QueueFullError",
+    "RequestStream",
+]
 
 logger = logging.getLogger("hyla.engine")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from hyla.config import ConfigError, ModelConfig
 from hyla.engine.llm_engine import LLMEngine
-from hyla.engine.loading import load_tokenizer, resolve_device  # noqa: F401 - load_tokenizer: its old home
+from hyla.engine.loading import resolve_device
 from hyla.engine.startup import apply_cpu_threads, log_startup
 from hyla.multimodal.chat import chat_prompt
 from hyla.multimodal.runtime import PreparedPrompt

@@ -144,7 +144,6 @@ class LLMEngine:
         self.step_stats = StepStats()
         self.inputs = InputProcessor(self.model_config, tokenizer, multimodal, self.max_model_len,
                                      device)  # fmt: skip
-        self.eos_token_ids = self.inputs.eos_token_ids
         self.requests = RequestTable()
         self._lock = threading.RLock()
         self._inflight: LaunchedStep | None = None  # launched; its tokens not on the host yet

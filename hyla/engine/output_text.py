@@ -36,16 +36,18 @@ class OutputText:
         self.tokenizer = tokenizer
         self.params = params
         self.is_delta = params.output_kind is RequestOutputKind.DELTA
-        self._completions: dict[int, tuple[IncrementalDetokenizer, list[int]]] = {}
+        self._detokenizers: dict[int, IncrementalDetokenizer] = {}  # by completion index
+        self._num_fed: dict[int, int] = {}  # token ids of each completion seen so far
 
     def fill(self, output: RequestOutput) -> None:
         for c in output.outputs:
-            if c.index not in self._completions:
+            detok = self._detokenizers.get(c.index)
+            if detok is None:
                 detok = IncrementalDetokenizer(self.tokenizer, output.prompt_token_ids, self.params)
-                self._completions[c.index] = (detok, [0])
-            detok, fed = self._completions[c.index]
-            new = list(c.token_ids) if self.is_delta else list(c.token_ids[fed[0] :])
-            fed[0] += len(new)
+                self._detokenizers[c.index] = detok
+            fed = self._num_fed.get(c.index, 0)
+            new = list(c.token_ids) if self.is_delta else list(c.token_ids[fed:])
+            self._num_fed[c.index] = fed + len(new)
             if new and self._ended_by_its_token(c):
                 new.pop()  # as the core: a stop token's text is not part of the output
             before = len(detok.text)

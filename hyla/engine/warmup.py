@@ -100,8 +100,10 @@ def _warm_batches(engine: Any, budget: int) -> list[list[list[int]]]:
     counts = {*BATCH_PREFILL_SEQS, -(-budget // cap)}
     runs = []
     for n in sorted({min(n, sched.max_num_seqs) for n in counts} - {1}):
-        length = min(cap, max(1, (budget - 5) // n)) | (n % 2)  # an odd total for an odd n
-        runs.append([[(3 + i) % vocab] * min(length, cap) for i in range(n)])
+        length = max(1, min(cap, (budget - 5) // n))
+        if n % 2 and length % 2 == 0:  # an odd total for an odd n (length >= 2 here)
+            length -= 1
+        runs.append([[(3 + i) % vocab] * length for i in range(n)])
         _run(engine, runs[-1])
     return runs
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from hyla.config import EngineConfig
-from hyla.engine.llm import load_tokenizer
 from hyla.engine.llm_engine import LLMEngine
+from hyla.engine.loading import load_tokenizer
 from hyla.request import RequestOutput, SamplingParams
 from tests.engine.tiny_tokenizer import build_tokenizer
 from tests.hf_tiny import save_tiny_hf_model

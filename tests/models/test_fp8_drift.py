@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hyla.engine.llm import load_tokenizer
-from hyla.engine.loading import DEFAULT_MODEL_DIR
+from hyla.engine.loading import DEFAULT_MODEL_DIR, load_tokenizer
 from hyla.models.drift import drift, forced_logprobs, greedy_reference, next_tokens
 from hyla.models.loader import load_model
 

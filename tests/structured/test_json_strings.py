@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hyla.assets import default_model_path
-from hyla.engine.llm import load_tokenizer
+from hyla.engine.loading import load_tokenizer
 from hyla.structured import StructuredOutputsParams
 from hyla.structured.backend import GrammarBackend
 
