@@ -44,15 +44,18 @@ def check_gemv_shared(T: int, dtype: torch.dtype, device, dims=(16, 3, 200, 72))
     from hyla.ops.moe.gemv import moe_gemv
 
     num_experts, topk, dim, inter = dims
-    gen = torch.Generator().manual_seed(T + 11)
-    x = torch.randn(T, dim, generator=gen).to(dtype)
-    gate_up = (torch.randn(num_experts, 2 * inter, dim, generator=gen) / dim**0.5).to(dtype)
-    down = (torch.randn(num_experts, dim, inter, generator=gen) / inter**0.5).to(dtype)
-    s_gate_up = (torch.randn(2 * inter, dim, generator=gen) / dim**0.5).to(dtype)
-    s_down = (torch.randn(dim, inter, generator=gen) / inter**0.5).to(dtype)
-    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:topk] for _ in range(T)])
-    w = torch.rand(T, topk, generator=gen)
-    a = [t.to(device) for t in (x, gate_up, down, w, ids, s_gate_up, s_down)]
+    # drawn on the device: the DeepSeek-sized case is 30 GB of fp32 randn, minutes on the host
+    gen, on = torch.Generator(device=device).manual_seed(T + 11), dict(device=device)
+    x = torch.randn(T, dim, generator=gen, **on).to(dtype)
+    gate_up = (torch.randn(num_experts, 2 * inter, dim, generator=gen, **on) / dim**0.5).to(dtype)
+    down = (torch.randn(num_experts, dim, inter, generator=gen, **on) / inter**0.5).to(dtype)
+    s_gate_up = (torch.randn(2 * inter, dim, generator=gen, **on) / dim**0.5).to(dtype)
+    s_down = (torch.randn(dim, inter, generator=gen, **on) / inter**0.5).to(dtype)
+    ids = torch.stack(
+        [torch.randperm(num_experts, generator=gen, **on)[:topk] for _ in range(T)]
+    )
+    w = torch.rand(T, topk, generator=gen, **on)
+    a = [x, gate_up, down, w, ids, s_gate_up, s_down]
     got = moe_gemv(*a[:5], shared=(a[5], a[6])).float().cpu()
     routed = kernels._weighted_sum(kernels._gathered(a[0], a[1], a[2], a[4]), a[3], a[4], dtype)
     want = (routed + F.linear(act.silu_and_mul(F.linear(a[0], a[5])), a[6])).float().cpu()
