@@ -16,6 +16,7 @@ host share = 1 - kernel time / wall time, and the top kernels and host ops, writ
 
     PYTHONPATH=. python3 bench/gpu_profile_mixed.py --out-dir "$OUT"
     PYTHONPATH=. python3 bench/gpu_profile_mixed.py --smoke     # CPU, tiny model, a bug check
+    ... --stacks: also profile_mixed_<scenario>_stacks.txt, host ops by Python call site
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from hyla.engine.llm_engine import LLMEngine  # noqa: E402
 from hyla.request import SamplingParams  # noqa: E402
 
 SMOKE = "--smoke" in sys.argv
+STACKS = "--stacks" in sys.argv  # also each scenario's top host ops by Python call site
 DEVICE = "cpu" if SMOKE else "cuda"
 ACT = [torch.profiler.ProfilerActivity.CPU] + (
     [] if SMOKE else [torch.profiler.ProfilerActivity.CUDA]
@@ -78,7 +80,7 @@ def _kernel_ms(prof) -> float:
 
 
 def _profile(engine: LLMEngine, steps: int, name: str, out_dir: Path, wall_ms: float) -> dict:
-    with torch.profiler.profile(activities=ACT) as prof:
+    with torch.profiler.profile(activities=ACT, with_stack=STACKS) as prof:
         for _ in range(steps):
             engine.step()
         _sync()
@@ -91,6 +93,11 @@ def _profile(engine: LLMEngine, steps: int, name: str, out_dir: Path, wall_ms: f
     print(gpu[:5000], flush=True)
     print(cpu[:4000], flush=True)
     (out_dir / f"profile_mixed_{name}.txt").write_text(f"{head}\n\n{gpu}\n\n{cpu}\n")
+    if STACKS:
+        by_site = prof.key_averages(group_by_stack_n=8).table(
+            sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60
+        )
+        (out_dir / f"profile_mixed_{name}_stacks.txt").write_text(by_site)
     return {"step_ms": wall_ms, "kernel_ms": kernel_ms, "host_share": 1 - kernel_ms / wall_ms}
 
 

@@ -1,18 +1,5 @@
-"""`hyla bench serve`: N streaming requests against a running OpenAI-compatible server.
-
-Per request, measured at the client from the moment the request is sent:
-    TTFT  time to the first chunk that carries text
-    ITL   gaps between successive text chunks
-    TPOT  (E2E - TTFT) / (output tokens - 1)
-    E2E   time to the last byte
-Throughput is output tokens (from the final `usage` chunk) over the wall time of the run.
-Prompts are synthetic word sequences (seeded); `ignore_eos` fixes the output length.
-
-Arrivals (as vLLM's `--request-rate`): with `request_rate` = inf every request is sent at once
-(up to `concurrency` in flight); otherwise request i is sent at the i-th event of a Poisson
-process of that rate (exponential gaps, seeded), and still waits for a free concurrency slot.
-Percentiles are numpy's (linear interpolation).
-"""
+"""`hyla bench serve`: N streaming requests against an OpenAI-compatible server, timed at the
+client (TTFT, ITL, TPOT, E2E); arrivals as vLLM's `--request-rate` (inf: at once, else Poisson)."""
 
 from __future__ import annotations
 
@@ -121,8 +108,7 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 
 def arrival_times(config: BenchConfig) -> list[float]:
-    """Send time of each request in seconds from the start: all 0 for an infinite rate, else the
-    events of a seeded Poisson process of `request_rate` per second (the first after one gap)."""
+    """Send times in seconds: all 0 for an infinite rate, else a seeded Poisson process."""
     import numpy as np
 
     n = config.num_requests
@@ -216,7 +202,7 @@ async def run_bench_async(config: BenchConfig) -> BenchResult:
     ) as client:
         try:
             model = config.model or await _first_model(client)
-        except httpx.HTTPStatusError as e:  # reached, but refused (e.g. 401 without --api-key)
+        except httpx.HTTPStatusError as e:
             raise OSError(
                 f"{config.url}/v1/models answered {e.response.status_code}: {e.response.text[:200]}"
             ) from e
@@ -249,7 +235,6 @@ async def run_bench_async(config: BenchConfig) -> BenchResult:
 
 
 def _progress_bar(config: BenchConfig) -> Any:
-    """A tqdm bar of finished requests on stderr, or None when `config.progress` is off."""
     if not config.progress:
         return None
     from tqdm import tqdm

@@ -1,8 +1,4 @@
-"""Byte counts as a person writes them: 8589934592, 8GiB, 8G, 8GB, 1.5GiB, 512MiB.
-
-Binary units: KiB, MiB, GiB, TiB and their one-letter forms K, M, G, T (as `free -h` or
-Docker's `--memory` read them); decimal units: KB, MB, GB, TB; B or nothing: bytes.
-"""
+"""Byte counts as people write them: 8589934592, 8GiB, 8G (binary, as `free -h`), 8GB (decimal)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The `hyla` command: serve | generate | inspect | plan | validate | bench serve.
-
-Engine, cache and scheduler options are generated from the config dataclasses
-(`hyla.cli_options`); heavy modules (torch, transformers, the server) are imported inside the
-commands so `hyla --help` and startup stay fast.
-"""
+"""The `hyla` command: serve | generate | inspect | plan | validate | bench serve. Heavy modules
+are imported inside the commands so `hyla --help` and startup stay fast."""
 
 from __future__ import annotations
 
@@ -44,6 +40,7 @@ def _root(
 ) -> None:  # fmt: skip
     """Inference and serving for hybrid linear/sparse-attention language models."""
 
+
 MODEL_HELP = "Checkpoint directory (Hugging Face or hyla layout). Default: the embedded model."
 
 
@@ -60,10 +57,8 @@ def _fail(message: str) -> None:
 
 def _check_args(model: str | None, engine_options: dict[str, Any], *, needs_tokenizer: bool
                 ) -> None:  # fmt: skip
-    """Fail cleanly (exit 2) on a bad argument before importing torch (seconds of imports):
-    a model path that is missing or has no config.json, an engine option the config rejects,
-    a tokenizer directory without tokenizer files, and (`needs_tokenizer`: text prompts) a
-    model without a tokenizer."""
+    """Exit 2 before importing torch on a missing model or config.json, a rejected option, a
+    tokenizer directory without tokenizer files, or a text prompt for a model without one."""
     from hyla.assets import default_model_path
     from hyla.config import ConfigError, EngineConfig
     from hyla.engine.startup import TOKENIZER_FILES
@@ -87,16 +82,12 @@ def _check_args(model: str | None, engine_options: dict[str, Any], *, needs_toke
 
 
 def _check_config_file(path: str) -> None:
-    """Fail cleanly (exit 2) before importing torch when `path` (a checkpoint directory or a
-    config.json) names no config.json (`hyla.models.loader.config_path`'s rule)."""
     file = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
     if not file.is_file():
         _fail(f"no config.json at {file}")
 
 
 def _check_options(engine_options: dict[str, Any]) -> None:
-    """Fail cleanly (exit 2) on a device torch cannot use, before loading any weights (torch
-    would raise a traceback)."""
     device = engine_options.get("device")
     if device is not None and device != "auto":
         import torch
@@ -110,7 +101,6 @@ def _check_options(engine_options: dict[str, Any]) -> None:
 
 
 def _announce(engine: Any) -> None:
-    """Choose the CPU thread count, then print the start-up line and tokenizer notices."""
     from hyla.engine.startup import apply_cpu_threads, startup_line, tokenizer_notices
 
     apply_cpu_threads(engine)
@@ -145,7 +135,6 @@ def _start_core_process(model: str | None, engine_options: dict[str, Any]) -> An
 
 
 def _has_vision(model: str | None) -> bool:
-    """Whether MODEL's config.json declares a vision tower (the embedded model has none)."""
     import json
 
     path = Path(model) / "config.json" if model is not None else None
@@ -176,8 +165,6 @@ def _start_replicas(model: str | None, options: dict[str, Any], num_replicas: in
 
 
 def _bind(host: str, port: int) -> Any:
-    """The listening socket for `host:port` (port 0: a free one), bound before the model loads;
-    fails cleanly (exit 2) when it cannot be bound (in use, no such interface)."""
     from hyla.server.launch import bind_socket
 
     try:
@@ -187,8 +174,7 @@ def _bind(host: str, port: int) -> Any:
 
 
 def _check_api_key(api_key: str | None) -> None:
-    """Fail cleanly (exit 2) on an empty API key: it would turn authentication off silently
-    (click reads an empty HYLA_API_KEY as unset, so that case is checked here too)."""
+    """Exit 2 on an empty API key: click reads an empty HYLA_API_KEY as unset (auth off)."""
     import os
 
     env_value = os.environ.get("HYLA_API_KEY")
@@ -196,13 +182,14 @@ def _check_api_key(api_key: str | None) -> None:
     value = env_value if from_env else api_key
     if value is not None and (not value.strip() or value != value.strip()):
         source = "HYLA_API_KEY" if from_env else "--api-key"
-        _fail(f"{source}: the API key must be non-empty without surrounding whitespace (leave "
-              "it unset to serve without authentication)")
+        _fail(
+            f"{source}: the API key must be non-empty without surrounding whitespace (leave "
+            "it unset to serve without authentication)"
+        )
 
 
 def _record_interrupts() -> list[int]:
-    """SIGINT raises KeyboardInterrupt as by default, and is also noted in the list returned:
-    an interrupt that lands in code which swallows the exception still ends the start-up."""
+    """Note SIGINTs in the returned list too: a swallowed KeyboardInterrupt must end start-up."""
     import signal
 
     seen: list[int] = []
@@ -220,52 +207,82 @@ def _record_interrupts() -> list[int]:
 
 
 def serve(
-    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
-                                       show_default=False),
+    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP, show_default=False),
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: any free port)."),
     api_key: str | None = typer.Option(
-        None, envvar="HYLA_API_KEY", help="Require 'Authorization: Bearer <key>' on every "
-        "route but /health (/v1/*, /metrics, /docs, /openapi.json); must not be empty."),
+        None,
+        envvar="HYLA_API_KEY",
+        help="Require 'Authorization: Bearer <key>' on every "
+        "route but /health (/v1/*, /metrics, /docs, /openapi.json); must not be empty.",
+    ),
     served_model_name: str | None = typer.Option(
-        None, help="Model name clients send (default: the checkpoint directory's name; "
-        "'default' for the embedded model)."),
+        None,
+        help="Model name clients send (default: the checkpoint directory's name; "
+        "'default' for the embedded model).",
+    ),
     max_request_bytes: int | None = typer.Option(
-        None, min=1, help="Larger request bodies get 413 (default: 8 MiB; for a vision model "
-        "enough for one image of --max-image-bytes as a base64 data URL, plus 1 MiB)."),
+        None,
+        min=1,
+        help="Larger request bodies get 413 (default: 8 MiB; for a vision model "
+        "enough for one image of --max-image-bytes as a base64 data URL, plus 1 MiB).",
+    ),
     tokenizer_pool_size: int = typer.Option(
-        1, min=0, help="Worker processes that validate, render and tokenize request bodies of "
+        1,
+        min=0,
+        help="Worker processes that validate, render and tokenize request bodies of "
         "64 KiB or more, so a large request does not stall running streams (0: all in the "
-        "server process). Vision models use none."),
+        "server process). Vision models use none.",
+    ),
     engine_core_process: bool = typer.Option(
-        True, help="Run the engine core (scheduler and steps) in a process of its own, so "
-        "HTTP, JSON and tokenization never share its GIL (vision checkpoints and "
-        "--tensor-parallel-size > 1 run it in the server process for now)."),
+        True,
+        help="Run the engine core (scheduler and steps) in a process of its own, so "
+        "HTTP, JSON and tokenization never share its GIL (vision checkpoints run it in the "
+        "server process for now).",
+    ),
     drain_timeout: float = typer.Option(
-        30.0, min=0.0, help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
-        "them with finish_reason 'abort' (0: at once). A second signal exits at once."),
+        30.0,
+        min=0.0,
+        help="On SIGTERM/SIGINT, seconds to let requests finish before ending "
+        "them with finish_reason 'abort' (0: at once). A second signal exits at once.",
+    ),
     log_level: str = typer.Option("info", help="uvicorn log level."),
     disable_uvicorn_access_log: bool = typer.Option(
-        False, "--disable-uvicorn-access-log", help="No access-log line per request (vLLM's "
-        "flag; the line is uvicorn's, at log level info)."),
+        False,
+        "--disable-uvicorn-access-log",
+        help="No access-log line per request (vLLM's "
+        "flag; the line is uvicorn's, at log level info).",
+    ),
     header_timeout: float = typer.Option(
-        10.0, min=0.001, help="Seconds a connection may take to send a request's line and "
+        10.0,
+        min=0.001,
+        help="Seconds a connection may take to send a request's line and "
         "headers (from its accept, or from the first byte of its next request when kept "
-        "alive); then it is answered 408 and closed."),
+        "alive); then it is answered 408 and closed.",
+    ),
     body_timeout: float = typer.Option(
-        30.0, min=0.001, help="Seconds a request body may take to arrive in full (else 408)."),
+        30.0, min=0.001, help="Seconds a request body may take to arrive in full (else 408)."
+    ),
     timeout_keep_alive: int = typer.Option(
-        5, min=1, help="Seconds an idle kept-alive connection stays open."),
+        5, min=1, help="Seconds an idle kept-alive connection stays open."
+    ),
     max_connections: int | None = typer.Option(
-        None, min=1, help="Most open connections; over it, the one waiting longest for a "
+        None,
+        min=1,
+        help="Most open connections; over it, the one waiting longest for a "
         "request head is closed (default: the file-descriptor limit, raised to its hard "
-        "limit, less 128)."),
+        "limit, less 128).",
+    ),
     data_parallel_size: int = typer.Option(
-        1, min=1, help="Engine replicas behind one front end, each a Ray actor with its own "
-        "devices, requests routed prefix-aware and least-loaded (vLLM's flag)."),
+        1,
+        min=1,
+        help="Engine replicas behind one front end, each a Ray actor with its own "
+        "devices, requests routed prefix-aware and least-loaded (vLLM's flag).",
+    ),
     ray_address: str | None = typer.Option(
-        None, help="With --data-parallel-size > 1: the Ray cluster to join (default: start a "
-        "local Ray)."),
+        None,
+        help="With --data-parallel-size > 1: the Ray cluster to join (default: start a local Ray).",
+    ),
     engine_options: dict | None = None,
 ) -> None:
     """Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models)."""
@@ -284,25 +301,39 @@ def serve(
         from hyla.server.api import build_app
         from hyla.server.launch import make_server, run_until_signal
 
-        if data_parallel_size > 1:  # replicas on Ray (hyla/replicas)
+        if data_parallel_size > 1:
             async_engine = _start_replicas(model, options, data_parallel_size, ray_address)
-        elif engine_core_process and not _has_vision(model) \
-                and (options.get("tensor_parallel_size") or 1) == 1:
+        elif engine_core_process and not _has_vision(model):
             async_engine = _start_core_process(model, options)
         else:
-            async_engine = AsyncEngine(_load_engine(model, options))  # its timeouts, queue bound
+            async_engine = AsyncEngine(_load_engine(model, options))
         name = served_model_name or async_engine.model_name
-        fastapi_app = build_app(async_engine, name, api_key=api_key,
-                                max_request_bytes=max_request_bytes,
-                                drain_timeout=drain_timeout, body_timeout=body_timeout,
-                                tokenizer_pool_size=tokenizer_pool_size)
-        typer.echo(f"hyla: serving {name!r} (max_model_len {async_engine.max_model_len}) on "
-                   f"http://{host}:{port}/v1", err=True)
-        server = make_server(fastapi_app, async_engine, host, port, log_level, drain_timeout,
-                             access_log=not disable_uvicorn_access_log,
-                             header_timeout=header_timeout,
-                             timeout_keep_alive=timeout_keep_alive,
-                             max_connections=max_connections)
+        fastapi_app = build_app(
+            async_engine,
+            name,
+            api_key=api_key,
+            max_request_bytes=max_request_bytes,
+            drain_timeout=drain_timeout,
+            body_timeout=body_timeout,
+            tokenizer_pool_size=tokenizer_pool_size,
+        )
+        typer.echo(
+            f"hyla: serving {name!r} (max_model_len {async_engine.max_model_len}) on "
+            f"http://{host}:{port}/v1",
+            err=True,
+        )
+        server = make_server(
+            fastapi_app,
+            async_engine,
+            host,
+            port,
+            log_level,
+            drain_timeout,
+            access_log=not disable_uvicorn_access_log,
+            header_timeout=header_timeout,
+            timeout_keep_alive=timeout_keep_alive,
+            max_connections=max_connections,
+        )
         if interrupts:  # its KeyboardInterrupt was swallowed (e.g. by an import's C code)
             raise KeyboardInterrupt
     except KeyboardInterrupt:
@@ -312,8 +343,12 @@ def serve(
 
 
 def generate(
-    args: list[str] = typer.Argument(..., metavar="[MODEL] PROMPT", show_default=False,
-                                     help="Optional checkpoint directory, then the prompt."),
+    args: list[str] = typer.Argument(
+        ...,
+        metavar="[MODEL] PROMPT",
+        show_default=False,
+        help="Optional checkpoint directory, then the prompt.",
+    ),
     max_tokens: int = typer.Option(64, help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 is greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass in (0, 1]."),
@@ -335,8 +370,14 @@ def generate(
     options = engine_options or {}
     _check_args(model, options, needs_tokenizer=True)
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                top_k=top_k, seed=seed, stop=tuple(stop))
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=tuple(stop),
+        )
     except InvalidRequestError as e:
         _fail(str(e))
     _check_options(options)
@@ -346,8 +387,10 @@ def generate(
         llm = LLM(model, **options)
         _announce(llm.engine)
         if llm.tokenizer is None:
-            _fail("this model has no tokenizer (no tokenizer.json or tokenizer_config.json in "
-                  "its directory); pass --tokenizer DIR")
+            _fail(
+                "this model has no tokenizer (no tokenizer.json or tokenizer_config.json in "
+                "its directory); pass --tokenizer DIR"
+            )
         _stream_to_terminal(llm, text, params)
     except (ConfigError, InvalidRequestError, FileNotFoundError) as e:
         _fail(str(e))
@@ -367,21 +410,35 @@ def _stream_to_terminal(llm: Any, prompt: str, params: Any) -> None:
     sys.stdout.write("\n")
     if out is not None:
         c = out.outputs[0]
-        typer.echo(f"[{len(out.prompt_token_ids)} prompt tokens, {len(c.token_ids)} generated, "
-                   f"finish_reason={c.finish_reason}]", err=True)
+        typer.echo(
+            f"[{len(out.prompt_token_ids)} prompt tokens, {len(c.token_ids)} generated, "
+            f"finish_reason={c.finish_reason}]",
+            err=True,
+        )
 
 
 def inspect(
     path: str = typer.Argument(..., metavar="PATH", help="Checkpoint directory to describe."),
-    gaps: bool = typer.Option(False, "--gaps", help="List which modules map to hyla's ops and "
-                              "which are missing (works for unsupported architectures too)."),
-    tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", help="Also print "
-                                             "the weight, cache and state bytes of one rank."),
-    enable_expert_parallel: bool = typer.Option(False, "--enable-expert-parallel",
-                                                help="Ranks hold whole experts (with TP > 1)."),
-    dtype: str | None = typer.Option(None, help="The dtype the cache figures are for, as "
-                                     "`serve --dtype` (default: what serve uses here: float32 "
-                                     "on the CPU, the checkpoint's on a GPU)."),
+    gaps: bool = typer.Option(
+        False,
+        "--gaps",
+        help="List which modules map to hyla's ops and "
+        "which are missing (works for unsupported architectures too).",
+    ),
+    tensor_parallel_size: int = typer.Option(
+        1,
+        "--tensor-parallel-size",
+        help="Also print the weight, cache and state bytes of one rank.",
+    ),
+    enable_expert_parallel: bool = typer.Option(
+        False, "--enable-expert-parallel", help="Ranks hold whole experts (with TP > 1)."
+    ),
+    dtype: str | None = typer.Option(
+        None,
+        help="The dtype the cache figures are for, as "
+        "`serve --dtype` (default: what serve uses here: float32 "
+        "on the CPU, the checkpoint's on a GPU).",
+    ),
 ) -> None:
     """Describe a checkpoint: family, layer pattern, cache bytes per token and per state slot."""
     _check_config_file(path)
@@ -413,8 +470,7 @@ def inspect(
 
 
 def _serve_dtype(dtype: str | None) -> str | None:
-    """The dtype `hyla serve` loads a model in on this machine (`--dtype` as EngineConfig reads
-    it; unset: float32 without CUDA, else the checkpoint's, None)."""
+    """The dtype `hyla serve` loads in here (unset `--dtype`: float32 without CUDA, else None)."""
     import torch
 
     from hyla.config import ConfigError, EngineConfig
@@ -429,20 +485,29 @@ def _serve_dtype(dtype: str | None) -> str | None:
 
 
 def plan(
-    path: str = typer.Argument(..., metavar="MODEL_OR_CONFIG",
-                               help="Checkpoint directory or config.json (no weights needed)."),
-    gpu: str = typer.Option("H200", help="GPU kind (A100, H100, H20, H200, B200, GB200, L40S, "
-                            "MI300X, MI325X)."),
+    path: str = typer.Argument(
+        ...,
+        metavar="MODEL_OR_CONFIG",
+        help="Checkpoint directory or config.json (no weights needed).",
+    ),
+    gpu: str = typer.Option(
+        "H200", help="GPU kind (A100, H100, H20, H200, B200, GB200, L40S, MI300X, MI325X)."
+    ),
     num_gpus: int = typer.Option(8, min=1, help="GPUs to spread the model over."),
     context: int = typer.Option(131072, min=1, help="Tokens per sequence (prompt + output)."),
     concurrency: int = typer.Option(64, min=1, help="Sequences running at once."),
-    dtype: str | None = typer.Option(None, help="Weight dtype: bfloat16, float16, fp8, float32 "
-                                     "(default: the config's); a float one is the cache's too."),
+    dtype: str | None = typer.Option(
+        None,
+        help="Weight dtype: bfloat16, float16, fp8, float32 "
+        "(default: the config's); a float one is the cache's too.",
+    ),
     kv_cache_dtype: str | None = typer.Option(None, help="Cache dtype (default: the model's)."),
-    memory_fraction: float = typer.Option(0.9, min=0.01, max=1.0,
-                                          help="Share of each GPU's memory hyla may use."),
-    reserve_gib: float = typer.Option(2.0, min=0.0,
-                                      help="GiB per GPU kept for activations and workspace."),
+    memory_fraction: float = typer.Option(
+        0.9, min=0.01, max=1.0, help="Share of each GPU's memory hyla may use."
+    ),
+    reserve_gib: float = typer.Option(
+        2.0, min=0.0, help="GiB per GPU kept for activations and workspace."
+    ),
     memory_gib: float | None = typer.Option(None, help="Override the GPU's memory (GiB)."),
     memory_bw_tbs: float | None = typer.Option(None, help="Override HBM bandwidth (TB/s)."),
     bf16_tflops: float | None = typer.Option(None, help="Override dense bf16 TFLOP/s."),
@@ -465,14 +530,22 @@ def plan(
     try:
         spec = gpu_spec(gpu).replace(
             memory=None if memory_gib is None else int(memory_gib * GiB),
-            memory_bw=scaled(memory_bw_tbs, 1e12), bf16_flops=scaled(bf16_tflops, 1e12),
-            fp8_flops=scaled(fp8_tflops, 1e12), link_bw=scaled(link_gbs, 1e9))
+            memory_bw=scaled(memory_bw_tbs, 1e12),
+            bf16_flops=scaled(bf16_tflops, 1e12),
+            fp8_flops=scaled(fp8_tflops, 1e12),
+            link_bw=scaled(link_gbs, 1e9),
+        )
         from hyla.models.loader import load_config
 
         config = load_config(path)
-        work = Workload(num_gpus=num_gpus, context=context, concurrency=concurrency,
-                        weight_dtype=dtype or config.dtype, memory_fraction=memory_fraction,
-                        reserve_bytes=int(reserve_gib * GiB))
+        work = Workload(
+            num_gpus=num_gpus,
+            context=context,
+            concurrency=concurrency,
+            weight_dtype=dtype or config.dtype,
+            memory_fraction=memory_fraction,
+            reserve_bytes=int(reserve_gib * GiB),
+        )
         report = make_plan(path, spec, work, kv_cache_dtype=kv_cache_dtype)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
@@ -483,19 +556,25 @@ def plan(
 
 
 def validate(
-    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP,
-                                       show_default=False),
-    out: str = typer.Option("validate-report", help="Report directory (report.md, report.html, "
-                            "summary.json, PNG plots)."),
-    checks: str = typer.Option("precision,long_context,throughput,service,vision",
-                               help="Comma-separated checks to run."),
+    model: str | None = typer.Argument(None, metavar="MODEL", help=MODEL_HELP, show_default=False),
+    out: str = typer.Option(
+        "validate-report",
+        help="Report directory (report.md, report.html, summary.json, PNG plots).",
+    ),
+    checks: str = typer.Option(
+        "precision,long_context,throughput,service,vision", help="Comma-separated checks to run."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Small samples and grids (CI)."),
-    reference: str | None = typer.Option(None, help="Checkpoint the reference loads "
-                                         "(default: MODEL)."),
+    reference: str | None = typer.Option(
+        None, help="Checkpoint the reference loads (default: MODEL)."
+    ),
     url: str | None = typer.Option(None, help="A running deployment for the service checks."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto."),
-    dtype: str | None = typer.Option(None, help="float32, bfloat16 or float16 (default: float32 "
-                                     "on the CPU, the checkpoint's dtype on a GPU)."),
+    dtype: str | None = typer.Option(
+        None,
+        help="float32, bfloat16 or float16 (default: float32 "
+        "on the CPU, the checkpoint's dtype on a GPU).",
+    ),
     engine_options: dict | None = None,
 ) -> None:
     """Run the acceptance checklist on MODEL; exit 0 only when every check passes its bound.
@@ -514,15 +593,25 @@ def validate(
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = dtype or ("float32" if device == "cpu" else load_config(path).dtype)
-        ctx = Context(model=path, reference=Path(reference) if reference else path,
-                      out_dir=Path(out), device=device, dtype=dtype, quick=quick, url=url,
-                      engine_options=options)
+        ctx = Context(
+            model=path,
+            reference=Path(reference) if reference else path,
+            out_dir=Path(out),
+            device=device,
+            dtype=dtype,
+            quick=quick,
+            url=url,
+            engine_options=options,
+        )
         _, results = run_validate(ctx, names)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
     for r in results:
-        typer.echo(f"{r.status:>7}  {r.title}" + "".join(f"\n         {f}" for f in r.failures)
-                   + "".join(f"\n         note: {n}" for n in r.notes))
+        typer.echo(
+            f"{r.status:>7}  {r.title}"
+            + "".join(f"\n         {f}" for f in r.failures)
+            + "".join(f"\n         note: {n}" for n in r.notes)
+        )
     typer.echo(f"report: {out}/report.md, {out}/report.html, {out}/summary.json", err=True)
     if not all(r.passed for r in results):
         raise typer.Exit(1)
@@ -530,8 +619,6 @@ def validate(
 
 def _check_validate_args(model: str | None, names: tuple[str, ...], options: dict[str, Any]
                          ) -> None:  # fmt: skip
-    """Fail cleanly (exit 2) before importing torch: an unknown check, a missing model, or
-    checks whose report plots need matplotlib (the `validate` extra) when it is absent."""
     import importlib.util
 
     from hyla.validate.runner import CHECK_NAMES
@@ -568,10 +655,19 @@ def bench_serve(
     """Send N concurrent streaming requests; print TTFT/TPOT/ITL/E2E percentiles, throughput."""
     from hyla.bench_serve import BenchConfig, format_table, run_bench, write_json
 
-    config = BenchConfig(url=url, model=model, num_requests=num_requests,
-                         concurrency=concurrency, input_len=input_len, output_len=output_len,
-                         endpoint=endpoint, api_key=api_key, seed=seed,
-                         request_rate=request_rate, progress=not disable_tqdm)
+    config = BenchConfig(
+        url=url,
+        model=model,
+        num_requests=num_requests,
+        concurrency=concurrency,
+        input_len=input_len,
+        output_len=output_len,
+        endpoint=endpoint,
+        api_key=api_key,
+        seed=seed,
+        request_rate=request_rate,
+        progress=not disable_tqdm,
+    )
     try:
         result = run_bench(config)
     except (ValueError, OSError) as e:

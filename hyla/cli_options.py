@@ -1,13 +1,5 @@
-"""Typer options generated from the config dataclasses (no hand-written option lists).
-
-`config_options(EngineConfig, CacheConfig, SchedulerConfig)` turns every scalar field into an
-option spec: `--kv-cache-memory INTEGER`, `--enable-prefix-caching/--no-enable-prefix-caching`,
-with the help text taken from the sentence of the class docstring that names the field.
-`add_options(command, specs)` returns a command whose signature carries those options too;
-the values the user set reach the command as one dict, `engine_options`, ready for
-`EngineConfig.from_kwargs(**engine_options)`. Options left unset are omitted, so the
-dataclass defaults stay the single source of truth.
-"""
+"""Typer options from the config dataclasses' scalar fields, helped by the docstring clause naming
+each field; unset options are omitted, so dataclass defaults stay the single source of truth."""
 
 from __future__ import annotations
 
@@ -28,8 +20,6 @@ _SCALARS = (int, float, str, bool)
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """One generated option: the field `name`, its scalar `type`, default and help."""
-
     name: str
     type: type
     default: Any
@@ -41,7 +31,7 @@ class OptionSpec:
 
 
 def _scalar_type(hint: Any) -> type | None:
-    """`int`, `int | None`, `Optional[int]` -> int; anything else (tuples, configs) -> None."""
+    """`int`, `int | None`, `Optional[int]` -> int; anything else -> None."""
     if hint in _SCALARS:
         return hint
     args = typing.get_args(hint)
@@ -54,8 +44,7 @@ def _scalar_type(hint: Any) -> type | None:
 
 
 def _field_help(cls: type, name: str) -> str:
-    """The field's `metadata["help"]`, else the clause of the class docstring that names
-    `name` in backticks, else the name."""
+    """`metadata["help"]`, else the class docstring clause naming `name` in backticks."""
     meta = {f.name: f.metadata for f in dataclasses.fields(cls)}.get(name, {})
     if "help" in meta:
         return meta["help"]
@@ -86,7 +75,7 @@ def config_options(*classes: type, exclude: tuple[str, ...] = ()) -> list[Option
                 continue
             default = _default_of(f)
             help_text = _field_help(cls, f.name)
-            if "default" not in help_text:  # the help text may say it better ("by fraction")
+            if "default" not in help_text:
                 help_text += f" (default: {default})"
             specs[f.name] = OptionSpec(f.name, kind, default, help_text)
     return list(specs.values())

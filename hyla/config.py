@@ -1,12 +1,5 @@
-"""Frozen configuration dataclasses: the model's declarative layer pattern and engine settings.
-
-`ModelConfig` is the only description of a model that hyla's model code sees. Hugging Face
-configs are converted into it by the per-family adapters in `hyla.models` (see
-`hyla.models.registry.config_from_hf`); hyla's own JSON layout is read by `ModelConfig.from_dict`.
-
-Every config is validated once in `__post_init__`; a bad value raises `ConfigError` naming the
-field and the limit.
-"""
+"""Frozen, self-validating config dataclasses (a bad value raises `ConfigError` naming the field).
+`ModelConfig` is all hyla's model code sees of a model (HF configs via `hyla.models` adapters)."""
 
 from __future__ import annotations
 
@@ -17,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from hyla.byte_sizes import parse_bytes
-from hyla.server.tool_parsers.names import REASONING_PARSERS, TOOL_CALL_PARSERS
 
 LINEAR_KINDS = ("kda", "gdn")
 ATTENTION_KINDS = ("mla", "gqa", "dsa")
@@ -28,6 +20,12 @@ ROPE_SCALING_TYPES = ("default", "linear", "yarn")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8")
 MAMBA_SSM_CACHE_DTYPES = ("float32", "bfloat16")
 QUANTIZATION_METHODS = ("fp8",)
+
+# the `--tool-call-parser` and `--reasoning-parser` names (vLLM's)
+TOOL_CALL_PARSERS = ("auto", "kimi_k2", "deepseek_v31", "deepseek_v32", "glm45", "glm47",
+                     "hermes", "qwen3_coder")
+REASONING_PARSERS = ("auto", "deepseek_r1", "deepseek_v3", "qwen3", "glm45", "kimi_k2", "kimi")
+
 
 
 class ConfigError(ValueError):
@@ -43,10 +41,7 @@ DEFAULT_IMAGES_PER_PROMPT = 4
 
 
 def images_per_prompt(value: Any, default: int = DEFAULT_IMAGES_PER_PROMPT) -> int:
-    """`limit_mm_per_prompt` in vLLM's forms -> the image count: an int (or its string), or a
-    mapping / JSON object of modality -> count in which only "image" may be non-zero (the
-    engine takes no video or audio; a limit for them is refused, not ignored). A mapping
-    without "image" leaves images at `default`, as vLLM leaves an unlisted modality."""
+    """`limit_mm_per_prompt` in vLLM's forms -> image count (other modalities must be 0)."""
     name = "limit_mm_per_prompt"
     if isinstance(value, str):
         try:
@@ -65,8 +60,7 @@ def images_per_prompt(value: Any, default: int = DEFAULT_IMAGES_PER_PROMPT) -> i
 
 
 def media_domains(value: Any) -> tuple[str, ...]:
-    """`allowed_media_domains` as given (a comma- or space-separated string, or a list) -> a
-    tuple of lower-case host names."""
+    """`allowed_media_domains` (comma/space-separated string or list) -> lower-case host names."""
     items = value.replace(",", " ").split() if isinstance(value, str) else value
     _require(isinstance(items, (list, tuple)) and all(isinstance(d, str) and d for d in items),
              "allowed_media_domains", f"expected host names, got {value!r}")  # fmt: skip
@@ -569,7 +563,6 @@ class ModelConfig:
         return len(self.layer_pattern)
 
     def layer_ids(self, *kinds: str) -> list[int]:
-        """Indices of the layers whose kind is in `kinds`."""
         return [i for i, k in enumerate(self.layer_pattern) if k in kinds]
 
     def extra_dict(self) -> dict[str, Any]:
@@ -577,8 +570,6 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
-
-    # -- hyla's own JSON layout ------------------------------------------------------------------
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
@@ -803,8 +794,7 @@ class CacheConfig:
 
 
 SPEC_METHODS = ("ngram",)
-# Above this many running sequences no step drafts (`disable_by_batch_size`): drafting costs an
-# eager step with per-position states and a host round trip, which a full batch pays for nothing.
+# `disable_by_batch_size`: a full batch gains nothing from a draft's eager step and round trip.
 DEFAULT_SPEC_DISABLE_BATCH_SIZE = 8
 
 
@@ -1063,7 +1053,7 @@ class EngineConfig:
         _require(isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
                  and 0 < timeout <= 86400, "media_fetch_timeout",
                  f"must be > 0 seconds and at most a day (86400), got {timeout!r}")  # fmt: skip
-        if self.dtype in DTYPE_ALIASES:  # vLLM's spellings
+        if self.dtype in DTYPE_ALIASES:
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.dtype is not None:
             _require(
@@ -1100,10 +1090,7 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
-        """Route flat options to EngineConfig, CacheConfig or SchedulerConfig by field name.
-
-        `cache=`/`scheduler=` may also be passed whole. Raises ConfigError for an unknown name.
-        """
+        """Route flat options to the config owning each field; ConfigError for an unknown name."""
         sub: dict[str, dict[str, Any]] = {"cache": {}, "scheduler": {}}
         top: dict[str, Any] = {}
         own = {f.name for f in dataclasses.fields(cls)}

@@ -1,11 +1,5 @@
-"""A standard error stream that cannot end the process.
-
-`hyla serve` writes to stderr at start (the start-up line, the weight-loading progress bar)
-and logs there while serving. When stderr cannot be written (a full disk behind `2>file`,
-`2>/dev/full`, a closed pipe, or closed altogether: `2>&-`) the first write raised OSError
-out of tqdm and the server exited 1 before it loaded, with no message anywhere. The messages
-are lost either way; serving must not be.
-"""
+"""A stderr that cannot end the process: an unwritable stderr (`2>/dev/full`, `2>&-`, a closed
+pipe) made tqdm raise OSError and `hyla serve` exit 1 silently before loading."""
 
 from __future__ import annotations
 
@@ -15,8 +9,7 @@ from typing import Any
 
 
 class TolerantStream:
-    """Wraps a text stream: `write` and `flush` drop what cannot be written instead of raising;
-    everything else is the stream's."""
+    """Wraps a text stream; `write` and `flush` drop what cannot be written instead of raising."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -38,8 +31,7 @@ class TolerantStream:
 
 
 def tolerate_broken_stderr() -> None:
-    """Make `sys.stderr` a TolerantStream (an open null device when the process started with
-    file descriptor 2 closed: Python then sets it to None, which tqdm cannot write to)."""
+    """Make `sys.stderr` a TolerantStream (over os.devnull when fd 2 was closed: stderr is None)."""
     if isinstance(sys.stderr, TolerantStream):
         return
     stream = sys.stderr

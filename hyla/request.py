@@ -1,10 +1,4 @@
-"""Requests, sampling parameters and outputs (plain Python, no torch).
-
-`SamplingParams` is validated once in `__post_init__`: a bad value raises `SamplingParamsError`
-naming the field and the limit. `Request` is one generated sequence as the scheduler sees it:
-its progress is `num_computed_tokens` catching up with `num_tokens` (prompt + generated).
-A user request with `n > 1` becomes n `Request`s inside the engine.
-"""
+"""Requests, sampling parameters and outputs (plain Python, no torch)."""
 
 from __future__ import annotations
 
@@ -14,49 +8,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hyla.errors import InvalidRequestError, QueueFullError, SamplingParamsError  # noqa: F401 - hyla.request names them
+
 if TYPE_CHECKING:
     from hyla.structured.params import StructuredOutputsParams
 
 MAX_N = 16
 MAX_LOGPROBS = 20
-# Seeds are signed 64-bit integers (what torch.Generator.manual_seed and most clients accept);
-# sequence k of a request uses seed + k, which stays below 2**64 for any seed in this range.
+# Signed 64-bit (torch.Generator.manual_seed); sequence k's seed + k stays below 2**64.
 MIN_SEED, MAX_SEED = -(2**63), 2**63 - 1
 
 
-class InvalidRequestError(ValueError):
-    """A request is malformed or cannot be served; `field` names the offending input."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-    def __reduce__(self) -> tuple:  # crosses the engine-core process boundary as it is
-        return type(self), (self.field, self.message)
-
-
-class SamplingParamsError(InvalidRequestError):
-    """A `SamplingParams` field is out of range or of the wrong type."""
-
-
-class QueueFullError(RuntimeError):
-    """The engine's waiting queue holds `max_queue_len` requests; retry after `retry_after`
-    seconds."""
-
-    def __init__(self, max_queue_len: int, retry_after: int = 1) -> None:
-        super().__init__(f"max_queue_len: the queue is full ({max_queue_len} waiting requests)")
-        self.max_queue_len = max_queue_len
-        self.retry_after = retry_after
-
-    def __reduce__(self) -> tuple:
-        return type(self), (self.max_queue_len, self.retry_after)
-
-
 class RequestOutputKind(enum.Enum):
-    """What each `RequestOutput` of a request carries (vLLM's names): CUMULATIVE everything so
-    far (a copy per step), DELTA only what is new since the request's last output (each token,
-    text piece, logprob and finish once), FINAL_ONLY one cumulative output when it ends."""
+    """vLLM's output kinds: CUMULATIVE (a copy per step), DELTA (each piece once), FINAL_ONLY."""
 
     CUMULATIVE = 0
     DELTA = 1
@@ -86,20 +50,10 @@ MIN_TEMPERATURE = 1e-2
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to draw tokens for one request.
+    """How to draw tokens for one request; a bad field raises SamplingParamsError naming it.
 
-    `temperature == 0` is greedy. `top_k <= 0` and `top_p == 1` and `min_p == 0` are off.
-    Penalties follow the OpenAI/CTRL definitions: repetition divides positive logits (multiplies
-    negative ones) of tokens seen in prompt or output; presence subtracts once per seen output
-    token, frequency once per occurrence. `max_tokens=None` means up to the context limit.
-    `logprobs`/`prompt_logprobs` ask for the top-N log-probabilities (plus the chosen token).
-    `output_kind`: cumulative outputs, deltas, or the final output only (`RequestOutputKind`).
-    `structured_outputs`: a grammar the output must follow (`hyla.structured`), None: free text.
-    `detokenize=False`: no text, token ids only (no stop strings then).
-
-    Raises:
-        SamplingParamsError: a field is out of range; the message names the field and limit.
-    """
+    Penalties as OpenAI/CTRL: repetition divides positive logits (multiplies negative) of seen
+    tokens; presence once per seen output token, frequency per occurrence."""
 
     n: int = 1
     best_of: int | None = None
@@ -228,7 +182,6 @@ class SamplingParams:
 
     @property
     def num_sequences(self) -> int:
-        """Sequences generated internally: `best_of` when set, else `n`."""
         return self.best_of if self.best_of is not None else self.n
 
 
@@ -247,7 +200,6 @@ class RequestStatus(enum.Enum):
 
     @property
     def finish_reason(self) -> str | None:
-        """The OpenAI finish_reason string of a finished status, else None."""
         return self.value if self.is_finished else None
 
 
@@ -264,9 +216,7 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
-    """One of the n completions of a request: `text`, `token_ids` and `logprobs` are cumulative,
-    or with `RequestOutputKind.DELTA` what is new since its last output (`finish_reason` then
-    comes once, in the output where it finished); `cumulative_logprob` is always the total."""
+    """One of a request's completions; with DELTA only what is new (`cumulative_logprob`: total)."""
 
     index: int
     text: str
@@ -283,12 +233,8 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """What a request has produced so far (cumulative), or since its last output (DELTA: only
-    the completions with something new; `prompt_logprobs` in the first output only), returned by
-    `LLMEngine.step()`.
-
-    `prompt_token_ids` is the same list object in every output of a request (copying a 1M-token
-    prompt each decode step would cost ~4 ms): read it, do not modify it."""
+    """A request's output from `LLMEngine.step()`. `prompt_token_ids` is one list shared by all its
+    outputs (copying a 1M-token prompt per step costs ~4 ms): do not modify it."""
 
     request_id: str
     prompt: str | None
@@ -300,8 +246,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
     def add(self, later: RequestOutput) -> None:
-        """Append a later DELTA output of the same request to this one, in place (a consumer
-        that fell behind gets one output with every piece, in order)."""
+        """Append a later DELTA output of this request in place (a consumer fell behind)."""
         mine = {c.index: c for c in self.outputs}
         for c in later.outputs:
             old = mine.get(c.index)
@@ -328,17 +273,9 @@ class RequestOutput:
 
 @dataclass(eq=False)
 class Request:
-    """One sequence as the scheduler sees it.
-
-    `all_token_ids` = prompt + generated; `num_computed_tokens` of them are in the cache. After a
-    preemption `num_computed_tokens` drops to 0 and the whole sequence is recomputed.
-    `num_cached_tokens`: prompt tokens served from the prefix cache at its first admission.
-    `num_placeholders`: trailing tokens sampled by a step whose values are still on the device
-    (vLLM's `num_output_placeholders`): counted in `num_tokens`, not in the token lists, until
-    `resolve_placeholder` appends the value. `stop_reason`: the stop string or token id, or the
-    message of an error finish. `mm_spans`: the prompt's image placeholder spans
-    (`hyla.multimodal.spans.ImageSpan`), in prompt order.
-    """
+    """One sequence as the scheduler sees it; preemption resets `num_computed_tokens` to 0.
+    `num_placeholders`: trailing sampled tokens still on the device, in `num_tokens` but not in the
+    token lists until `resolve_placeholder`. `stop_reason`: stop string, token id or error text."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -355,7 +292,7 @@ class Request:
     num_cached_tokens: int = 0
     num_placeholders: int = 0
     mm_spans: tuple = ()
-    spec_token_ids: list[int] = field(default_factory=list)  # this step's drafts (hyla.spec)
+    spec_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
@@ -367,12 +304,10 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        """Generated tokens, the pending ones included."""
         return len(self.output_token_ids) + self.num_placeholders
 
     @property
     def num_tokens(self) -> int:
-        """Prompt + generated tokens, the pending ones included."""
         return len(self.all_token_ids) + self.num_placeholders
 
     @property
@@ -381,7 +316,6 @@ class Request:
 
     @property
     def max_output_tokens(self) -> int:
-        """Generated tokens allowed: `max_tokens` capped by the context limit."""
         room = self.max_model_len - self.num_prompt_tokens
         mt = self.params.max_tokens
         return room if mt is None else min(mt, room)
@@ -392,22 +326,17 @@ class Request:
 
     @property
     def num_known_tokens(self) -> int:
-        """Tokens whose values are on the host (all but the placeholders)."""
         return len(self.all_token_ids)
 
     def append_token(self, token_id: int) -> None:
-        """Append a generated token whose value is known (no placeholder before it)."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 
     def add_placeholder(self) -> None:
-        """A step sampled this request's next token; its value is still on the device."""
         self.num_placeholders += 1
 
     def resolve_placeholder(self, token_id: int) -> None:
-        """The value of the oldest placeholder arrived: append it.
-
-        Raises: ValueError when the request has no placeholder."""
+        """Append the oldest placeholder's value. Raises ValueError when there is none."""
         if self.num_placeholders < 1:
             raise ValueError(f"{self.request_id!r}: no placeholder to resolve")
         self.num_placeholders -= 1
@@ -415,12 +344,7 @@ class Request:
 
 
 def check_token_stop(request: Request) -> RequestStatus | None:
-    """Stop conditions decided by the last known generated token alone (stop strings are the
-    detokenizer's; placeholders after it do not count). Sets `request.stop_reason` (the stop
-    token id; None for EOS).
-
-    Returns: FINISHED_STOPPED, FINISHED_LENGTH, or None to continue.
-    """
+    """Stops decided by the last known token; sets `stop_reason`. None: continue."""
     if not request.output_token_ids:
         return None
     last = request.output_token_ids[-1]

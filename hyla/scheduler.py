@@ -1,36 +1,7 @@
-"""Continuous batching in tokens, not phases (plain Python, no torch).
-
-Each step decides `{request_id: num_tokens}`: how many of each request's uncomputed tokens go
-into the next forward. A prompt of 1,000 tokens under a 256-token budget is four chunks; a
-decode is 1 token; one step freely mixes both. A request samples a new token only in the step
-where its `num_computed_tokens` reaches `num_tokens`.
-
-    running (in admission order)      waiting (FCFS, or by (priority, arrival))
-    [r0 r1 r2 ... ]  <- admit head --  [w0 w1 ...]
-          `-- preempt tail (recompute) --^
-
-While a request is decoding, a step's token budget is also cut to `max_step_seconds` of the
-measured seconds per token (`observe_step`): on the CPU 2,048 prompt tokens are seconds of
-work, which every stream would wait for between two tokens.
-
-Admission needs a free state slot and the blocks for its first chunk. When a running request
-cannot get a block, the lowest-ranked running request not yet scheduled this step is preempted:
-its slot and blocks are released and it waits to recompute prompt + generated tokens (from its
-longest cached prefix, else from scratch). No request is admitted in a step that preempted.
-
-Prefix caching (`hyla.cache.prefix`) adds three rules:
-- a request is admitted at its longest cached prefix (blocks + state checkpoint at one length);
-- the states a chunk passes at the stride boundaries the keep policy wants (and at its last
-  block boundary, the request's tail) are saved into checkpoints, never by cutting the chunk:
-
-      computed c          k*s          (k+1)*s   chunk end
-      |-------------------|-------------|---------)      saves inside the chunk: written by
-                          ^ save        ^ save            the linear layers during the forward
-
-- a waiting request whose prefix a running request is computing right now waits for it (and
-  asks it to keep the state at their shared boundary) instead of computing it twice; requests
-  sharing a prefix are thus admitted together once it is cached.
-"""
+"""Continuous batching in tokens (plain Python): each step maps request ids to uncomputed-token
+counts, mixing prefill chunks and decodes. No block: preempt the lowest-ranked unscheduled
+request (recompute), admitting none that step. Prefix caching: admit at the longest cached
+prefix; wait for a running request computing ours."""
 
 from __future__ import annotations
 
@@ -44,9 +15,7 @@ from hyla.config import SchedulerConfig
 from hyla.multimodal.budget import EncoderBudget
 from hyla.request import Request, RequestStatus
 
-# Step time budget (`max_step_seconds`): steps of fewer tokens are not measured (their time is
-# mostly fixed cost, not tokens); before a first measurement, a prefill beside decoding
-# requests takes at most PROBE_TOKENS; a step keeps room for MIN_PREFILL_TOKENS of prefill.
+# Shorter steps are mostly fixed cost; PROBE_TOKENS caps prefill before a first measurement.
 MIN_MEASURED_TOKENS = 32
 PROBE_TOKENS = 128
 MIN_PREFILL_TOKENS = 16
@@ -58,13 +27,11 @@ class SchedulerOutput:
 
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     preempted_ids: list[str] = field(default_factory=list)
-    # State-row copies (prefix caching): (checkpoint row, slot) before the forward, restoring a
-    # cached prefix's state; (slot, checkpoint row) after it, saving the state at a chunk's end;
-    # request id -> [(tokens computed there, checkpoint row)] for states inside its chunk.
+    # Prefix caching: restores (row, slot) before the forward, saves (slot, row) after; boundaries:
+    # request id -> [(tokens computed, row)] inside its chunk. Drafts count after the real tokens.
     state_restores: list[tuple[int, int]] = field(default_factory=list)
     state_saves: list[tuple[int, int]] = field(default_factory=list)
     state_boundaries: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    # Draft tokens verified this step (counted in num_scheduled_tokens, after the real ones).
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -77,13 +44,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Owns the waiting and running queues and the cache grants of their requests.
-
-    Args:
-        config: token and sequence budgets, policy ("fcfs" or "priority": lower value first).
-        cache: the block/slot bookkeeping shared with the model runner.
-        encoder_budget: images encoded per step (`hyla.multimodal.budget`); None: no images.
-    """
+    """Owns the waiting and running queues and their requests' cache grants."""
 
     def __init__(
         self,
@@ -100,9 +61,7 @@ class Scheduler:
         self._order: dict[str, tuple[int, int]] = {}
         self._counter = itertools.count()
         self.num_preemptions = 0
-        self.seconds_per_token: float | None = None  # measured (`observe_step`)
-
-    # -- queues ----------------------------------------------------------------------------------
+        self.seconds_per_token: float | None = None
 
     def _rank(self, req: Request) -> tuple[int, int]:
         return self._order[req.request_id]
@@ -112,7 +71,6 @@ class Scheduler:
         bisect.insort(self.waiting, req, key=self._rank)
 
     def add_request(self, req: Request) -> None:
-        """Queue a new request. Raises ValueError on a duplicate id."""
         if req.request_id in self.requests:
             raise ValueError(f"request_id: {req.request_id!r} is already queued")
         prio = req.priority if self.config.policy == "priority" else 0
@@ -131,11 +89,8 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    # -- scheduling ------------------------------------------------------------------------------
-
     def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """A step of `num_tokens` took `seconds` (wall time): the per-token cost the step time
-        budget divides, an average weighted towards recent steps (it grows with context)."""
+        """Update the per-token cost from a step's wall time (recent-weighted)."""
         if num_tokens < MIN_MEASURED_TOKENS or not seconds > 0:
             return
         rate = seconds / num_tokens
@@ -143,8 +98,6 @@ class Scheduler:
         self.seconds_per_token = rate if old is None else 0.5 * old + 0.5 * rate
 
     def _token_budget(self) -> int:
-        """`max_num_batched_tokens`, cut to `max_step_seconds` worth of tokens while a running
-        request is decoding (someone waits for this step's token)."""
         budget = self.config.max_num_batched_tokens
         limit = self.config.max_step_seconds
         if limit <= 0 or not any(r.num_output_tokens > 0 for r in self.running):
@@ -161,7 +114,6 @@ class Scheduler:
         return n if self.encoder_budget is None else self.encoder_budget.fit(req, n)
 
     def _ask_save(self, owner_id: str, end: int, out: SchedulerOutput) -> None:
-        """A waiting request wants `owner_id`'s state after `end` tokens kept."""
         owner = self.requests[owner_id]
         n = out.num_scheduled_tokens.get(owner_id)
         self.cache.want_save(owner, end, None if n is None else owner.num_computed_tokens + n)
@@ -234,8 +186,7 @@ class Scheduler:
             budget -= n
 
     def schedule(self, only: str | None = None) -> SchedulerOutput:
-        """Decide the next step under `max_num_batched_tokens` and `max_num_seqs`; with `only`,
-        schedule that request alone (the others wait)."""
+        """Decide the next step; with `only`, schedule that request alone."""
         self.cache.end_step()
         if self.encoder_budget is not None:
             self.encoder_budget.reset()
@@ -252,12 +203,8 @@ class Scheduler:
         out.state_boundaries = copies.boundaries
         return out
 
-    # -- progress --------------------------------------------------------------------------------
-
     def update(self, out: SchedulerOutput) -> None:
-        """Advance the scheduled requests by their scheduled tokens and file their computed
-        blocks. Sampled tokens and the stops they decide are the engine's (`LLMEngine._process`:
-        one place for every stop); a request ended since `schedule()` is skipped."""
+        """Advance scheduled requests, file their blocks; stops are `LLMEngine._process`'s."""
         for rid, n in out.num_scheduled_tokens.items():
             req = self.requests.get(rid)
             if req is None or req.status is not RequestStatus.RUNNING:
@@ -267,10 +214,7 @@ class Scheduler:
         self.cache.end_step()
 
     def finish(self, request_id: str, status: RequestStatus) -> Request | None:
-        """End a request (abort, stop string, timeout ...) and release its cache at once.
-
-        Returns: the request, or None when the id is unknown or already finished.
-        """
+        """End a request, release its cache. Returns it, or None if unknown or finished."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None

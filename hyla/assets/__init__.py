@@ -6,6 +6,5 @@ from pathlib import Path
 
 
 def default_model_path() -> Path:
-    """Directory of the embedded default model: config.json (hyla layout), model.safetensors,
-    tokenizer.json and tokenizer_config.json. See docs/model_card.md."""
+    """Directory of the embedded default model (hyla layout; see docs/model_card.md)."""
     return Path(__file__).resolve().parent / "default_model"

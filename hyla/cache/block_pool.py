@@ -1,18 +1,5 @@
-"""Pools of cache blocks (attention/DSA layers), state slots and state checkpoints (linear
-layers), as plain ints.
-
-Block 0 and state slot 0 are reserved: block tables are padded with block 0 and padding rows may
-point at slot 0, so neither is ever handed to a request (tests poison them to catch stray reads).
-
-Each block carries a reference count and a content hash. Prefix caching shares full blocks
-between requests (ref_count > 1) and keeps freed hashed blocks findable in `cached` until they
-are evicted: the free queue is an LRU, least recently freed first, and `allocate` evicts the
-hashed blocks it hands out (telling `on_evict`, so the state checkpoint keyed by the same hash
-goes with them).
-
-    free queue (LRU -> MRU):  [b4 b9 (h=..) b2 (h=..) ...]     ref_count == 0 for all of them
-    cached:                   {hash: block id}                  hashed blocks, in use or free
-"""
+"""Pools of cache blocks, state slots and state checkpoints, as plain ints. Block 0 and slot 0
+are padding, never handed out; freed hashed blocks stay findable until `allocate` evicts them."""
 
 from __future__ import annotations
 
@@ -30,20 +17,12 @@ class CacheError(RuntimeError):
 
 @dataclass
 class Block:
-    """Metadata of one paged-cache block of `block_size` tokens."""
-
     block_id: int
     ref_count: int = 0
     block_hash: int | None = None
 
 
 class BlockPool:
-    """`num_blocks` blocks, ids 1..num_blocks-1 allocatable (block 0 is the null block).
-
-    Raises:
-        ValueError: num_blocks < 2.
-    """
-
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks: need >= 2 (one is reserved), got {num_blocks}")
@@ -61,7 +40,6 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks no request references (some may still be cached and findable)."""
         return len(self._free)
 
     @property
@@ -93,7 +71,6 @@ class BlockPool:
                 self.on_evict(h)
 
     def share(self, block_ids: list[int]) -> None:
-        """Add one reference to each (already allocated) block."""
         for i in block_ids:
             block = self.blocks[i]
             if block.ref_count <= 0:
@@ -111,11 +88,7 @@ class BlockPool:
             block.ref_count += 1
 
     def free(self, block_ids: list[int]) -> None:
-        """Drop one reference per block; blocks reaching 0 go to the back of the free queue.
-
-        Freed in reverse so that a request's tail blocks are reused before its head blocks
-        (the head is the likelier prefix-cache hit).
-        """
+        """Drop one reference per block, in reverse: a request's tail is reused before its head."""
         unhashed: list[int] = []
         for i in reversed(block_ids):
             block = self.blocks[i]
@@ -138,10 +111,7 @@ class BlockPool:
                 self._free.move_to_end(i, last=False)
 
     def cache_block(self, block_id: int, block_hash: int) -> bool:
-        """File an allocated, fully written block under `block_hash`.
-
-        Returns: False (and changes nothing) when another block already holds that hash.
-        """
+        """File a written block under `block_hash`; False (no change) if the hash is taken."""
         block = self.blocks[block_id]
         if block.ref_count <= 0:
             raise CacheError(f"cache_block: block {block_id} is not allocated")
@@ -152,12 +122,10 @@ class BlockPool:
         return True
 
     def uncache(self, block_ids: list[int]) -> None:
-        """Forget the hashes of `block_ids` (their contents are not to be reused)."""
         for i in block_ids:
             self._evict(self.blocks[i])
 
     def lookup(self, block_hash: int) -> int | None:
-        """The block cached under `block_hash`, or None."""
         return self.cached.get(block_hash)
 
     def free_block_ids(self) -> list[int]:
@@ -165,8 +133,6 @@ class BlockPool:
 
 
 class SlotPool:
-    """`num_slots` state slots, ids 1..num_slots-1 allocatable (slot 0 is the padding slot)."""
-
     def __init__(self, num_slots: int) -> None:
         if num_slots < 2:
             raise ValueError(f"num_slots: need >= 2 (one is reserved), got {num_slots}")
@@ -200,13 +166,8 @@ class SlotPool:
 
 
 class CheckpointPool:
-    """`num_checkpoints` state checkpoints (ids 0..n-1): ref counts, keys, LRU eviction.
-
-    A checkpoint is free (no key), pending (referenced, no key: written after this step's
-    forward), cached (keyed; evictable while unreferenced) or restoring (keyed and referenced
-    while its copy into a request's slot is in flight). Unreferenced ones sit in an LRU queue,
-    unkeyed ones first.
-    """
+    """`num_checkpoints` state checkpoints (ids 0..n-1): free, pending (referenced, unkeyed),
+    cached (keyed) or restoring (keyed, referenced); unreferenced ones are LRU, unkeyed first."""
 
     def __init__(self, num_checkpoints: int) -> None:
         self.num_checkpoints = num_checkpoints
@@ -219,7 +180,6 @@ class CheckpointPool:
 
     @property
     def num_free(self) -> int:
-        """Unreferenced checkpoints (cached ones included)."""
         return len(self._free)
 
     def lookup(self, key: int) -> int | None:
@@ -258,7 +218,6 @@ class CheckpointPool:
                 self._free.move_to_end(c, last=False)
 
     def register(self, c: int, key: int) -> bool:
-        """Key checkpoint `c`; False (nothing changed) when `key` already has a checkpoint."""
         if key in self.cached:
             return False
         self.keys[c] = key
@@ -266,7 +225,6 @@ class CheckpointPool:
         return True
 
     def unregister(self, c: int) -> None:
-        """Unkey checkpoint `c` (no-op when it has no key); its references are unchanged."""
         key = self.keys[c]
         if key is None:
             return

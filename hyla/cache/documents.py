@@ -1,10 +1,5 @@
-"""Pinned documents: a named prefix whose device blocks and state checkpoint are held by a
-reference of their own, so eviction never takes them (plain Python).
-
-A document is pinned after it was computed (its blocks filed, the state at its last full block
-checkpointed): the deepest (blocks, checkpoint) pair of its tokens on the device is held, and
-written to the tiers when there are any (another engine on the same store finds it).
-"""
+"""Pinned documents: named prefixes whose device blocks and state checkpoint hold a reference of
+their own, so eviction never takes them; also written to the tiers when there are any."""
 
 from __future__ import annotations
 
@@ -26,8 +21,7 @@ class DocumentError(ValueError):
 
 @dataclass(frozen=True)
 class Document:
-    """`num_tokens` of `num_prompt_tokens` are pinned (a whole number of blocks, ending at a
-    checkpoint for a model with linear layers)."""
+    """`num_tokens` of `num_prompt_tokens` pinned: whole blocks, ending at a checkpoint if any."""
 
     name: str
     num_prompt_tokens: int
@@ -37,8 +31,6 @@ class Document:
 
 
 class DocumentPins:
-    """Pins by name over `prefix` (one device prefix cache)."""
-
     def __init__(self, prefix: PrefixCache) -> None:
         self.prefix = prefix
         self.documents: dict[str, Document] = {}
@@ -58,13 +50,8 @@ class DocumentPins:
         tiers=None,  # noqa: ANN001
         max_pinned_blocks: int | None = None,
     ) -> Document:
-        """Hold the deepest cached pair of `token_ids` under `name` (a pin of the same name is
-        replaced); `tiers` (a `TieredPrefix`), when given, gets a copy.
-
-        Raises: DocumentError("name") for an empty or too long name, DocumentError("prompt")
-            when nothing of it is cached (shorter than a block, or evicted already) or when
-            all pins would hold more than `max_pinned_blocks`.
-        """
+        """Hold the deepest cached pair of `token_ids` under `name` (replacing a pin of that name);
+        `tiers` (a `TieredPrefix`), when given, gets a copy. Raises DocumentError."""
         if not name or len(name) > MAX_NAME_LEN:
             raise DocumentError("name", f"must be 1..{MAX_NAME_LEN} characters")
         prefix, pool = self.prefix, self.prefix.block_pool
@@ -98,7 +85,6 @@ class DocumentPins:
         return doc
 
     def unpin(self, name: str) -> bool:
-        """Let `name`'s blocks and checkpoint be evictable again; False when not pinned."""
         doc = self.documents.pop(name, None)
         if doc is None:
             return False

@@ -1,20 +1,5 @@
-"""Per-request cache bookkeeping: one block table + one state slot per running request.
-
-All attention-like layers (mla, gqa, dsa) share the request's block table: block j holds
-tokens [j*B, (j+1)*B) of the sequence in every such layer's paged tensors. All linear layers
-(kda, gdn) share the request's state slot: row `slot` of every layer's recurrent and conv state.
-
-    tokens   0 ........ B-1 | B ....... 2B-1 | 2B .. n-1
-    table    [   b7         ,    b2          ,   b9      ]      slot = s3
-
-With prefix caching (`hyla.cache.prefix`) a table may start with blocks shared with other
-requests, and state checkpoints live in extra rows of the same state tensors, after the slots:
-
-    state rows   0 | 1 .. num_slots-1 | num_slots + 0 .. num_slots + num_checkpoints-1
-                 pad   request slots     checkpoints
-
-Allocation is all-or-nothing: `allocate` either grants what was asked or changes nothing.
-"""
+"""Per-request cache bookkeeping, all-or-nothing: one block table (attention-like layers) and one
+state slot (linear layers) per request. State rows: 0 pad | slots | num_slots + checkpoint id."""
 
 from __future__ import annotations
 
@@ -34,9 +19,8 @@ def num_blocks_for(num_tokens: int, block_size: int) -> int:
 
 @dataclass
 class StateCopies:
-    """State-row work of one step (rows of the state tensors, see the module docstring):
-    `restores` (src, dst) before the forward, `saves` (src, dst) after it, `boundaries`
-    request id -> [(tokens of the request computed at that point, checkpoint row)]."""
+    """One step's state-row work: `restores` (src, dst) before the forward, `saves` (src, dst)
+    after it, `boundaries`: request id -> [(tokens computed at that point, checkpoint row)]."""
 
     restores: list[tuple[int, int]] = field(default_factory=list)
     saves: list[tuple[int, int]] = field(default_factory=list)
@@ -44,18 +28,7 @@ class StateCopies:
 
 
 class CacheManager:
-    """Grants blocks and state slots to requests by id.
-
-    Args:
-        num_blocks: size of the block pool (block 0 reserved).
-        num_slots: size of the state-slot pool (slot 0 reserved).
-        block_size: tokens per block B.
-        enable_prefix_caching: index full blocks by content and reuse them across requests.
-        checkpoint_stride: tokens between state checkpoints (a multiple of B); 0 for a model
-            without linear layers (hits need blocks only).
-        num_checkpoints: state checkpoints (extra state rows after the slots).
-        checkpoint_policy: which stride boundaries are saved (`hyla.cache.prefix`).
-    """
+    """Grants blocks and state slots by request id; `checkpoint_stride`: 0 without linear layers."""
 
     def __init__(
         self,
@@ -78,7 +51,7 @@ class CacheManager:
                 self.block_pool, block_size, checkpoint_stride, num_checkpoints, checkpoint_policy
             )
         self._restores: list[tuple[int, int]] = []
-        self.tiers: TieredPrefix | None = None  # host / disk / remote tiers below the device
+        self.tiers: TieredPrefix | None = None
         self.documents = DocumentPins(self.prefix) if self.prefix is not None else None
 
     @property
@@ -90,11 +63,9 @@ class CacheManager:
         return self.slot_pool.num_free_slots
 
     def checkpoint_row(self, checkpoint_id: int) -> int:
-        """Row of a checkpoint in the state tensors (slot rows come first)."""
         return self.slot_pool.num_slots + checkpoint_id
 
     def num_blocks_needed(self, request_id: str, num_tokens: int) -> int:
-        """New blocks `request_id` needs so its table covers `num_tokens` tokens."""
         have = len(self.block_tables.get(request_id, ()))
         return max(0, num_blocks_for(num_tokens, self.block_size) - have)
 
@@ -109,9 +80,7 @@ class CacheManager:
         return need <= self.num_free_blocks
 
     def allocate(self, request_id: str, num_tokens: int, hit: PrefixHit | None = None) -> bool:
-        """Grow `request_id`'s table to cover `num_tokens` tokens and give it a state slot if it
-        has none; a new request with a prefix `hit` starts its table with the hit's blocks.
-        Returns False (and changes nothing) when the pools cannot cover it."""
+        """Cover `num_tokens` (a new request with `hit` starts with its blocks); False: no room."""
         table = self.block_tables.get(request_id)
         if table is not None and len(table) * self.block_size >= num_tokens:
             return True  # a running request's table already covers it (most decode steps)
@@ -128,9 +97,7 @@ class CacheManager:
         return True
 
     def free(self, request_id: str, keep_hashes: bool = False) -> None:
-        """Release `request_id`'s blocks and state slot (no-op for an unknown id); hashed blocks
-        stay findable until evicted. `keep_hashes` keeps its token hashes (a preempted request
-        will be matched again)."""
+        """Release `request_id`'s blocks and slot; `keep_hashes` for a preempted request."""
         table = self.block_tables.pop(request_id, None)
         if table:
             self.block_pool.free(table)
@@ -141,8 +108,7 @@ class CacheManager:
             self.prefix.release(request_id, keep_hashes)
 
     def trim(self, request_id: str, num_tokens: int) -> None:
-        """Free `request_id`'s blocks past the first `num_tokens` tokens (rejected drafts'
-        entries; never filed in the prefix cache, which files computed tokens only)."""
+        """Free `request_id`'s blocks past `num_tokens` (rejected drafts; never prefix-cached)."""
         table = self.block_tables[request_id]
         keep = num_blocks_for(num_tokens, self.block_size)
         if len(table) > keep:
@@ -150,10 +116,8 @@ class CacheManager:
             del table[keep:]
 
     def uncache(self, req: Request, first_block: int = 0) -> None:
-        """Make the blocks `req` filed from `first_block` on, and the state checkpoints keyed by
-        them, unfindable by prefix matching (a step of it produced non-finite values). Found by
-        the hashes of its tokens: its cache may be released already (an abort or a preemption
-        before the step's values were read), its blocks still cached."""
+        """Make `req`'s blocks from `first_block` on (and their checkpoints) unfindable: a step
+        produced non-finite values. Found by token hashes, as its cache may be released already."""
         if self.prefix is None:
             return
         hashes = request_block_hashes([], req, self.block_size)
@@ -169,15 +133,11 @@ class CacheManager:
     def has(self, request_id: str) -> bool:
         return request_id in self.state_slots
 
-    # -- prefix caching (all no-ops when it is off) ------------------------------------------
-
     def seed_hashes(self, request_id: str, token_ids: Sequence[int], hashes: Sequence[int]) -> bool:
-        """`PrefixCache.seed_hashes` (False when prefix caching is off)."""
         return self.prefix is not None and self.prefix.seed_hashes(request_id, token_ids, hashes)
 
     def match(self, req: Request) -> PrefixHit:
-        """`req`'s reusable cached prefix (empty when prefix caching is off); a deeper one in
-        the tiers is loaded onto the device first."""
+        """`req`'s reusable cached prefix; a deeper one in the tiers is loaded first."""
         if self.prefix is None:
             return PrefixHit()
         hit = self.prefix.match(req)
@@ -186,11 +146,9 @@ class CacheManager:
         return hit
 
     def in_flight_boundary(self, req: Request, hit: PrefixHit) -> tuple[int, str] | None:
-        """(L, owner): a running request is computing `req`'s prefix up to L > hit right now."""
         return self.prefix.in_flight_boundary(req, hit) if self.prefix is not None else None
 
     def start(self, req: Request, hit: PrefixHit) -> None:
-        """`req` was just allocated with `hit`: queue the copy of its checkpoint into its slot."""
         if self.prefix is None:
             return
         self.prefix.record(req, hit)
@@ -200,24 +158,17 @@ class CacheManager:
             self._restores.append((row, self.state_slots[req.request_id]))
 
     def plan_saves(self, req: Request, start: int, end: int) -> None:
-        """Reserve the checkpoints `req`'s chunk [start, end) of this step writes."""
         if self.prefix is not None:
             self.prefix.plan_saves(req, start, end)
 
     def want_save(self, req: Request, end: int, chunk_end: int | None) -> None:
-        """A waiting request will resume from `req`'s state after `end` tokens."""
         if self.prefix is not None:
             self.prefix.want_save(req, end, chunk_end)
 
     def save_evicts_blindly(self, requests: Iterable[Request]) -> bool:
-        """Saving the next checkpoint of one of `requests` would evict one before its key is
-        known (see `PrefixCache.save_evicts_blindly`); False without checkpoints."""
         return self.prefix is not None and self.prefix.save_evicts_blindly(requests)
 
     def take_state_copies(self, chunk_ends: dict[str, int]) -> StateCopies:
-        """This step's state-row work, given each scheduled request's chunk end: restores
-        (checkpoint row -> slot) before the forward, saves at a chunk's end (slot -> checkpoint
-        row) after it, and saves inside a chunk, written by the linear layers during it."""
         copies = StateCopies(restores=self._restores)
         self._restores = []
         if self.prefix is None:
@@ -234,7 +185,6 @@ class CacheManager:
         return copies
 
     def commit(self, req: Request) -> None:
-        """`req`'s computed tokens advanced: file its full blocks and due checkpoint."""
         if self.prefix is not None and req.request_id in self.block_tables:
             self.prefix.commit(req, self.block_tables[req.request_id])
 

@@ -1,49 +1,9 @@
-"""Prefix cache for hybrid models: hashed attention/DSA blocks plus linear-state checkpoints.
-
-A full block's hash chains its tokens onto its parent's hash, so hash j names the whole prefix
-of (j+1)*B tokens. Linear layers (KDA, GDN) carry a fixed-size state instead of per-token
-entries; a prefix of L tokens is reusable only with the state after EXACTLY L tokens, so the
-state is checkpointed at multiples of the stride s (a multiple of B), keyed by the hash of the
-block that ends there:
-
-    tokens      0 ...... B | ...... | ...... s | ....... | ...... 2s | .. n-1
-    blocks      h0         | h1 ... | h_{s/B-1} | ...     | h_{2s/B-1} |
-    checkpoints                       C[h_{s/B-1}]          C[h_{2s/B-1}]   (state after s, 2s)
-
-A hit at L needs blocks h0..h_{L/B-1} in the block pool AND a checkpoint keyed h_{L/B-1}; the
-longest such L below the request's length is reused (blocks shared by ref count, checkpoint
-copied into the request's own state slot) and the rest is computed. A model without linear
-layers needs no checkpoints (stride 0): any block boundary is a hit.
-
-Which states are saved (the keep policy; LRU under the checkpoint budget either way):
-
-    "all"      every stride boundary a chunk crosses (default: a shared prefix then hits at
-               floor(S / s) * s whatever the chunking and arrival order)
-    "deepest"  the deepest stride boundary of each chunk, plus the boundaries a waiting
-               request asks a running one for (fewer checkpoints written, fewer hits)
-    "repeat"   every boundary at a chunk's end, and one inside a chunk only for a prefix seen
-               before (a bounded set of recently passed prefix hashes): a first-seen prompt
-               writes no interior state, so its prefill stays one plain pass (a whole-step CUDA
-               graph on the GPU); the second request with the prefix checkpoints it, the third
-               hits
-
-plus, for every request, the state where the last full block before its prompt's last token
-ends (the same prompt again reuses all of it but that token), and a tail: the state where its
-last full block ends (B, not s, granularity; one per request, each newer one replacing the
-last), so the next turn of a chat (previous prompt + reply + new message) reuses all of it but
-at most one block. A tail is keyed when its step commits, as every save, so what is findable
-never depends on when a request's end is noticed (the synchronous and asynchronous engines hit
-alike).
-
-A save ending a step's chunk is copied from the request's slot after the forward
-(`state_saves`); one inside the chunk is written by the linear layers during it
-(`state_boundaries`, the chunked ops' interior states); the scheduler never cuts a chunk for a
-checkpoint. A save is filed here only once the step's tokens are committed. Evicting a block
-drops the checkpoint keyed by its hash, so a checkpoint never outlives the blocks it belongs to;
-evicting a checkpoint alone keeps the blocks, which still serve shorter hits; blocks past the
-deepest checkpoint of a released request's chain (no state to resume from there) are evicted
-first. Plain Python, no torch.
-"""
+"""Prefix cache for hybrid models: chained block hashes plus linear-state checkpoints. Linear
+layers resume only from the state after EXACTLY L tokens, so states are saved at stride s (a
+multiple of B; 0 without linear layers) keyed by the hash of the block ending there. Policies:
+"all" every stride boundary; "deepest" the deepest per chunk plus those waiting requests ask
+for; "repeat" chunk ends, interior ones only for a prefix seen before. Plus, per request, the
+state before its prompt's last token and a tail at its last full block."""
 
 from __future__ import annotations
 
@@ -55,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from hyla.cache.block_pool import BlockPool, CheckpointPool
-from hyla.multimodal.spans import block_extra_keys
+from hyla.cache.mm_spans import block_extra_keys
 from hyla.request import Request
 
 ROOT_HASH = 0
@@ -65,8 +25,7 @@ SEEN_PREFIXES = 1 << 16  # prefix hashes the "repeat" policy remembers (LRU)
 
 
 def hash_block(parent: int, token_ids: Sequence[int], extra_keys: tuple = ()) -> int:
-    """128-bit content hash of one block: (parent hash, token ids, extra keys such as image
-    hashes of the block). A cryptographic digest: a collision would silently serve wrong text."""
+    """128-bit blake2b of (parent hash, token ids, extra keys): a collision serves wrong text."""
     digest = hashlib.blake2b(parent.to_bytes(16, "little"), digest_size=16)
     digest.update(array("q", token_ids).tobytes())
     if extra_keys:
@@ -81,12 +40,8 @@ def extend_block_hashes(
     extra_keys: Callable[[int], tuple] | None = None,
     num_tokens: int | None = None,
 ) -> list[int]:
-    """Append to `hashes` the chained hashes of the full blocks of `token_ids` it lacks.
-
-    `extra_keys(j)`, when given, returns the extra keys of block j; `num_tokens` (default all)
-    limits the blocks to the first tokens (the others' values are not known yet). Returns
-    `hashes`.
-    """
+    """Append to `hashes` the chained hashes of `token_ids`' full blocks it lacks, up to
+    `num_tokens`; `extra_keys(j)`: block j's extra keys. Returns `hashes`."""
     parent = hashes[-1] if hashes else ROOT_HASH
     end = len(token_ids) if num_tokens is None else num_tokens
     for j in range(len(hashes), end // block_size):
@@ -97,8 +52,7 @@ def extend_block_hashes(
 
 
 def request_block_hashes(hashes: list[int], req: Request, block_size: int) -> list[int]:
-    """`extend_block_hashes` over `req`'s known tokens, each block keyed also by the images
-    whose placeholders it covers (`req.mm_spans`)."""
+    """`extend_block_hashes` over `req`'s known tokens, also keyed by its images (mm_spans)."""
     return extend_block_hashes(
         hashes, req.all_token_ids, block_size, block_extra_keys(req.mm_spans, block_size),
         req.num_known_tokens,
@@ -107,9 +61,8 @@ def request_block_hashes(hashes: list[int], req: Request, block_size: int) -> li
 
 @dataclass
 class PrefixHit:
-    """The reusable prefix of a request: `num_tokens` tokens in `block_ids`, with the state
-    after them in `checkpoint_id` (None for a miss or a model without linear layers).
-    `num_block_tokens` counts the tokens whose blocks were found, checkpoint or not."""
+    """The reusable prefix: `num_tokens` tokens in `block_ids`, the state after them in
+    `checkpoint_id`; `num_block_tokens` counts tokens whose blocks were found, checkpoint or not."""
 
     num_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
@@ -119,8 +72,7 @@ class PrefixHit:
 
 @dataclass(frozen=True)
 class PlannedSave:
-    """Write the state of `request_id` after `end` tokens into `checkpoint`; a tail is the
-    request's own (filed when it ends), the others are filed when the step commits."""
+    """The state of `request_id` after `end` tokens, into `checkpoint`; a tail is its own."""
 
     request_id: str
     end: int
@@ -130,12 +82,8 @@ class PlannedSave:
 
 @dataclass
 class PrefixStats:
-    """Counters since start. `num_block_only_tokens`: prompt tokens whose attention blocks were
-    cached up to a checkpoint boundary but lacked the state checkpoint there (a miss that
-    would be silent in an engine that restored the blocks anyway). Queries that cannot hit by
-    their length: `num_below_block_queries` (no full block before the last token: nothing to
-    reuse, ever) and `num_below_stride_queries` (no stride boundary before it: only a finished
-    request's tail checkpoint can serve them). `num_checkpoint_saves`: states written."""
+    """`num_block_only_tokens`: blocks cached to a stride, no checkpoint there;
+    `num_below_*_queries`: too short to hit (no full block / stride before the last token)."""
 
     num_queries: int = 0
     num_queried_tokens: int = 0
@@ -151,15 +99,7 @@ class PrefixStats:
 
 
 class PrefixCache:
-    """Finds and files reusable prefixes of requests (by request id).
-
-    Args:
-        block_pool: the block pool; its `cached` map is the block index.
-        block_size: B.
-        checkpoint_stride: s, a multiple of B; 0 when the model has no linear layers.
-        num_checkpoints: size of the checkpoint pool.
-        policy: which stride boundaries are saved ("all" or "deepest", module docstring).
-    """
+    """Finds and files reusable prefixes of requests (by request id)."""
 
     def __init__(
         self,
@@ -183,9 +123,9 @@ class PrefixCache:
         self.stats = PrefixStats()
         self._hashes: dict[str, list[int]] = {}
         self._num_filed: dict[str, int] = {}
-        self._pending: dict[str, list[PlannedSave]] = {}  # planned, not yet committed
-        self._step_saves: list[PlannedSave] = []  # planned since the last `take_saves`
-        self._tails: dict[str, PlannedSave] = {}  # committed tail of each request
+        self._pending: dict[str, list[PlannedSave]] = {}
+        self._step_saves: list[PlannedSave] = []
+        self._tails: dict[str, PlannedSave] = {}
         self._wanted: dict[str, set[int]] = {}  # boundaries waiting requests ask a request for
         self._restoring: list[int] = []
         self._in_flight: dict[int, str] = {}  # hash of a block being computed -> request id
@@ -196,19 +136,14 @@ class PrefixCache:
         self.checkpoints.drop(block_hash)
 
     def hashes(self, req: Request) -> list[int]:
-        """Chained hashes of the full blocks of `req`'s known tokens (cached per request; a
-        block holding a placeholder token is hashed once its value is written)."""
+        """Chained hashes of `req`'s known full blocks (a placeholder's waits for its value)."""
         return request_block_hashes(
             self._hashes.setdefault(req.request_id, []), req, self.block_size
         )
 
     def seed_hashes(self, request_id: str, token_ids: Sequence[int], hashes: Sequence[int]) -> bool:
-        """Take `hashes`, the chained hashes of the full blocks of a text prompt `token_ids`
-        computed off the engine thread (`extend_block_hashes`, e.g. by the server's tokenizer
-        pool), as `request_id`'s, so that admitting it hashes nothing. Spot-checked: the first,
-        middle and last block are hashed again from their parents; a mismatch or a wrong count
-        leaves them out (the request hashes its blocks itself). Returns whether they were taken.
-        """
+        """Take `hashes` (a text prompt's block hashes, by `extend_block_hashes` off the engine
+        thread) as `request_id`'s; False if the first, middle or last block does not re-hash."""
         num_blocks, size = len(token_ids) // self.block_size, self.block_size
         if len(hashes) != num_blocks or not num_blocks or request_id in self._hashes:
             return False
@@ -222,8 +157,6 @@ class PrefixCache:
     def _num_matching_blocks(
         self, hashes: list[int], limit: int, in_flight: bool, start: int = 0
     ) -> int:
-        """Leading blocks (from `start`, all before it known to match) cached, or with
-        `in_flight` also being computed by a running request."""
         j = start
         while j < limit and (
             self.block_pool.lookup(hashes[j]) is not None
@@ -248,8 +181,7 @@ class PrefixCache:
         return PrefixHit(0, [], None, num_block_tokens)
 
     def in_flight_boundary(self, req: Request, hit: PrefixHit) -> tuple[int, str] | None:
-        """(L, owner): a running request `owner` is computing `req`'s prefix up to a boundary
-        L > hit.num_tokens right now, so `req` may wait for it instead of computing it twice."""
+        """(L, owner): running `owner` is computing `req`'s prefix up to L > hit.num_tokens."""
         if self.stride and not self.checkpoints.num_checkpoints:
             return None  # no checkpoint can ever make a hit: nothing worth waiting for
         hashes = self.hashes(req)
@@ -278,8 +210,6 @@ class PrefixCache:
             s.num_block_only_tokens += max(0, reachable - hit.num_tokens)
 
     def begin(self, req: Request, hit: PrefixHit) -> None:
-        """`req` was admitted with `hit`: hold its checkpoint for the restore copy and announce
-        the blocks it will compute."""
         if hit.checkpoint_id is not None:
             self.checkpoints.acquire(hit.checkpoint_id)
             self._restoring.append(hit.checkpoint_id)
@@ -291,7 +221,6 @@ class PrefixCache:
                 owned.append(h)
 
     def end_step(self) -> None:
-        """The step's restore copies are done: release the checkpoints they read."""
         for c in self._restoring:
             self.checkpoints.release(c)
         self._restoring.clear()
@@ -305,9 +234,8 @@ class PrefixCache:
         for p in kept:
             if not self._has_checkpoint(req, p) and not self._reserve(req, p, is_tail=False):
                 return
-        # A tail is reserved without looking for a checkpoint there (its key may hold a
-        # placeholder token now; the synchronous engine must plan the same): a redundant one is
-        # found out and freed when its step commits.
+        # A tail is reserved without a lookup (its key may hold a placeholder; the synchronous
+        # engine must plan the same): a redundant one is freed when its step commits.
         tail = end // self.block_size * self.block_size
         if self.policy == "repeat" and tail < end:
             return  # a tail inside the chunk: the next one at a chunk's end replaces it
@@ -315,9 +243,7 @@ class PrefixCache:
             self._reserve(req, tail, is_tail=True)
 
     def want_save(self, req: Request, end: int, chunk_end: int | None) -> None:
-        """A waiting request will resume from `req`'s state after `end` tokens: keep it, also
-        when this step's chunk of `req` (ending at `chunk_end`, None if not scheduled) passes
-        it and the policy did not plan it."""
+        """A waiting request resumes from `req`'s state after `end`: keep it even if unplanned."""
         self._wanted.setdefault(req.request_id, set()).add(end)
         if chunk_end is None or not req.num_computed_tokens < end <= chunk_end:
             return
@@ -326,8 +252,6 @@ class PrefixCache:
             self._reserve(req, end, is_tail=False)
 
     def _kept_ends(self, req: Request, start: int, end: int) -> list[int]:
-        """The lengths in (start, end] the policy checkpoints: stride multiples, and the last
-        block boundary before the prompt's last token."""
         s = self.stride
         ends = list(range(start // s * s + s, end + 1, s))
         if self.policy == "deepest" and ends:
@@ -341,7 +265,6 @@ class PrefixCache:
         return ends
 
     def _seen_before(self, req: Request, end: int) -> bool:
-        """Whether a prefix of `req` of `end` tokens was passed before (and remember it)."""
         hashes, j = self.hashes(req), end // self.block_size
         if len(hashes) < j:
             return False
@@ -355,9 +278,8 @@ class PrefixCache:
         return False
 
     def _has_checkpoint(self, req: Request, end: int) -> bool:
-        """A checkpoint is filed for `req`'s first `end` tokens. False when a block ending there
-        holds a placeholder token (no hash yet): the save is reserved anyway, and `commit`
-        frees it when the key turns out to be checkpointed already."""
+        """False also when the block ending there holds a placeholder (no hash yet): the save is
+        reserved anyway and `commit` frees it if redundant."""
         hashes, j = self.hashes(req), end // self.block_size
         return len(hashes) >= j and self.checkpoints.lookup(hashes[j - 1]) is not None
 
@@ -371,10 +293,9 @@ class PrefixCache:
         return True
 
     def save_evicts_blindly(self, requests: Iterable[Request]) -> bool:
-        """One of `requests`' next decode ends a stride at its placeholder token and reserving
-        the checkpoint there would evict a cached one: `plan_saves` cannot tell yet whether the
-        key is already checkpointed (the synchronous engine evicts nothing then), so the caller
-        should write the value first. O(1) unless every free checkpoint is keyed."""
+        """A next decode ends a stride at its placeholder and reserving its checkpoint evicts one:
+        `plan_saves` cannot tell yet whether the key is checkpointed (the synchronous engine evicts
+        nothing then), so the caller should write the value first."""
         if not self.stride or not self.checkpoints.allocate_evicts:
             return False
         return any(
@@ -382,13 +303,11 @@ class PrefixCache:
         )
 
     def take_saves(self) -> list[PlannedSave]:
-        """The saves planned since the last call (this step's), in planning order."""
         saves, self._step_saves = self._step_saves, []
         return saves
 
     def commit(self, req: Request, block_table: list[int]) -> None:
-        """After a step: file `req`'s newly computed full blocks, then its saves the step
-        reached (checkpoints keyed by the block ending there; a tail replaces the previous)."""
+        """After a step: file `req`'s newly computed full blocks, then the saves it reached."""
         rid = req.request_id
         hashes = self.hashes(req)
         done = req.num_computed_tokens // self.block_size
@@ -407,9 +326,7 @@ class PrefixCache:
                 self._file(req, save, hashes)
 
     def _file(self, req: Request, save: PlannedSave, hashes: list[int]) -> None:
-        """Key a committed save under the block ending at its end (when that block is cached and
-        the key has no checkpoint yet). A request keeps one tail: a newer tail, or a checkpoint
-        at least as deep, unkeys and frees the previous one."""
+        """Key a committed save; a request keeps one tail (a newer or deeper save frees the old)."""
         rid = req.request_id
         key = hashes[save.end // self.block_size - 1]
         kept = self.block_pool.lookup(key) is not None and self.checkpoints.register(
@@ -426,14 +343,11 @@ class PrefixCache:
             self.checkpoints.release(save.checkpoint)
 
     def _release_tail(self, request_id: str) -> None:
-        """`request_id` ended: its tail stays cached (keyed, LRU) for the next turn."""
         tail = self._tails.pop(request_id, None)
         if tail is not None:
             self.checkpoints.release(tail.checkpoint)
 
     def _evict_first_past_checkpoints(self, request_id: str) -> None:
-        """Blocks of `request_id`'s chain past its deepest checkpoint cannot start a hit (no
-        state there): their free-queue entries go first in line for eviction."""
         hashes = self._hashes.get(request_id, [])
         j = len(hashes)
         while j > 0 and self.checkpoints.lookup(hashes[j - 1]) is None:
@@ -442,8 +356,7 @@ class PrefixCache:
         self.block_pool.evict_first([b for b in stale if b is not None])
 
     def release(self, request_id: str, keep_hashes: bool = False) -> None:
-        """`request_id` gave its cache back (its blocks are freed): drop its pending saves and
-        in-flight blocks, let its tail checkpoint go to the LRU."""
+        """`request_id` gave its cache back; its tail checkpoint stays cached for the next turn."""
         for save in self._pending.pop(request_id, []):
             self.checkpoints.release(save.checkpoint)
         self._release_tail(request_id)

@@ -1,10 +1,4 @@
-"""What each layer stores in the cache, and how many bytes that costs (pure arithmetic, no torch).
-
-Attention-like layers (mla, gqa, dsa) store entries per token in paged blocks; linear layers
-(kda, gdn) store one recurrent state and one short-conv state per state slot. This module is the
-single source of truth for those shapes: the tensor allocator (`hyla.forward_batch`) and the
-memory planner both read it.
-"""
+"""Cache tensor shapes per layer and their byte cost: the one source for allocator and planner."""
 
 from __future__ import annotations
 
@@ -17,11 +11,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
 
 @dataclass(frozen=True)
 class CacheTensorSpec:
-    """One cache tensor of one layer.
-
-    `per` is "token" (allocated as `[num_blocks, block_size, *shape]`) or "slot" (allocated as
-    `[num_slots, *shape]`). `dtype` is a name in DTYPE_BYTES.
-    """
+    """One cache tensor of one layer: `per` "token" ([num_blocks, block_size, *shape]) or "slot"
+    ([num_slots, *shape]); `dtype` a DTYPE_BYTES key."""
 
     name: str
     per: str
@@ -41,14 +32,12 @@ class CacheTensorSpec:
 
 
 def kv_dtype(config: ModelConfig) -> str:
-    """Storage dtype of per-token cache entries (`auto` follows the model dtype)."""
     return config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
 
 
 def with_scales(specs: list[CacheTensorSpec]) -> tuple[CacheTensorSpec, ...]:
-    """`specs` plus, for each fp8 entry, its `<name>_scale` float32 tensor: one scale per vector
-    of the last dim (per token; per token and head for GQA), as `hyla.ops.fp8` quantizes.
-    Per-block scales would need the block's amax before its last token arrives."""
+    """`specs` plus a float32 `<name>_scale` per fp8 entry, one per last-dim vector (`ops.fp8`):
+    per-block scales would need the block's amax before its last token arrives."""
     out = list(specs)
     for s in specs:
         if s.dtype == "fp8":
@@ -66,25 +55,12 @@ _KPOOL_CACHES = ("index_keys", "index_gates", "index_pool_keys")
 
 
 def layer_cache_specs(config: ModelConfig, layer_idx: int) -> tuple[CacheTensorSpec, ...]:
-    """Cache tensors of layer `layer_idx`.
-
-    Layouts:
-      mla/dsa  latent      per token [kv_lora_rank + qk_rope_head_dim]  (normed c_kv, then k_rope)
-      dsa      index_keys  per token [index_head_dim]                   (roped, normed indexer key;
-               none on a "shared" layer)
-      dsa with index_kpool (GLM-5.3-Flash): index_keys, index_gates, index_pool_keys
-               per token [index_head_dim] (`hyla.ops.kpool_indexer`); a "shared" one: latent only
-      gqa      k, v        per token [num_kv_heads, head_dim]
-      swa/csa/hca (DeepSeek-V4): kv per token [head_dim] (normed, roped; keys = values); csa and
-               hca also the compressor's inputs per token, compress_kv / compress_gate
-               [2 head_dim] (csa's two series) or [head_dim], and csa the indexer's, index_kv /
-               index_gate [2 index_head_dim]: a window's entry is pooled from them when read
-      kda/gdn  recurrent_state per slot [num_v_heads, head_k_dim, head_v_dim]
-               (`mamba_ssm_cache_dtype`: float32 unless bfloat16 is asked for)
-               conv_state      per slot [conv_dim, conv_kernel_size - 1]
-    With `kv_cache_dtype` fp8 each per-token tensor X has an `X_scale` beside it
-    (`with_scales`).
-    """
+    """Cache tensors of layer `layer_idx`, per token unless noted (fp8 ones get `X_scale`):
+    mla/dsa latent [kv_lora_rank + qk_rope_head_dim] (normed c_kv, then k_rope); dsa index_keys
+    [index_head_dim] (roped, normed; none on a "shared" layer) or index_kpool's three; gqa k, v
+    [num_kv_heads, head_dim]; swa/csa/hca kv [head_dim] (keys = values) plus `compressed_specs`;
+    kda/gdn per slot recurrent_state [num_v_heads, head_k_dim, head_v_dim] and conv_state
+    [conv_dim, conv_kernel_size - 1]."""
     kind = config.layer_pattern[layer_idx]
     kvd = kv_dtype(config)
     if kind in ("mla", "dsa"):
@@ -139,15 +115,16 @@ def bytes_per_state_slot(config: ModelConfig) -> int:
 
 
 def compressed_specs(config: ModelConfig, kind: str, kvd: str) -> list[CacheTensorSpec]:
-    """DeepSeek-V4's per-token tensors of a layer of `kind` (see `layer_cache_specs`); the
-    compressor inputs stay in the model dtype (no fp8 scales for pooling)."""
+    """DeepSeek-V4: kv, compress_kv/gate ([2 head_dim]: csa's two series; [head_dim] hca), csa's
+    index_kv/gate [2 index_head_dim], pooled when read; inputs stay in the model dtype."""
     c = config.compressed
     specs = [CacheTensorSpec("kv", "token", (c.head_dim,), kvd)]
     inputs = config.dtype if kvd == "fp8" else kvd
     width = {"swa": 0, "csa": 2 * c.head_dim, "hca": c.head_dim}[kind]
     if width:
-        specs += [CacheTensorSpec(n, "token", (width,), inputs) for n in ("compress_kv",
-                                                                           "compress_gate")]
+        specs += [
+            CacheTensorSpec(n, "token", (width,), inputs) for n in ("compress_kv", "compress_gate")
+        ]
     if kind == "csa":
         specs += [CacheTensorSpec(n, "token", (2 * c.index_head_dim,), inputs)
                   for n in ("index_kv", "index_gate")]  # fmt: skip

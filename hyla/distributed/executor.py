@@ -1,18 +1,6 @@
-"""The engine's side of the process boundary: start the ranks, call their `Worker` methods,
-send each step's plan, watch their health.
-
-    Executor (interface)   collective_rpc(method, *args) on every rank, rank 0's result;
-                           check_health(); shutdown(); `failed` once it cannot go on
-    MultiprocExecutor      rank 0 in the engine process (the driver worker), ranks 1..N-1
-                           processes on this host (forkserver); a Ray executor would start the
-                           same `worker_main` as actors and keep the rest
-    DriverRunner           what the engine calls `runner`: sends the step's plan, then runs
-                           rank 0's ModelRunner (sampling stays in the engine process)
-
-Any exception during a collective call is fatal (`ExecutorError`): the ranks' collectives no
-longer line up and their caches may disagree. A rank that dies or hangs past the collective
-timeout (`HYLA_COLLECTIVE_TIMEOUT`, seconds, default 60) ends the step with that error.
-"""
+"""The engine's side of the process boundary: start the ranks, run their `Worker` methods, send
+each step's plan, watch their health. Any exception in a collective call is fatal
+(`ExecutorError`): the ranks' collectives no longer line up and their caches may disagree."""
 
 from __future__ import annotations
 
@@ -48,23 +36,19 @@ from hyla.models.hybrid import FFNS, MIXERS
 logger = logging.getLogger("hyla.distributed")
 
 DEFAULT_TIMEOUT_S = 60.0
-# imported once by the fork server: the ranks forked from it import nothing (the layer
-# modules are imported lazily by the model otherwise, ~2 s per rank on a busy CPU)
+# imported once by the fork server so the forked ranks import nothing (lazy imports: ~2 s/rank)
 PRELOAD = sorted(
     {"hyla.distributed.worker", "hyla.distributed.loader"}
     | {path.split(":")[0] for path in (*MIXERS.values(), *FFNS.values())}
 )
 JOIN_TIMEOUT_S = 10.0
-RANK_NAME = "hyla-tp"  # a rank's process name: hyla-tp1, hyla-tp2, ...
-# A rank's process re-runs the program's `__main__` module before it runs anything of ours (as
-# multiprocessing's spawn and forkserver start methods do); a script that creates the LLM at its
-# top level then starts one more engine in every rank.
+RANK_NAME = "hyla-tp"
 MAIN_GUARD_HINT = (
     "a script that creates LLM(..., tensor_parallel_size > 1) must do it under "
     "`if __name__ == \"__main__\":` (each rank's process re-imports the script's main module, "
     "as Python's multiprocessing does: see its 'Safe importing of main module')"
 )
-DEATH_REPORT_S = 1.0  # after a failed collective: how long to wait for a rank's exit code
+DEATH_REPORT_S = 1.0  # after a failed collective: wait this long for a rank's exit code
 
 
 class Executor(ABC):
@@ -72,19 +56,29 @@ class Executor(ABC):
 
     driver: Worker
     failed: ExecutorError | None = None
+    is_distributed = True
+
+    def plan_cache(
+        self, config: EngineConfig, max_model_len: int, max_num_seqs: int, reserved_bytes: int = 0
+    ) -> CachePlan:
+        """The minimum over the ranks of their own pools (nothing reserved: TP runs no drafts)."""
+        return self.collective_rpc("plan_cache", max_model_len, max_num_seqs)
+
+    def start_runner(
+        self, plan: CachePlan, capture: tuple[tuple, ...], max_model_len: int, num_spec_rows: int
+    ) -> DriverRunner:
+        return start_runner(self, plan, capture[0], max_model_len)
 
     @abstractmethod
     def collective_rpc(self, method: str, *args: Any) -> Any:
-        """Call `Worker.<method>(*args)` on every rank; rank 0's result.
-        Raises: ExecutorError (the executor is failed from then on)."""
+        """`Worker.<method>(*args)` on every rank; rank 0's result. Raises: ExecutorError."""
 
     @abstractmethod
     def fail(self, what: str, error: Exception) -> ExecutorError:
-        """Mark the executor failed by `error`, raised during `what`; the error to raise."""
+        """Mark the executor failed by `error` (raised during `what`); the error to raise."""
 
     @abstractmethod
-    def check_health(self) -> None:
-        """Raise ExecutorError when a rank is gone."""
+    def check_health(self) -> None: ...
 
     @abstractmethod
     def shutdown(self) -> None:
@@ -92,8 +86,6 @@ class Executor(ABC):
 
 
 def check_devices(config: EngineConfig) -> None:
-    """More ranks than GPUs, or GPUs of different kinds: ConfigError naming the field and the
-    limit (before any process starts or any weight is read)."""
     n = config.tensor_parallel_size
     if not str(config.device).startswith("cuda"):
         return
@@ -108,26 +100,17 @@ def check_devices(config: EngineConfig) -> None:
 
 
 class MultiprocExecutor(Executor):
-    """Rank 0 here, ranks 1..N-1 started by `multiprocessing` (forkserver).
-
-    Args:
-        path: the checkpoint directory every rank reads its slices from.
-        model_config: the full model's config (dtype and cache dtypes applied).
-        config: the engine options (`tensor_parallel_size`, `enable_expert_parallel`, device).
-    Raises: ConfigError (bad TP size, too few devices) and CheckpointError (tensors that do
-        not fit) before any process starts.
-    """
+    """Rank 0 here, ranks 1..N-1 forked from a forkserver; `model_config` has the dtypes applied.
+    Raises: ConfigError, CheckpointError before any rank starts."""
 
     def __init__(self, path: str | Path, model_config: ModelConfig, config: EngineConfig) -> None:
         n, ep = config.tensor_parallel_size, config.enable_expert_parallel
         check_parallel(model_config, n, ep)
         check_devices(config)
-        check_checkpoint(path, model_config)  # names and shapes, before any rank starts
+        check_checkpoint(path, model_config)
         self.timeout_s = float(os.environ.get("HYLA_COLLECTIVE_TIMEOUT", DEFAULT_TIMEOUT_S))
         init_method = f"tcp://127.0.0.1:{free_port()}"
-        # forkserver: the first engine pays torch's import in the server once; every rank
-        # after it (of this engine or a later one) is a fork of that server, which holds no
-        # CUDA context and no threads (so forking it is safe, unlike forking this process)
+        # the server pays torch's import once and holds no CUDA context or threads: safe to fork
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         self.procs, started = [], []
@@ -153,10 +136,9 @@ class MultiprocExecutor(Executor):
             self.tp.wait_until_ready()
         except BaseException as e:
             self.failed = ExecutorError(f"tensor-parallel start-up failed: {e}")
-            self.shutdown()  # the ranks are killed: they may wait for this one
+            self.shutdown()  # kill the ranks: they may wait for this one
             raise
         self.driver = Worker(self.tp, model, config)
-        # an engine dropped without shutdown(): its ranks and group go when it is collected
         self._release = weakref.finalize(self, _release, list(self.procs), self.tp)
 
     @property
@@ -172,9 +154,8 @@ class MultiprocExecutor(Executor):
             raise self.fail(method, e) from e
 
     def fail(self, what: str, error: Exception) -> ExecutorError:
-        """Mark the executor failed by `error` (during `what`); names a rank that exited."""
-        deadline = time.monotonic() + DEATH_REPORT_S  # a peer's death shows first as a
-        while time.monotonic() < deadline:  # closed connection; its exit code follows
+        deadline = time.monotonic() + DEATH_REPORT_S  # the closed socket precedes the exit code
+        while time.monotonic() < deadline:
             dead = [(r, p) for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
             if dead:
                 rank, proc = dead[0]
@@ -217,7 +198,6 @@ class MultiprocExecutor(Executor):
 
 
 def _release(procs: list, tp: TPGroup) -> None:
-    """Kill the ranks still alive and leave the group (the process may start another)."""
     for proc in procs:
         if proc.is_alive():
             proc.kill()
@@ -226,12 +206,11 @@ def _release(procs: list, tp: TPGroup) -> None:
 
 
 def _check_no_live_group() -> None:
-    """A TP engine of this process that was dropped without shutdown() still holds the
-    process group until it is collected: collect it; one still referenced is an error."""
+    """A dropped TP engine holds the process group until collected; a referenced one is an error."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        gc.collect()  # runs the finalizers of unreachable executors (`_release`)
+        gc.collect()
     if dist.is_available() and dist.is_initialized():
         raise ConfigError(
             "tensor_parallel_size: another tensor-parallel engine is still running in this "
@@ -240,23 +219,19 @@ def _check_no_live_group() -> None:
 
 
 def _rank_main(started: multiprocessing.connection.Connection, *args: Any) -> None:
-    """A rank's entry: tell rank 0 its process got through its start (the `__main__` re-import
-    included), then `worker_main(*args)`."""
     started.send(True)
     started.close()
     worker_main(*args)
 
 
 def _wait_started(procs: list, started: list) -> None:
-    """Wait until every rank reached `_rank_main`. A rank that exits first (nothing of ours ran
-    in it) most often re-ran a script without a main guard: ExecutorError with the fix, at
-    once, rather than the rendezvous' timeout (5 minutes)."""
+    """A rank that exits this early most often re-ran an unguarded script: fail at once."""
     deadline = time.monotonic() + START_TIMEOUT.total_seconds()
     for rank, (proc, reader) in enumerate(zip(procs, started, strict=True), start=1):
         left = max(0.0, deadline - time.monotonic())
         if multiprocessing.connection.wait([reader, proc.sentinel], timeout=left):
             try:
-                reader.recv()  # EOFError: it exited without a word
+                reader.recv()
                 continue
             except EOFError:
                 pass
@@ -270,16 +245,14 @@ def _wait_started(procs: list, started: list) -> None:
 
 
 def check_not_in_rank_start() -> None:
-    """RuntimeError with the fix when this process is a rank still starting (it re-runs the
-    program's main module: a script without a main guard creates another engine here)."""
+    """RuntimeError when this process is a rank re-running an unguarded script's main module."""
     process = multiprocessing.current_process()
     if getattr(process, "_inheriting", False) and process.name.startswith(RANK_NAME):
         raise RuntimeError(f"{process.name} re-ran the script's main module: {MAIN_GUARD_HINT}")
 
 
 class DriverRunner:
-    """The engine's runner under an executor: `execute` sends the step's plan to every rank
-    and runs rank 0's part; other attributes are rank 0's ModelRunner's."""
+    """The engine's runner: `execute` runs the step on every rank; the rest is rank 0's runner."""
 
     def __init__(self, executor: Executor, runner: ModelRunner) -> None:
         self.executor, self.runner = executor, runner
@@ -293,7 +266,7 @@ class DriverRunner:
         executor.check_health()
         try:
             plan = make_step_plan(out, requests, cache, plp)
-            mm = self.__dict__.get("multimodal")  # the engine's runtime (images on rank 0)
+            mm = self.__dict__.get("multimodal")
             plan.images = None if mm is None else step_images(mm, out, requests)
             executor.tp.broadcast_object(("execute", (plan,)))
             self.runner.multimodal = plan.images
@@ -305,22 +278,18 @@ class DriverRunner:
 def start_runner(
     executor: Executor, plan: CachePlan, graph_batch_sizes: tuple[int, ...], max_model_len: int
 ) -> DriverRunner:
-    """Every rank's ModelRunner (CUDA graphs only with one rank: captured collectives are
-    future work); the engine's runner."""
+    """Start every rank's ModelRunner (CUDA graphs only with one rank: no captured collectives)."""
     sizes = graph_batch_sizes if executor.driver.tp.world_size == 1 else ()
     runner = executor.collective_rpc("start_runner", plan, sizes, max_model_len)
     return DriverRunner(executor, runner)
 
 
 def start_executor(path: str | Path, config: EngineConfig, dtype: str | None) -> Executor:
-    """The executor of `config` over checkpoint `path` (every rank started, weights loaded).
-
-    Raises: ConfigError naming the field (TP size, devices, dtype, quantization) before any
-    process starts or any weight is read; CheckpointError for tensors that do not fit."""
+    """Start and load every rank. Raises: ConfigError before any process starts, CheckpointError."""
     from hyla.models.loader import DTYPES, load_config
 
     _check_no_live_group()
-    check_not_in_rank_start()  # also here: LLMEngine.from_path is not the only caller
+    check_not_in_rank_start()  # LLMEngine.from_path is not the only caller
     model_config = load_config(path)
     if dtype is not None:
         if dtype not in DTYPES:

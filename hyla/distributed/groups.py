@@ -1,10 +1,5 @@
-"""One rank's process groups: the tensor-parallel group for device collectives (NCCL on CUDA,
-gloo on the CPU) and a gloo group over the same ranks for host objects (the step plan).
-
-Expert parallelism runs inside the TP group (EP size = TP size when enabled), so one group
-serves both. Ranks meet through a TCP store at `init_method` ("tcp://host:port"); nothing here
-assumes that the ranks share a host.
-"""
+"""One rank's process groups: device collectives (NCCL, or gloo on the CPU) and a gloo group
+for host objects. Expert parallelism runs inside the TP group (EP size = TP size)."""
 
 from __future__ import annotations
 
@@ -17,22 +12,16 @@ import torch
 import torch.distributed as dist
 
 IDLE_TIMEOUT = timedelta(days=30)
-START_TIMEOUT = timedelta(minutes=5)  # every rank started and joined (imports, no weights)
+START_TIMEOUT = timedelta(minutes=5)  # to start and join (imports, no weights)
 
 
 class ExecutorError(RuntimeError):
-    """A worker died, hung past the collective timeout, or failed a step: the engine cannot go
-    on (every rank's caches may now disagree)."""
+    """A rank died, hung or failed a step: the engine cannot go on (the caches may disagree)."""
 
 
 @dataclass(frozen=True)
 class TPGroup:
-    """The tensor-parallel group as one rank sees it.
-
-    `group`: device collectives (all-reduce of mixer/FFN outputs, vocab gathers);
-    `cpu_group`: gloo, for pickled host objects (the plan each step). World size 1 has no
-    groups: every collective is the identity.
-    """
+    """The TP group as one rank sees it; world size 1 has no groups (collectives are identities)."""
 
     rank: int
     world_size: int
@@ -45,7 +34,6 @@ class TPGroup:
         return self.rank == 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place; returns `x`."""
         if self.world_size > 1:
             dist.all_reduce(x, group=self.group)
         return x
@@ -59,13 +47,11 @@ class TPGroup:
         return torch.cat(parts, dim=-1)
 
     def broadcast_(self, x: torch.Tensor) -> torch.Tensor:
-        """Rank 0's `x` on every rank, in place."""
         if self.world_size > 1:
             dist.broadcast(x, src=0, group=self.group)
         return x
 
     def broadcast_object(self, obj: Any = None) -> Any:
-        """Rank 0's `obj` (pickled over the CPU group) on every rank."""
         if self.world_size == 1:
             return obj
         box = [obj]
@@ -73,7 +59,6 @@ class TPGroup:
         return box[0]
 
     def gather_objects(self, obj: Any) -> list[Any] | None:
-        """Every rank's `obj` in rank order on rank 0 (None on the others)."""
         if self.world_size == 1:
             return [obj]
         out = [None] * self.world_size if self.rank == 0 else None
@@ -81,13 +66,11 @@ class TPGroup:
         return out
 
     def wait_until_ready(self) -> None:
-        """Wait for every rank to get here (after loading its weights: minutes for a large
-        model, so without the step timeout); a rank that died meanwhile raises."""
+        """Barrier without the step timeout: loading weights can take minutes."""
         if self.world_size > 1:
             dist.barrier(group=self.ready_group)
 
     def min_ints(self, values: list[int]) -> list[int]:
-        """Element-wise minimum of `values` over the ranks (CPU group)."""
         if self.world_size == 1:
             return list(values)
         t = torch.tensor(values, dtype=torch.int64)
@@ -96,7 +79,6 @@ class TPGroup:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on `host`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -105,8 +87,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def init_tp_group(
     rank: int, world_size: int, init_method: str, device: str, timeout_s: float
 ) -> TPGroup:
-    """Join the group as `rank` (blocks until every rank joined). NCCL for CUDA devices, gloo
-    otherwise; collectives raise after `timeout_s` seconds without progress."""
+    """Join as `rank` (blocks until all joined); collectives raise after `timeout_s` idle."""
     if world_size == 1:
         return TPGroup(0, 1)
     backend = "nccl" if device.startswith("cuda") else "gloo"
@@ -115,8 +96,7 @@ def init_tp_group(
         backend, init_method=init_method, rank=rank, world_size=world_size, timeout=START_TIMEOUT
     )
     ranks = list(range(world_size))
-    # a timeout is each rank's own: ranks 1..N-1 wait for the next plan as long as the engine
-    # idles; rank 0's sends of it fail after `timeout_s` when a rank hangs
+    # ranks 1..N-1 wait for the next plan as long as the engine idles; rank 0 detects hangs
     cpu_timeout = timeout if rank == 0 else IDLE_TIMEOUT
     cpu_group = dist.new_group(ranks, backend="gloo", timeout=cpu_timeout)
     ready_group = dist.new_group(ranks, backend="gloo", timeout=IDLE_TIMEOUT)
@@ -125,6 +105,5 @@ def init_tp_group(
 
 
 def destroy_tp_group(tp: TPGroup) -> None:
-    """Leave the group (the process may join another one later)."""
     if tp.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()

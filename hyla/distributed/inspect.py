@@ -1,10 +1,5 @@
-"""`hyla inspect PATH --tensor-parallel-size N`: what one rank holds.
-
-Weights per rank scale the stored bytes by the rank's share of the parameters (its shard's
-parameter count over the full model's, both built on the meta device: replicated tensors count
-in full on every rank). Cache per token and state per sequence come from the rank's config, as
-the allocator sizes them.
-"""
+"""`hyla inspect PATH --tensor-parallel-size N`: what one rank holds. Weights scale the stored
+bytes by the rank's share of the parameters (both models built on the meta device)."""
 
 from __future__ import annotations
 
@@ -21,8 +16,6 @@ from hyla.distributed.sharding import check_parallel, rank_config
 
 @dataclass(frozen=True)
 class RankReport:
-    """One rank's bytes: weights, paged cache per token, linear state per sequence."""
-
     tensor_parallel_size: int
     expert_parallel: bool
     weight_bytes: int
@@ -34,8 +27,7 @@ class RankReport:
 def rank_report(
     config: ModelConfig, weight_bytes: int, tp_size: int, expert_parallel: bool
 ) -> RankReport:
-    """Rank 0's share of a model of `weight_bytes` (the ranks differ by vocab padding only).
-    Raises ConfigError when `tp_size` cannot shard the model."""
+    """Rank 0's share (the ranks differ by vocab padding only). Raises: ConfigError."""
     check_parallel(config.replace(quantization=None), tp_size, expert_parallel)
     plain = config.replace(quantization=None, dtype="float32")
     full = build_rank_model(plain, TPGroup(0, 1), False, "meta")
@@ -53,11 +45,10 @@ def _count(model: torch.nn.Module) -> int:
 
 
 def _replicated_per_token(config: ModelConfig) -> int:
-    """Bytes per token every rank holds in full: MLA/DSA latents and DSA indexer keys (the
-    latent is per token, not per head; the indexer's top-k needs all its heads)."""
+    """Bytes per token on every rank in full (MLA latent: per token; DSA indexer: all heads)."""
     if not set(config.layer_pattern) & {"mla", "dsa"}:
         return 0
-    return bytes_per_token(config)  # every attention-like layer of these families is MLA/DSA
+    return bytes_per_token(config)  # all attention layers of these families are MLA/DSA
 
 
 def format_rank_report(r: RankReport, bytes_fmt) -> str:  # noqa: ANN001

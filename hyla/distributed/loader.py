@@ -1,13 +1,5 @@
-"""Build one rank's model shard and read only its slices from the safetensors files.
-
-    config.json -> full ModelConfig -> check_parallel (errors before any weight is read)
-      full model on the meta device: names and full shapes, checked against the file headers
-      rank model from `rank_config` (+ vocab-parallel embedding/head, EP experts), and an
-        all-reduce after every mixer and every FFN (their outputs are partial sums)
-      each stored tensor: `safe_open(...).get_slice(name)[rows, cols]` for the rank's ranges
-
-Peak host memory per rank is its shard plus one slice.
-"""
+"""Build one rank's model shard and read only its slices from the safetensors files (peak host
+memory: the shard plus one slice)."""
 
 from __future__ import annotations
 
@@ -33,14 +25,13 @@ from hyla.ops.fp8 import FP8
 def build_rank_model(
     config: ModelConfig, tp: TPGroup, expert_parallel: bool, device: str | torch.device
 ) -> HybridModel:
-    """An unloaded shard of `config` for `tp.rank` (parameters allocated, not initialised),
-    whose mixers and FFNs all-reduce their outputs over the group."""
+    """An unloaded shard for `tp.rank`; mixers and FFNs all-reduce their partial-sum outputs."""
     n = tp.world_size
     local = build_empty_model(rank_config(config, n, expert_parallel), device)
     if n == 1:
         return local
     dtype = DTYPES[config.dtype]
-    # fp8 experts are allocated when the loader converts them (`load_rank_model`)
+    # fp8 experts are allocated when `load_rank_model` converts them
     experts_device = "meta" if config.quantization is not None else device
     with torch.device(device):
         local.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
@@ -80,16 +71,11 @@ def load_rank_model(
     expert_parallel: bool,
     device: str | torch.device = "cpu",
 ) -> HybridModel:
-    """`tp.rank`'s shard of the checkpoint at `path` (`config`: the full model's, dtype and
-    cache dtypes already applied), in eval mode.
-
-    Raises: ConfigError (the TP size does not fit the model) and CheckpointError (tensors do
-    not fit the model), both before any weight is read.
-    """
+    """`tp.rank`'s shard, in eval mode. Raises: ConfigError, CheckpointError before any read."""
     check_parallel(config, tp.world_size, expert_parallel)
     files, full_targets, entries = check_checkpoint(path, config)
     model = build_rank_model(config, tp, expert_parallel, device)
-    if config.quantization is not None:  # the modules the checkpoint stores in fp8, as stored
+    if config.quantization is not None:  # fp8 modules stay as stored
         stored_fp8 = {p.target for e in entries if e.scale is not None for p in e.placements}
         chosen = choose_fp8(model, stored_fp8, quantize_floats=False)
         convert_modules(model, chosen, DTYPES[config.dtype], device)
@@ -112,7 +98,6 @@ def load_rank_model(
 
 
 def _stored_scale(entry: Entry, f) -> torch.Tensor | None:  # noqa: ANN001
-    """The stored scale of an fp8 entry (from its own file when it is stored elsewhere)."""
     if entry.scale is None:
         return None
     name, file = entry.scale
@@ -125,8 +110,7 @@ def _stored_scale(entry: Entry, f) -> torch.Tensor | None:  # noqa: ANN001
 def check_checkpoint(
     path: str | Path, config: ModelConfig
 ) -> tuple[list[Path], dict[str, torch.Tensor], list[Entry]]:
-    """The checkpoint's files, the full model's tensors (meta) and every stored tensor's
-    destinations, from the headers alone. Raises CheckpointError listing every problem."""
+    """(files, full model's meta tensors, entries) from the headers. Raises: CheckpointError."""
     files = checkpoint_files(path)
     with torch.device("meta"):
         full = HybridModel(config)
@@ -143,11 +127,9 @@ def _copy_entry(
     scale: torch.Tensor | None = None,
     block: tuple[int, int] | None = None,
 ) -> None:
-    """Copy the rank's slices of one stored tensor. An fp8 one (with `scale`) goes to an fp8
-    target as stored, its block scales sliced with their blocks (`check_parallel` keeps every
-    rank's slice on block boundaries); to a float target it is dequantized first."""
+    """Copy the rank's slices of one stored tensor; fp8 ones are dequantized for a float target."""
     stored = f.get_slice(entry.name)
-    offset = 0  # a tensor split across targets: its consecutive dim-0 chunks
+    offset = 0  # a tensor split across targets holds consecutive dim-0 chunks
     for p in entry.placements:
         full_shape = tuple(full_targets[p.target].shape)
         rows = (full_shape[1:] if p.expert is not None else full_shape)[0] // p.num_parts
@@ -171,8 +153,7 @@ def _copy_fp8_scale(
     scale: torch.Tensor,
     block: tuple[int, int],
 ) -> None:
-    """The block scales of placement `p`'s slices: the same pieces one level down (every
-    size and offset divided by its block dim)."""
+    """The same pieces one level down: every size and offset divided by its block dim."""
     lead = 1 if p.expert is not None else 0
     bn, bk = block
     per_dim = {lead: bn, lead + 1: bk}
@@ -203,11 +184,8 @@ def _pieces(
     shard: Shard | None,
     local: torch.Tensor,
 ) -> list[tuple[tuple[slice, ...], torch.Tensor]]:
-    """(index into the stored tensor, destination view) pairs of one placement's slices.
-
-    The placement fills rows [r0, r0 + rows) of `target[expert]` (or `target`); the stored
-    tensor's dim 0 holds those rows from `offset` on. A shard along the expert dim picks the
-    expert; along another dim it keeps the intersection of its ranges with the placement."""
+    """(stored index, destination view) pairs: the placement fills rows [r0, r0 + rows) of
+    `target[expert]`, held in the stored dim 0 from `offset` on."""
     dst, lead = local, 0
     if p.expert is not None:
         expert = p.expert

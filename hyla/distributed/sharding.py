@@ -1,21 +1,8 @@
-"""What each rank holds: its own ModelConfig and the slice of every weight.
-
-A rank's model is the ordinary `HybridModel` built from `rank_config`: the head counts and
-FFN widths divided by the TP size N, so its layers, caches and state slots hold only its own
-heads (caches are allocated from that config). Weights split along one dim:
-
-    column-parallel (output rows split):  q/k/v, KDA gates, GDN in_proj, MLA q_b/kv_b, gate/up
-    row-parallel (input columns split):   o_proj / out_proj / down_proj -> one all-reduce
-                                          per mixer and per FFN (`hyla.distributed.loader`)
-    vocab-parallel:                       embed_tokens, lm_head (ceil(V / N) rows, zero padded)
-    replicated:                           norms, routers, MLA's q_a/kv_a (the latent is per
-                                          token, not per head), the DSA indexer, KDA f_a/g_a
-    experts:  TP (default) splits every expert's intermediate; EP gives each rank E / N
-              whole experts (the router stays whole)
-
-A weight made of segments (GDN's conv over q | k | v, gate | up of fused experts) splits
-each segment and keeps the rank's part of each, in order. GQA KV heads fewer than N are
-replicated: rank r holds KV head r * HKV // N (the one its query heads read).
+"""What each rank holds: its ModelConfig (heads and FFN widths / N) and the slice of every weight.
+Output rows split for q/k/v, gates and gate/up; input columns for o/out/down_proj (one all-reduce
+per mixer and FFN); ceil(V / N) zero-padded rows of embed_tokens/lm_head. Replicated: norms,
+routers, MLA q_a/kv_a (the latent is per token), the DSA indexer, KDA f_a/g_a, and GQA KV heads
+fewer than N (rank r holds head r * HKV // N). Segmented weights (q | k | v) split each segment.
 """
 
 from __future__ import annotations
@@ -32,10 +19,8 @@ SUPPORTED_KINDS = ("kda", "gdn", "mla", "gqa", "dsa")
 
 @dataclass(frozen=True)
 class Shard:
-    """A rank's slice of a weight along `dim`: the dim is `segments` (full sizes) back to back;
-    each segment is cut into `num_parts` parts of ceil(size / num_parts) (the last one may be
-    short: the local tensor is zero-padded) and the rank holds part `part` of each.
-    `first_rank_only`: a row-parallel bias, added once (rank 0 holds it, the others zeros)."""
+    """Part `part` of each of `segments` (back to back along `dim`) cut into `num_parts`, the
+    short last one zero-padded. `first_rank_only`: a row-parallel bias, held by rank 0 only."""
 
     dim: int
     segments: tuple[int, ...]
@@ -44,7 +29,6 @@ class Shard:
     first_rank_only: bool = False
 
     def ranges(self) -> list[tuple[int, int]]:
-        """The full-tensor index ranges held, in local order (clipped to each segment)."""
         out, start = [], 0
         for size in self.segments:
             n = -(-size // self.num_parts)
@@ -58,9 +42,7 @@ class Shard:
 
 
 def check_parallel(config: ModelConfig, tp_size: int, expert_parallel: bool) -> None:
-    """Raise ConfigError naming the field and the limit when `tp_size` cannot shard `config`.
-    The engine calls it before any weight is read and `hyla plan` to refuse the layouts the
-    engine would: one rule for both."""
+    """ConfigError when `tp_size` cannot shard `config` (also used by `hyla plan`: one rule)."""
     if tp_size < 1:
         raise ConfigError(f"tensor_parallel_size: must be >= 1, got {tp_size}")
     if tp_size == 1:
@@ -85,8 +67,7 @@ def check_parallel(config: ModelConfig, tp_size: int, expert_parallel: bool) -> 
 
 
 def _check_fp8_blocks(config: ModelConfig, tp: int, expert_parallel: bool) -> None:
-    """fp8 weights are sharded as stored, each block scale with its block: every rank's slice
-    must be whole blocks (`quantization.weight_block_size`)."""
+    """fp8 weights are sharded as stored, scales with their blocks: slices must be whole blocks."""
     quant = config.quantization
     if quant.weight_block_size is None:
         raise ConfigError("tensor_parallel_size: fp8 weights with per-tensor or per-channel "
@@ -106,7 +87,6 @@ def _check_fp8_blocks(config: ModelConfig, tp: int, expert_parallel: bool) -> No
 def _fp8_cuts(
     config: ModelConfig, tp: int, expert_parallel: bool, bn: int, bk: int
 ) -> list[tuple[str, int, int]]:
-    """(what, rows or columns per rank, block dim) of every split fp8 weight kind."""
     kinds, out = set(config.layer_pattern), []
     if kinds & {"mla", "dsa"}:
         m, heads = config.mla, config.mla.num_heads // tp
@@ -157,9 +137,8 @@ def _divisible_fields(config: ModelConfig, expert_parallel: bool) -> list[tuple[
 
 
 def rank_config(config: ModelConfig, tp_size: int, expert_parallel: bool) -> ModelConfig:
-    """The ModelConfig of one rank's shard (same for every rank): heads and widths / N. The
-    vocabulary stays whole (token ids are validated against it); under EP the router keeps
-    all experts (the experts module is swapped for the rank's E / N)."""
+    """Every rank's shard config: heads and widths / N. The vocabulary stays whole (token ids are
+    validated against it); under EP the router keeps all experts."""
     if tp_size == 1:
         return config
     n = tp_size
@@ -192,8 +171,7 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(mixer|mlp)\.(.+)$")
 def shard_of(
     name: str, config: ModelConfig, rank: int, tp_size: int, expert_parallel: bool
 ) -> Shard | None:
-    """The slice of the full weight `name` (a hyla state-dict name) that `rank` holds, or None
-    when every rank holds all of it."""
+    """`rank`'s slice of state-dict weight `name`; None when replicated."""
     if tp_size == 1:
         return None
     if name in ("embed_tokens.weight", "lm_head.weight"):
@@ -216,7 +194,7 @@ def shard_of(
 
 
 def _mixer_rule(config: ModelConfig, kind: str, leaf: str, tp_size: int) -> tuple | None:
-    if kind not in ("kda", "gdn", "gqa", "mla", "dsa"):  # DeepSeek-V4's kinds: not sharded yet
+    if kind not in ("kda", "gdn", "gqa", "mla", "dsa"):
         return None
     if kind in ("kda", "gdn"):
         return _linear_rule(config, kind, leaf)
@@ -224,7 +202,7 @@ def _mixer_rule(config: ModelConfig, kind: str, leaf: str, tp_size: int) -> tupl
         g = config.gqa
         q_rows = g.num_heads * g.head_dim * (2 if g.output_gate else 1)
         kv_rows = g.num_kv_heads * g.head_dim
-        kv_parts = min(g.num_kv_heads, tp_size)  # fewer KV heads than ranks: replicated
+        kv_parts = min(g.num_kv_heads, tp_size)
         return {
             "q_proj.weight": (0, (q_rows,)), "q_proj.bias": (0, (q_rows,)),
             "k_proj.weight": (0, (kv_rows,), kv_parts),
@@ -233,7 +211,7 @@ def _mixer_rule(config: ModelConfig, kind: str, leaf: str, tp_size: int) -> tupl
             "v_proj.bias": (0, (kv_rows,), kv_parts),
             "o_proj.weight": (1, (g.num_heads * g.head_dim,)), "o_proj.bias": (0, (0,), "bias"),
         }.get(leaf)  # fmt: skip
-    mla = config.mla  # mla, dsa
+    mla = config.mla
     q_rows = mla.num_heads * mla.qk_head_dim
     return {
         "q_proj.weight": (0, (q_rows,)), "q_b_proj.weight": (0, (q_rows,)),
@@ -256,7 +234,7 @@ def _linear_rule(config: ModelConfig, kind: str, leaf: str) -> tuple | None:
             "A_log": (a_log_dim, (hv,)), "b_proj.weight": (0, (hv,)),
             "g_b_proj.weight": (0, (value,)), "o_proj.weight": (1, (value,)),
         }.get(leaf)  # fmt: skip
-    return {  # gdn: grouped rows are per key head, so a contiguous block is whole key heads
+    return {  # gdn: rows are grouped per key head, so a contiguous block is whole key heads
         "in_proj_qkvz.weight": (0, (2 * key + 2 * value,)), "in_proj_ba.weight": (0, (2 * hv,)),
         "in_proj_qkv.weight": (0, (key, key, value)), "in_proj_z.weight": (0, (value,)),
         "in_proj_b.weight": (0, (hv,)), "in_proj_a.weight": (0, (hv,)),

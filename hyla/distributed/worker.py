@@ -1,11 +1,6 @@
-"""One rank of the tensor-parallel group: its model shard, its caches and its ModelRunner.
-
-Each step the engine sends a `StepPlan` (ints only: the scheduler's decision, each request's
-context length and known input ids, block tables, state slots); every rank runs the same
-`ModelRunner.execute` over it, so the collectives inside the forward line up. Input ids not yet
-on the host (the pipeline's device tokens) are rank 0's: the vocab-parallel embedding
-broadcasts them. Only rank 0's sampled rows are used.
-"""
+"""One rank of the TP group: its model shard, caches and ModelRunner. Every rank runs the same
+`ModelRunner.execute` over the engine's `StepPlan`, so the collectives line up; input ids not
+yet on the host are rank 0's (the vocab-parallel embedding broadcasts them)."""
 
 from __future__ import annotations
 
@@ -20,24 +15,23 @@ from typing import Any
 
 import torch
 
+from hyla.cache.mm_spans import spans_in
 from hyla.config import EngineConfig, ModelConfig
 from hyla.distributed.groups import TPGroup, destroy_tp_group, init_tp_group
 from hyla.engine.memory import CachePlan, memory_budget, plan_cache
 from hyla.engine.model_runner import ModelRunner, RunnerOutput
 from hyla.engine.startup import cpu_threads
 from hyla.models.hybrid import HybridModel
-from hyla.multimodal.spans import spans_in
 from hyla.scheduler import SchedulerOutput
 
-ENGINE_EXIT_GRACE_S = 0.5  # a failed wait for rank 0: how long to look for its exit
+ENGINE_EXIT_GRACE_S = 0.5
 
 logger = logging.getLogger("hyla.distributed")
 
 
 @dataclass
 class RequestPlan:
-    """What a rank needs of one scheduled request: its context length, the input ids known
-    on the host (zeros stand for device tokens), its lengths and prompt-logprob needs."""
+    """One scheduled request for a rank; zeros in `input_ids` stand for device tokens."""
 
     num_computed_tokens: int
     input_ids: list[int]
@@ -50,11 +44,8 @@ class RequestPlan:
 
 @dataclass
 class StepImages:
-    """A step's image inputs as rank 0's vision tower made them (the tower lives on rank 0
-    only): `rows` (packed row, embedding rows [n, D] on the host) overwrite the embedded
-    placeholders on every rank; `step_positions` are the step's positions when they are not
-    the context indices (M-RoPE, shifted rows after an image). Every rank's ModelRunner takes
-    it as its `multimodal`, so the (collective) embedding runs on all of them alike."""
+    """Rank 0's vision tower output, every rank's `multimodal`. `rows`: (packed row, host [n, D])
+    over the placeholders; `step_positions`: when not the context indices (M-RoPE)."""
 
     rows: list[tuple[int, torch.Tensor]]
     step_positions: torch.Tensor | None
@@ -72,8 +63,7 @@ class StepImages:
 
 
 def step_images(mm: Any, out: SchedulerOutput, requests: dict[str, Any]) -> StepImages | None:
-    """Rank 0: the image rows and positions of step `out` from the engine's multimodal
-    runtime (encoding the images it has not cached), or None for a text-only step."""
+    """Rank 0: step `out`'s image rows and positions; None for a text-only step."""
     ids = list(out.num_scheduled_tokens)
     query_lens = [out.num_scheduled_tokens[r] for r in ids]
     context_lens = [requests[r].num_computed_tokens for r in ids]
@@ -94,8 +84,6 @@ def step_images(mm: Any, out: SchedulerOutput, requests: dict[str, Any]) -> Step
 
 @dataclass
 class StepPlan:
-    """One step as it crosses the process boundary."""
-
     out: SchedulerOutput
     requests: dict[str, RequestPlan] = field(default_factory=dict)
     prompt_logprob_from: dict[str, int] | None = None
@@ -105,7 +93,6 @@ class StepPlan:
 def make_step_plan(
     out: SchedulerOutput, requests: dict[str, Any], cache: Any, plp: dict[str, int] | None
 ) -> StepPlan:
-    """The plan of `out` from the engine's requests and cache manager."""
     plan = StepPlan(out, {}, plp)
     for rid, q in out.num_scheduled_tokens.items():
         req = requests[rid]
@@ -121,7 +108,7 @@ def make_step_plan(
 
 
 class _Window:
-    """`all_token_ids` of a planned request: only [c, c + q) is ever read."""
+    """`all_token_ids` where only [c, c + q) is ever read."""
 
     def __init__(self, start: int, ids: list[int]) -> None:
         self.start, self.ids = start, ids
@@ -136,8 +123,6 @@ class _Params:
 
 
 class _PlannedRequest:
-    """The fields of `Request` that `ModelRunner.execute` reads, from a `RequestPlan`."""
-
     def __init__(self, p: RequestPlan) -> None:
         self.num_computed_tokens = p.num_computed_tokens
         self.all_token_ids = _Window(p.num_computed_tokens, p.input_ids)
@@ -159,8 +144,7 @@ class _PlannedCache:
 
 
 class Worker:
-    """A rank's model shard and runner. Methods are called on every rank in the same order
-    (`Executor.collective_rpc`); each may run collectives."""
+    """A rank's shard and runner; methods run on every rank in the same order, with collectives."""
 
     def __init__(self, tp: TPGroup, model: HybridModel, config: EngineConfig) -> None:
         self.tp, self.model, self.config = tp, model, config
@@ -168,7 +152,7 @@ class Worker:
         self.runner: ModelRunner | None = None
 
     def plan_cache(self, max_model_len: int, max_num_seqs: int) -> CachePlan:
-        """This rank's pools from its own free memory, then the minimum over the ranks."""
+        """The minimum over the ranks of the pools each one's free memory allows."""
         cache = self.config.cache
         budget = memory_budget(cache, self.device)
         own = plan_cache(self.model.config, cache, max_model_len, max_num_seqs, budget)
@@ -188,12 +172,10 @@ class Worker:
         return self.runner
 
     def cache_shapes(self) -> list[list[dict[str, tuple[int, ...]]]] | None:
-        """Every rank's cache tensor shapes per layer, in rank order (rank 0 gets them)."""
         shapes = [{k: tuple(t.shape) for k, t in layer.items()} for layer in self.runner.caches]
         return self.tp.gather_objects(shapes)
 
     def execute(self, plan: StepPlan) -> RunnerOutput:
-        """The forward of `plan` on this rank (rank 0 runs it through the engine instead)."""
         requests = {rid: _PlannedRequest(p) for rid, p in plan.requests.items()}
         self.runner.multimodal = plan.images
         return self.runner.execute(
@@ -202,7 +184,7 @@ class Worker:
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when the engine process ends (also by os._exit)."""
+    """SIGKILL this process when the engine process ends, even by os._exit (Linux)."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -219,8 +201,7 @@ def worker_main(
     config: EngineConfig,
     timeout_s: float,
 ) -> None:
-    """Rank 1..N-1: join the group, load its shard, then run the methods rank 0 broadcasts
-    until "shutdown". Any failure exits non-zero (the other ranks' collectives then fail)."""
+    """Ranks 1..N-1: load the shard, run rank 0's broadcast methods until "shutdown"."""
     from hyla.distributed.loader import load_rank_model
 
     _die_with_parent()
@@ -229,7 +210,7 @@ def worker_main(
     if device.startswith("cuda"):
         device = f"cuda:{rank}"
         torch.cuda.set_device(device)
-    else:  # the thread count rank 0 takes (`hyla.engine.startup`): small models, one thread
+    else:
         chosen = cpu_threads(model_config.hidden_size)
         if chosen is not None and torch.get_num_threads() > chosen:
             torch.set_num_threads(chosen)
@@ -245,7 +226,7 @@ def worker_main(
             with torch.inference_mode():
                 getattr(worker, method)(*args)
     except Exception:
-        if _engine_exited():  # rank 0's process ended (a served Ctrl-C exits by os._exit)
+        if _engine_exited():  # a served Ctrl-C exits rank 0 by os._exit
             raise SystemExit(0) from None
         logger.exception("tensor-parallel worker rank %d failed", rank)
         sys.stderr.flush()
@@ -254,9 +235,7 @@ def worker_main(
 
 
 def _engine_exited(grace_s: float = ENGINE_EXIT_GRACE_S) -> bool:
-    """Whether the engine process (rank 0) is gone or goes within `grace_s`: its exit closes
-    the group's connections, which fails this rank's wait for the next plan a moment before
-    the process is seen gone."""
+    """Whether rank 0 is gone within `grace_s`: its closed connections show before its exit."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return False

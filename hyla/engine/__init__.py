@@ -1,5 +1,4 @@
-"""The engine: scheduler output meets tensors (`model_runner`), tokens are drawn (`sampler`),
-text is produced (`detokenizer`), and `LLMEngine`/`LLM` drive it. Never imports the server."""
+"""The engine: model runner, sampler, detokenizer, driven by `LLMEngine`/`LLM`."""
 
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
-"""AsyncEngine: the front end of the engine, one asyncio stream per request.
-
-    event loop (front end)                    engine core (`hyla.engine.core_loop`)
-    ----------------------                    -------------------------------------
-    add_request() - ("add", ...) ---------->  engine.add_request
-               <-- ("admitted" | "rejected")
-    abort()    --- ("abort", id) ---------->  engine.abort_request (frees at once)
-    streams    <-- ("outputs", [...], stats)  engine.step() while there is work
-
-The core is a thread of this process (`AsyncEngine(engine)`: scripts, tests) or a process of its
-own (`AsyncEngine.from_process(...)`: `hyla serve`), so that HTTP, JSON, tokenization and the
-streams' bookkeeping never share the step's GIL. Streams are owned by the event loop alone.
-
-Text prompts are tokenized, and token-id prompts checked, in a worker thread before the "add"
-command; an over-long one is refused there and never reaches the engine. The engine gets the
-token ids and the outputs get the text back as `prompt`. Commands are applied before every
-step, so a cancelled request's blocks and state slot are free before the next forward pass.
-"""
+"""AsyncEngine: the engine's asyncio front end, one stream per request. The core (a thread, or
+a process for `hyla serve`) gets "add"/"abort"/"call" commands before every step and sends back
+"admitted"/"rejected"/"outputs" events; prompts are tokenized in a worker thread first."""
 
 from __future__ import annotations
 
@@ -59,24 +44,14 @@ logger = logging.getLogger("hyla.engine")
 
 @dataclass
 class _Pending:
-    """A request sent to the core and not yet admitted."""
-
     future: asyncio.Future
     stream: StreamState
 
 
 class AsyncEngine:
-    """Streams a core's outputs to coroutines.
-
-    Timeouts and the queue bound are the engine's (`EngineConfig.request_timeout`: the engine
-    ends a request with finish_reason "timeout"; `EngineConfig.max_queue_len`: checked here too,
-    before a prompt is tokenized, counting requests admitted but without a first token yet).
-
-    Args:
-        engine: an `LLMEngine` (its loop runs in a thread here), or the engine facts of a core
-            process (`hyla.engine.core_process.EngineInfo`).
-        core: where the engine's loop runs (None: a `ThreadCore` of `engine`).
-    """
+    """Streams a core's outputs to coroutines; `max_queue_len` is also checked here, before
+    tokenizing. `engine`: an `LLMEngine` or a core process's `EngineInfo`; `core`: None for a
+    `ThreadCore(engine)`."""
 
     def __init__(self, engine: Any, core: Any = None) -> None:
         self.engine = engine
@@ -86,11 +61,11 @@ class AsyncEngine:
         self._streams: dict[str, StreamState] = {}
         self._pending: dict[str, _Pending] = {}
         self._calls: dict[str, asyncio.Future] = {}
-        self._stats = engine.get_stats()  # refreshed by every event from the core
+        self._stats = engine.get_stats()
         self._is_draining = False
         self._is_aborting = False
         self._is_stopped = False
-        self._dead: Exception | None = None  # the core process is gone
+        self._dead: Exception | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
@@ -100,8 +75,6 @@ class AsyncEngine:
 
         core = ProcessCore(model, options)
         return cls(core.info, core)
-
-    # -- attributes the server reads -------------------------------------------------------
 
     @property
     def tokenizer(self) -> Any:
@@ -124,34 +97,28 @@ class AsyncEngine:
         return self._loop is not None and not self._is_stopped and self.core.is_running
 
     def get_stats(self) -> Any:
-        """The engine's `EngineStats` as of the end of the last step."""
         return self._stats
 
     def num_in_flight(self) -> int:
-        """Requests admitted or being admitted and not yet finished."""
         return len(self._streams) + len(self._pending)
 
     def check_health(self) -> None:
-        """Raises when the engine cannot go on (its process or a tensor-parallel rank is gone)."""
+        """Raises when the engine's process or a tensor-parallel rank is gone."""
         self.core.check_health()
 
-    # -- lifecycle --------------------------------------------------------------------------
-
     def start(self) -> None:
-        """Start the core (idempotent). Call from inside the event loop."""
+        """Start the core (idempotent), from inside the event loop."""
         if self._loop is not None:
             return
         self._loop = asyncio.get_running_loop()
         self.core.start(self._on_event, self._loop)
 
     def begin_drain(self) -> None:
-        """Stop admitting requests; the running ones go on to finish."""
         self._is_draining = True
 
     def abort_all(self) -> None:
-        """Stop admitting and end every request in flight. Each stream gets a final output with
-        finish_reason "abort" (no token yet: one with empty completions), then ends; requests
-        still being admitted are refused with EngineDrainingError."""
+        """Stop admitting; each stream gets a final "abort" output, pending requests
+        EngineDrainingError."""
         if not self._on_loop():
             self._loop.call_soon_threadsafe(self.abort_all)
             return
@@ -162,10 +129,7 @@ class AsyncEngine:
             self._refuse(request_id, EngineDrainingError("the server is shutting down"))
 
     async def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop the core, after the requests in flight finish when `drain`.
-
-        With `drain=False` (or when `timeout` seconds pass) the remaining requests are aborted.
-        """
+        """Stop the core; with `drain`, after the requests in flight finish (or `timeout`)."""
         self.begin_drain()
         if drain:
             start = time.monotonic()
@@ -183,17 +147,12 @@ class AsyncEngine:
         if close is not None:
             close()
 
-    # -- requests ---------------------------------------------------------------------------
-
     async def add_request(
         self, prompt: str | list[int], params: Any, request_id: str | None = None
     ) -> RequestStream:
-        """Submit a request; returns once the engine admitted it.
+        """Submit a request; returns its `RequestStream` once the engine admitted it.
 
-        Returns: a `RequestStream` of `RequestOutput`s, cumulative or deltas as
-        `params.output_kind` says (the last has finished=True).
-        Raises: `hyla.request.InvalidRequestError` (bad prompt or params, from
-        `LLMEngine.add_request`; nothing stays allocated), QueueFullError, EngineDrainingError.
+        Raises: InvalidRequestError (nothing stays allocated), QueueFullError, EngineDrainingError.
         """
         request_id = request_id or uuid.uuid4().hex
         text = prompt if isinstance(prompt, str) else None
@@ -212,12 +171,6 @@ class AsyncEngine:
         )
 
     def _tokenize(self, text: str | list[int], params: Any) -> list[int]:
-        """Token ids of `text` (or `text` as checked token ids) as the engine would compute
-        them, in a worker thread: the engine does not check them again.
-
-        Raises: InvalidRequestError("prompt") for text that cannot be tokenized or leaves no
-            room in the context window; InvalidRequestError("max_tokens") past the window.
-        """
         ids = prompt_token_ids(text, self.tokenizer, self.engine.model_config.vocab_size)
         if isinstance(params, SamplingParams):
             validate_lengths(len(ids), params, self.max_model_len)
@@ -226,12 +179,8 @@ class AsyncEngine:
     async def generate(
         self, prompt: str | list[int], params: Any, request_id: str | None = None
     ) -> AsyncIterator[Any]:
-        """Submit a request and yield its `RequestOutput`s until it finishes.
-
-        Raises the errors of `add_request` (on the first iteration) and EngineDeadError if a
-        step fails mid-stream. Closing or cancelling the iterator aborts the request: its
-        blocks and state slot are freed before the next step.
-        """
+        """Yield a request's `RequestOutput`s; closing the iterator aborts it. Raises
+        `add_request`'s errors, or EngineDeadError mid-stream."""
         stream = await self.add_request(prompt, params, request_id)
         try:
             async for output in stream:
@@ -240,7 +189,6 @@ class AsyncEngine:
             stream.abort()
 
     def _check_admission(self) -> None:
-        """Raises EngineDrainingError while draining, QueueFullError when the queue is full."""
         if self._is_draining:
             raise EngineDrainingError("the server is shutting down")
         if self._dead is not None:
@@ -273,8 +221,7 @@ class AsyncEngine:
         return queue
 
     def _num_waiting(self) -> int:
-        # Waiting = admitted or being admitted, but no token yet. Counted here rather than read
-        # from the engine's stats, which lag a step behind a burst of arrivals.
+        # Counted here: the engine's stats lag a step behind a burst of arrivals.
         no_output = sum(1 for s in self._streams.values() if s.last_output is None)
         return len(self._pending) + no_output
 
@@ -290,7 +237,7 @@ class AsyncEngine:
             return
         if request_id in self._streams:
             self._end(request_id)
-        elif request_id in self._pending:  # cancelled while being admitted
+        elif request_id in self._pending:
             pending = self._pending.pop(request_id)
             pending.future.cancel()
             self._send_abort(request_id)
@@ -306,8 +253,6 @@ class AsyncEngine:
         self._calls[call_id] = future
         self.core.send(("call", call_id, fn, args))
         return await future
-
-    # -- events from the core (on the event loop) ------------------------------------------
 
     def _on_event(self, event: tuple) -> None:
         kind = event[0]
@@ -325,7 +270,7 @@ class AsyncEngine:
             self._on_called(*event[1:])
         elif kind == "failed":
             self._fail_all(event[1])
-        elif kind == "dead":  # the core process is gone: nothing more will come
+        elif kind == "dead":
             self._dead = event[1]
             self._fail_all(event[1])
             for request_id in list(self._pending):
@@ -369,8 +314,7 @@ class AsyncEngine:
                 self._streams.pop(output.request_id, None)
 
     def _end(self, request_id: str, shutdown: bool = False) -> None:
-        """End a stream: a client's cancel just ends it (nobody reads a final output); at
-        shutdown the stream first gets a final output with finish_reason "abort"."""
+        # Only at shutdown does anyone read a final "abort" output.
         stream = self._streams.pop(request_id)
         self._send_abort(request_id)
         if shutdown:

@@ -1,10 +1,5 @@
-"""Per-request output streams of the AsyncEngine, and the errors it raises.
-
-`RequestStream` is what `AsyncEngine.add_request` returns: an async iterator over the
-`RequestOutput`s (cumulative or deltas, as the request's `output_kind` says) fed by the engine
-thread through an `OutputQueue`. The engine thread ends a stream with `DONE` (after an abort)
-or with an exception (after a failed step).
-"""
+"""Per-request output streams of the AsyncEngine and its errors; a stream ends with `DONE`
+(abort) or an exception (failed step)."""
 
 from __future__ import annotations
 
@@ -25,24 +20,17 @@ class EngineDrainingError(RuntimeError):
 
 
 class EngineDeadError(RuntimeError):
-    """A step of the engine raised; the requests in flight were ended with this error."""
+    """A step raised; the requests in flight were ended with this error."""
 
 
 class RequestFailedError(EngineDeadError):
-    """The engine ended this request with finish reason "error" (its step raised, or its
-    logits were not finite); the other requests go on. The message says why."""
+    """This request ended with finish reason "error"; the other requests go on."""
 
 
 class OutputQueue:
-    """The event-loop side of one request's outputs: a FIFO holding at most one unread
-    unfinished `RequestOutput`.
-
-    A newer output joins an unread older one: a cumulative one replaces it, a DELTA one is
-    appended to it (`RequestOutput.add`). So a consumer that falls behind (a slow client, a busy
-    event loop) gets everything new in one piece, and memory stays O(length) instead of one
-    output per step. Markers (`DONE`), errors and finished outputs are never joined. Not
-    thread-safe: call from the event loop.
-    """
+    """One request's outputs on the event loop (not thread-safe). A new output joins an unread
+    unfinished one (replaces it, or `add`s to it as a DELTA), so a slow consumer costs O(length)
+    memory, not one output per step."""
 
     def __init__(self, is_delta: bool = False) -> None:
         self._items: collections.deque[Any] = collections.deque()
@@ -80,10 +68,7 @@ class OutputQueue:
 
 
 class RequestStream:
-    """Async iterator over one request's outputs (as its `output_kind` says); `abort()` cancels it.
-
-    Cancelling a task blocked in `__anext__`, or dropping an unfinished stream, aborts too.
-    """
+    """Async iterator over one request's outputs; `abort()`, cancelling or dropping it aborts."""
 
     def __init__(self, engine: Any, request_id: str, queue: OutputQueue) -> None:
         self.engine = engine
@@ -93,7 +78,6 @@ class RequestStream:
 
     @property
     def num_pending(self) -> int:
-        """Items received from the engine and not read yet (at most one partial output)."""
         return self._queue.qsize()
 
     def __aiter__(self) -> RequestStream:
@@ -117,7 +101,6 @@ class RequestStream:
         return item
 
     def abort(self) -> None:
-        """Cancel the request unless it already finished (idempotent, thread-safe)."""
         if not self.is_finished:
             self.is_finished = True
             self.engine.abort(self.request_id)
@@ -131,7 +114,6 @@ class RequestStream:
 
 
 def with_finish_reason(output: RequestOutput, reason: str) -> RequestOutput:
-    """A finished copy of `output` whose unfinished completions end with `reason`."""
     outputs = [
         dataclasses.replace(o, finish_reason=o.finish_reason or reason) for o in output.outputs
     ]
@@ -141,8 +123,7 @@ def with_finish_reason(output: RequestOutput, reason: str) -> RequestOutput:
 def empty_output(
     request_id: str, num_outputs: int, reason: str, finished: set[int] | frozenset = frozenset()
 ) -> RequestOutput:
-    """The final output of a request that ended with `reason` before producing any token (or,
-    as a DELTA, after it: nothing new, `reason` for each completion not in `finished`)."""
+    """The final output of a request ended before its first token (or a DELTA: nothing new)."""
     outputs = [
         CompletionOutput(index=k, text="", token_ids=[], logprobs=None, cumulative_logprob=None,
                          finish_reason=reason, stop_reason=None)
@@ -156,9 +137,8 @@ def empty_output(
 
 @dataclass
 class StreamState:
-    """One request's state on the event loop: its queue, and what the core leaves out of its
-    outputs (the prompt text; prompt ids after the first output; text made here when the core
-    runs in its own process, `hyla.engine.output_text`)."""
+    """One request on the event loop: its queue, and what the core leaves out of its outputs
+    (prompt text, prompt ids after the first, the text when `text` is an `OutputText`)."""
 
     request_id: str
     queue: OutputQueue
@@ -166,12 +146,11 @@ class StreamState:
     last_output: Any = None
     prompt_text: str | None = None
     prompt_token_ids: list[int] | None = None
-    text: Any = None  # an `OutputText`, or None: the core made the text
-    finished: set[int] = field(default_factory=set)  # completions whose finish was sent
+    text: Any = None
+    finished: set[int] = field(default_factory=set)
 
     def take(self, output: RequestOutput) -> bool:
-        """Complete `output` (a fresh object per step: safe to fill) and queue it, or the error
-        of a failed completion. Returns: whether a completion failed."""
+        """Fill in and queue `output` (or a completion's error); returns whether one failed."""
         if self.prompt_text is not None and output.prompt is None:
             output.prompt = self.prompt_text
         if output.prompt_token_ids is None:
@@ -187,8 +166,6 @@ class StreamState:
         return bool(errors)
 
     def abort_output(self) -> RequestOutput:
-        """The final output of a request ended by the shutdown: "abort" for each completion
-        not finished yet (as a delta: nothing else), or the last cumulative output so ended."""
         last = self.last_output
         if last is None or self.queue.is_delta:
             return empty_output(self.request_id, self.num_outputs, "abort", self.finished)

@@ -1,16 +1,8 @@
-"""The engine side of the AsyncEngine: commands in, events out, one step per turn.
+"""The engine side of the AsyncEngine, in a thread (`ThreadCore`) or a process of its own.
 
-The same loop runs in a thread of the front-end process (`ThreadCore`, scripts and tests) and
-in an engine-core process of its own (`hyla.engine.core_process`, `hyla serve`), where HTTP,
-JSON and the tokenizer pool never take the step's GIL.
-
-Commands: ("add", id, prompt, params, arrival) | ("abort", id) | ("stop",)
-          | ("call", id, fn, args): fn(engine, *args) between steps (fn a module-level function)
-Events:   ("admitted", id) | ("rejected", id, error) | ("outputs", [RequestOutput], stats)
-          (with `prompt_once`, a request's prompt ids ride in its first output only: the
-          front end keeps them; pickling 64 copies of an 850-token prompt took ~2 ms a step)
-          | ("called", id, result, error, stats)
-          | ("failed", error): a step raised and every request of the engine was ended.
+Commands: ("add", id, prompt, params, arrival) | ("abort", id) | ("stop",) | ("call", id, fn, args)
+Events: ("admitted", id) | ("rejected", id, error) | ("outputs", [RequestOutput], stats)
+        | ("called", id, result, error, stats) | ("failed", error): every request was ended.
 """
 
 from __future__ import annotations
@@ -30,7 +22,8 @@ Emit = Callable[[tuple], None]
 
 
 class CoreLoop:
-    """Applies commands to an `LLMEngine` and steps it; everything it learns goes to `emit`."""
+    """Applies commands to an `LLMEngine` and steps it; events go to `emit`. With `prompt_once`
+    prompt ids ride in a request's first output only (pickling them each step is costly)."""
 
     def __init__(self, engine: Any, emit: Emit, prompt_once: bool = False) -> None:
         self.engine = engine
@@ -40,7 +33,7 @@ class CoreLoop:
         self._prompt_sent: set[str] = set()
 
     def run_once(self, commands: list[tuple]) -> bool:
-        """Apply `commands`, then step once when there is work. Returns: whether to stop."""
+        """Apply `commands`, then step once if there is work; returns whether to stop."""
         stop = any(c[0] == "stop" for c in commands)
         try:
             for command in commands:
@@ -51,7 +44,7 @@ class CoreLoop:
                 self.emit(("outputs", [], self._stats()))
         except Exception as e:  # never die silently: its requests would hang with no end
             logger.exception("engine loop failed; ending %d requests", len(self.request_ids))
-            self._fail_all(EngineDeadError(f"engine loop failed: {type(e).__name__}: {e}"))
+            self.fail_all(EngineDeadError(f"engine loop failed: {type(e).__name__}: {e}"))
         return stop
 
     def _apply(self, command: tuple) -> None:
@@ -66,14 +59,14 @@ class CoreLoop:
     def _call(self, call_id: str, fn: Callable, args: tuple) -> None:
         try:
             result, error = fn(self.engine, *args), None
-        except Exception as e:  # the caller's to handle
+        except Exception as e:
             result, error = None, e
         self.emit(("called", call_id, result, error, self._stats()))
 
     def _add(self, request_id: str, prompt: Any, params: Any, arrival: float | None) -> None:
         try:
             self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
-        except Exception as e:  # handed to the caller, which maps it to an HTTP status
+        except Exception as e:
             self.emit(("rejected", request_id, e))
             return
         self.request_ids.add(request_id)
@@ -84,7 +77,7 @@ class CoreLoop:
         self._prompt_sent.discard(request_id)
         try:
             self.engine.abort_request(request_id)
-        except Exception:  # the engine finishes the request on its own
+        except Exception:
             logger.exception("abort of %s raised", request_id)
 
     def _step(self) -> None:
@@ -92,7 +85,7 @@ class CoreLoop:
             outputs = self.engine.step()
         except Exception as e:
             logger.exception("engine step failed; ending %d requests", len(self.request_ids))
-            self._fail_all(EngineDeadError(f"engine step failed: {type(e).__name__}: {e}"))
+            self.fail_all(EngineDeadError(f"engine step failed: {type(e).__name__}: {e}"))
             return
         for output in outputs:
             if output.finished:
@@ -110,7 +103,7 @@ class CoreLoop:
         elif not output.finished:
             self._prompt_sent.add(rid)
 
-    def _fail_all(self, error: Exception) -> None:
+    def fail_all(self, error: Exception) -> None:
         for request_id in list(self.request_ids):
             self._abort(request_id)
         self.emit(("failed", error))
@@ -127,7 +120,7 @@ class CoreLoop:
 class ThreadCore:
     """`CoreLoop` in a daemon thread of this process; events reach `on_event` on the loop."""
 
-    text_in_front = False  # one interpreter: the engine makes the text (`hyla.engine.output_text`)
+    text_in_front = False
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -159,10 +152,7 @@ class ThreadCore:
             self._cond.notify()
 
     def check_health(self) -> None:
-        """Raises the tensor-parallel executor's error when a rank is gone."""
-        executor = getattr(self.engine, "executor", None)
-        if executor is not None:
-            executor.check_health()
+        self.engine.executor.check_health()
 
     def _run(self, core: CoreLoop) -> None:
         while True:

@@ -1,15 +1,5 @@
-"""The engine core in a process of its own, behind ZeroMQ sockets (`hyla serve`).
-
-    front end (HTTP, AsyncEngine)          engine-core process (`core_main`)
-      send ("add" | "abort" | "stop")  -- PUSH/PULL ipc -->  CoreLoop.run_once
-      reader thread -> event loop       <-- PUSH/PULL ipc --  events (pickle protocol 5)
-
-ZeroMQ's I/O threads queue messages without the GIL, so neither side ever blocks on the other:
-a front end busy parsing a 3 MB body delays only its own reads. The core polls its commands
-without waiting while it has work and sleeps on the socket otherwise. It ignores SIGINT (the
-front end drives the shutdown) and exits when the front end is gone. A core that dies gives
-every open stream an EngineDeadError (`AsyncEngine`) and `check_health` raises, so the server
-exits non-zero (`hyla.server.launch`).
+"""The engine core in a process of its own (`hyla serve`), commands and events over ZeroMQ
+PUSH/PULL ipc sockets, whose I/O threads queue without the GIL so neither side blocks the other.
 """
 
 from __future__ import annotations
@@ -38,8 +28,7 @@ PROFILE_ENV = "HYLA_CORE_PROFILE"
 
 @dataclass
 class EngineInfo:
-    """What the front end knows of an engine in another process (the attributes the server
-    reads of an `LLMEngine`)."""
+    """The attributes the server reads of an `LLMEngine` in another process."""
 
     model_name: str
     max_model_len: int
@@ -49,7 +38,6 @@ class EngineInfo:
     prefix_block_size: int | None
     stats: Any
     multimodal: Any = None
-    executor: Any = None
 
     @classmethod
     def of(cls, engine: Any) -> EngineInfo:
@@ -61,12 +49,8 @@ class EngineInfo:
 
 
 class ProcessCore:
-    """Starts `core_main` in a spawned process and waits until its engine is loaded; the front
-    end makes the text of outputs it can (`hyla.engine.output_text`).
-
-    Raises: the loading error of the engine (ConfigError, FileNotFoundError, ...), or
-        EngineDeadError when the process exits before it is ready.
-    """
+    """Starts `core_main` in a new process and waits until its engine is loaded. Raises the
+    engine's loading error, or EngineDeadError when the process exits before it is ready."""
 
     text_in_front = True
 
@@ -83,8 +67,7 @@ class ProcessCore:
         self._out = self._zmq.socket(zmq.PULL)
         self._out.setsockopt(zmq.RCVHWM, 0)
         self._out.bind(out_addr)
-        # A fresh interpreter (`python -m`), not multiprocessing's spawn: the caller's main module
-        # is not run again there, so a script needs no main guard.
+        # Not multiprocessing's spawn: it would rerun the caller's main module (no main guard).
         self.process = subprocess.Popen([sys.executable, "-m", "hyla.engine.core_process"],
                                         stdin=subprocess.PIPE)
         self._stopped = False
@@ -119,7 +102,7 @@ class ProcessCore:
         self._reader.start()
 
     def send(self, command: tuple) -> None:
-        """Queue `command` for the core (call from the event loop's thread only)."""
+        """Queue `command` for the core (from the event loop's thread only)."""
         import zmq
 
         if command[0] == "stop":
@@ -135,7 +118,6 @@ class ProcessCore:
                 f"the engine core process exited with code {self.process.returncode}")
 
     def close(self) -> None:
-        """End the process (it exits on its own after "stop"; `AsyncEngine.shutdown` waits)."""
         self._stopped = True
         if self.is_running:
             self.process.terminate()
@@ -154,7 +136,7 @@ class ProcessCore:
                 ready = self._out.poll(READ_POLL_MS)
                 if ready:
                     event = pickle.loads(self._out.recv())
-            except zmq.ZMQError:  # closed by `close`
+            except zmq.ZMQError:
                 return
             if ready:
                 _deliver(loop, on_event, event)
@@ -170,7 +152,7 @@ class ProcessCore:
 def _deliver(loop: Any, on_event: Any, event: tuple) -> None:
     try:
         loop.call_soon_threadsafe(on_event, event)
-    except RuntimeError:  # the loop is closed: the server is exiting
+    except RuntimeError:  # the loop is closed
         pass
 
 
@@ -181,7 +163,7 @@ def core_main(model: str | None, options: dict[str, Any], cmd_addr: str, out_add
 
     from hyla.console import tolerate_broken_stderr
 
-    tolerate_broken_stderr()  # as the front end's (hyla/console.py)
+    tolerate_broken_stderr()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end drives the shutdown
     ctx = zmq.Context()
     commands, events = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
@@ -204,16 +186,18 @@ def core_main(model: str | None, options: dict[str, Any], cmd_addr: str, out_add
         return
     emit(("ready", EngineInfo.of(engine)))
     profile = _start_profile()
-    _serve(CoreLoop(engine, emit, prompt_once=True), commands, engine, parent_pid)
+    code = _serve(CoreLoop(engine, emit, prompt_once=True), commands, engine, parent_pid)
     if profile is not None:
         profile.disable()
         profile.dump_stats(os.environ[PROFILE_ENV])
     engine.shutdown()
     ctx.destroy(linger=2000)  # the last events reach the front end
-    os._exit(0)  # no interpreter teardown: seconds of garbage collection over the model
+    os._exit(code)  # no interpreter teardown: seconds of garbage collection over the model
 
 
-def _serve(loop: CoreLoop, commands: Any, engine: Any, parent_pid: int) -> None:
+def _serve(loop: CoreLoop, commands: Any, engine: Any, parent_pid: int) -> int:
+    """Run the loop until "stop" (0) or a dead tensor-parallel rank (1: every open stream
+    gets the error, and the front end sees the process exit)."""
     import zmq
 
     while True:
@@ -226,14 +210,18 @@ def _serve(loop: CoreLoop, commands: Any, engine: Any, parent_pid: int) -> None:
                 except zmq.Again:
                     break
         elif wait and os.getppid() != parent_pid:  # the front end is gone
-            break
+            return 0
         if loop.run_once(batch):
-            break
+            return 0
+        try:
+            engine.executor.check_health()
+        except Exception as e:  # noqa: BLE001 - ExecutorError: the engine cannot go on
+            logger.error("engine core: %s; exiting", e)
+            loop.fail_all(EngineDeadError(f"the engine cannot go on: {e}"))
+            return 1
 
 
 def _start_profile() -> Any:
-    """A running cProfile of the core's loop when $HYLA_CORE_PROFILE names a file (written at
-    the stop: `python -m pstats FILE`), else None."""
     if not os.environ.get(PROFILE_ENV):
         return None
     import cProfile

@@ -1,29 +1,7 @@
-"""CUDA graphs for decode steps: capture the model's forward once per (batch bucket, context
-bucket) and replay it with new inputs, so a decode step costs one graph launch instead of
-hundreds of kernel launches from Python.
-
-    decode step: N sequences, one new token each after >= 1 cached token, longest L tokens
-      -> graph (Bp, Lb): Bp = smallest captured batch size >= N,
-                         Lb = smallest power of two >= max(L, MIN_CONTEXT), at most
-                              the engine's max_model_len
-    rows N .. Bp - 1 are padding: token 0 at position 0, written to cache slot 0 (the reserved
-    null block 0) with state slot 0 (the reserved padding slot) and length 1, so they read and
-    write only reserved storage, never a real sequence's cache or state.
-
-A captured step is a `ForwardBatch` whose `AttentionMetadata.static` holds its capture buffers:
-its host lists describe the capture, and the layers take lengths from `attn.seq_lens` and sizes
-from `attn.max_seq_len` (= Lb) only (`hyla.attention_metadata`). Its inputs live in one int64
-device buffer (token ids, positions, slot mapping, state slots, lengths) and one int32 block
-table [Bp, Lb / B], filled per step by two host-to-device copies from pinned memory.
-
-Which steps can run captured: pure decode steps (no sequence at context 0: `can_run`) on CUDA
-with triton (and fla-core for KDA / GDN layers: `kernels_capturable`), of models whose mixers
-read lengths on the device (`GRAPH_MIXERS`), at batch sizes where every MoE layer takes a
-sync-free form (`hyla.ops.moe.kernels.sync_free`). Should a capture fail all the same, the
-graphs turn themselves off (`CaptureFailed`) and decode runs eagerly. Graphs are captured
-lazily, on a step's first use of a (Bp, Lb) pair, and share one memory pool (replays never
-overlap). With `capture=False` the same static-shape step runs eagerly: the CPU tests use it to
-check padding and bucketing against the plain step.
+"""CUDA graphs for decode steps, captured lazily per (Bp, Lb), sharing one memory pool: for N
+sequences of longest L, Bp = smallest batch size >= N, Lb = pow2 >= max(L, MIN_CONTEXT). Rows
+N .. Bp - 1 are padding (token 0, position 0, cache slot 0 of the null block, state slot 0,
+length 1), so they touch only reserved storage. Layers read lengths from `attn.seq_lens`.
 """
 
 from __future__ import annotations
@@ -42,23 +20,19 @@ from hyla.ops.moe.kernels import sync_free
 logger = logging.getLogger("hyla.engine")
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
-MIN_CONTEXT = 256  # smallest context bucket (a power of two)
+MIN_CONTEXT = 256
 GRAPH_MIXERS = frozenset({"mla", "dsa", "kda", "gdn", "gqa"})
-# GQA's captured form gathers [Bp, Lb, HKV, K] keys and values: steps past Bp * Lb rows run
-# eagerly (one sequence at a time) instead (1M rows: 2 GiB of K and V at HKV * K = 512, bf16)
+# Captured GQA gathers [Bp, Lb, HKV, K] keys and values: past this many rows, run eagerly.
 GATHER_ROWS = 1 << 20
 _FIELDS = ("input_ids", "positions", "slot_mapping", "state_indices", "seq_lens")
 
 
 class CaptureFailed(RuntimeError):
-    """A decode step could not be captured (an op on the decode path read the device back, or
-    is not capturable); the `DecodeGraphs` turned itself off and the step should run eagerly."""
+    """A decode step could not be captured; the graphs turned off, run the step eagerly."""
 
 
 def graph_batch_sizes(config: ModelConfig, max_num_seqs: int) -> tuple[int, ...]:
-    """The batch buckets whose decode steps can be captured, ascending: `BATCH_SIZES` below
-    `max_num_seqs` plus `max_num_seqs` itself, keeping the sizes at which every MoE layer is
-    sync-free; empty when a mixer kind is not in `GRAPH_MIXERS`."""
+    """Capturable batch buckets, ascending: those where every MoE layer is sync-free."""
     if any(kind not in GRAPH_MIXERS for kind in config.layer_pattern):
         return ()
     sizes = sorted({b for b in BATCH_SIZES if b < max_num_seqs} | {max_num_seqs})
@@ -69,9 +43,7 @@ def graph_batch_sizes(config: ModelConfig, max_num_seqs: int) -> tuple[int, ...]
 
 
 def kernels_capturable(config: ModelConfig) -> bool:
-    """Whether this process has the GPU kernels a captured step needs: triton (MLA / DSA, norms,
-    cache writes) and, for KDA / GDN layers, fla-core (whose recurrent kernel updates the state
-    pool in place; hyla's PyTorch fallback gathers slots with host reads)."""
+    """Triton, and for KDA / GDN fla-core (the PyTorch fallback reads slots on the host)."""
     from hyla.ops.gpu import triton_available
     from hyla.ops.kda.kernels import fla_available
 
@@ -80,17 +52,12 @@ def kernels_capturable(config: ModelConfig) -> bool:
 
 
 def context_bucket(max_seq_len: int, max_model_len: int | None = None) -> int:
-    """Smallest power of two >= max(max_seq_len, MIN_CONTEXT), capped at `max_model_len` (a step
-    never holds a longer sequence, so the last bucket is the model's length limit)."""
     bucket = max(MIN_CONTEXT, 1 << max(0, max_seq_len - 1).bit_length())
     return bucket if max_model_len is None else max(max_seq_len, min(bucket, max_model_len))
 
 
 @dataclass
 class DecodeInputs:
-    """One decode step's host inputs, N rows: token id, position, cache slot, state slot,
-    length (context + 1) and block table of each sequence."""
-
     input_ids: list[int]
     positions: list[int]
     slot_mapping: list[int]
@@ -104,8 +71,6 @@ class DecodeInputs:
 
 
 class _StaticStep:
-    """The tensors of one (Bp, Lb) static step, its ForwardBatch, and its graph once captured."""
-
     def __init__(
         self, size: int, bucket: int, block_size: int, caches: list[LayerCache], device
     ) -> None:
@@ -116,8 +81,8 @@ class _StaticStep:
         self.host_flat = torch.zeros(self.flat.shape, dtype=torch.long, pin_memory=pin)
         self.host_tables = torch.zeros(self.tables.shape, dtype=torch.int32, pin_memory=pin)
         self.copied = torch.cuda.Event() if pin else None
-        self.row_tables: list[list[int] | None] = [None] * size  # table object loaded per row
-        self.row_written = [0] * size  # entries of it in host_tables
+        self.row_tables: list[list[int] | None] = [None] * size
+        self.row_written = [0] * size
         view = dict(zip(_FIELDS, self.flat.view(len(_FIELDS), size), strict=True))
         self.input_ids = view["input_ids"]
         view["seq_lens"].fill_(1)
@@ -132,14 +97,12 @@ class _StaticStep:
             state_indices_host=None,
             block_size=block_size,
             caches=caches,
-            attn=AttentionMetadata.static(view["seq_lens"], bucket),  # over the capture buffer
+            attn=AttentionMetadata.static(view["seq_lens"], bucket),
         )
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
 
     def load(self, step: DecodeInputs) -> None:
-        """Copy `step` into the static tensors; padding rows get the reserved slot 0 / block 0,
-        position 0, length 1. Block-table rows are written incrementally (`_load_tables`)."""
         pad = self.size - step.num_seqs
         values: list[int] = []
         for name in _FIELDS:
@@ -154,15 +117,12 @@ class _StaticStep:
             self.copied.record()
 
     def _load_tables(self, tables: list[list[int]]) -> None:
-        """Write each row's block table into `host_tables`, only its new entries when the row
-        holds the same table object as last step (the cache manager's tables are append-only
-        lists while their sequence lives: a 1M-token table rebuilt every step would cost ~1 ms
-        of host time). Blocks past the bucket hold no token of the step and are left out."""
+        # Tables are append-only while their sequence lives: write only a same object's new tail.
         for i in range(self.size):
             table = tables[i] if i < len(tables) else None
             if table is None:
                 if self.row_tables[i] is not None or self.row_written[i]:
-                    self.host_tables[i].zero_()  # padding: the null block 0
+                    self.host_tables[i].zero_()
                 self.row_tables[i], self.row_written[i] = None, 0
                 continue
             end = min(len(table), self.width)
@@ -177,16 +137,7 @@ class _StaticStep:
 
 
 class DecodeGraphs:
-    """Captured decode steps of one model over its caches (see the module docstring).
-
-    Args:
-        model: the hybrid decoder; its parameters' device runs the steps.
-        caches: the model's cache tensors (`hyla.forward_batch.allocate_caches`).
-        block_size: tokens per cache block.
-        batch_sizes: ascending captured batch sizes (`graph_batch_sizes`).
-        capture: False runs the static-shape steps eagerly (no CUDA graph; any device).
-        max_model_len: caps the context buckets (`context_bucket`); None: powers of two only.
-    """
+    """Captured decode steps of one model; `capture=False` runs them eagerly (any device)."""
 
     def __init__(
         self,
@@ -209,12 +160,8 @@ class DecodeGraphs:
         self.steps: dict[tuple[int, int], _StaticStep] = {}
 
     def can_run(self, query_lens: list[int], context_lens: list[int]) -> bool:
-        """Whether a step with these new-token and cached-token counts runs captured: the batch
-        fits, it is a pure decode, one new token after a non-empty context per sequence (a
-        static step's host `context_lens` are placeholders, so its linear layers always read
-        their state slots: a sequence's first token must start from the zero state eagerly),
-        and for models with GQA layers the padded batch times the context bucket is at most
-        `GATHER_ROWS`."""
+        """Pure decode with a non-empty context per sequence (linear layers always read their
+        state slot, so a first token runs eagerly from the zero state), and the batch fits."""
         return (
             all(q == 1 for q in query_lens)
             and all(c > 0 for c in context_lens)
@@ -222,8 +169,6 @@ class DecodeGraphs:
         )
 
     def _key(self, num_seqs: int, context_lens: list[int]) -> tuple[int, int] | None:
-        """(batch bucket, context bucket) of a step of `num_seqs` rows; None when no captured
-        batch size holds it or, with GQA layers, past `max_rows`."""
         size = next((b for b in self.batch_sizes if b >= num_seqs), None)
         if size is None or num_seqs == 0:
             return None
@@ -233,9 +178,8 @@ class DecodeGraphs:
         return size, bucket
 
     def run(self, step: DecodeInputs, device_tokens: DeviceTokens | None = None) -> torch.Tensor:
-        """Run one decode step: hidden states [N, D] (a view of the graph's output, valid until
-        the next step); `device_tokens` replace input ids still on the device. Raises
-        ValueError when the step does not fit (`can_run`)."""
+        """Hidden states [N, D], a view valid until the next step; `device_tokens` replace input
+        ids still on the device. Raises ValueError when the step does not fit (`can_run`)."""
         context_lens = [n - 1 for n in step.seq_lens]  # not positions: M-RoPE shifts them
         key = self._key(step.num_seqs, context_lens)
         if key is None or min(context_lens) <= 0:
@@ -265,13 +209,13 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         try:
             stream.wait_stream(current)
-            with torch.cuda.stream(stream):  # compile and autotune the kernels outside the graph
+            with torch.cuda.stream(stream):
                 for _ in range(2):
                     self._forward(static)
             current.wait_stream(stream)
             with torch.cuda.graph(graph, pool=self.pool):
                 static.hidden = self._forward(static)
-        except RuntimeError as err:  # out of memory, or an op that cannot be captured
+        except RuntimeError as err:
             torch.cuda.set_stream(current)  # a failed capture_end leaves the capture stream set
             self.batch_sizes, self.steps = (), {}
             logger.warning(

@@ -1,17 +1,6 @@
-"""Incremental detokenization and stop strings, one `IncrementalDetokenizer` per completion.
-
-Decoding the whole output every step costs O(length) per token; decoding only the new token
-breaks multi-byte characters and tokenizers that merge spaces across tokens. So each step
-decodes a short window twice and keeps the difference:
-
-    ids:   ... p p p | r r r | n            prefix = ids[prefix_offset:read_offset]
-                ^prefix_offset ^read_offset   text   = ids[prefix_offset:]
-    delta = decode(text)[len(decode(prefix)):]   (held back while it ends in U+FFFD)
-
-Stop strings are searched only where new text could complete one, and only from the token that
-reaches `min_tokens` on (as vLLM: `min_tokens` holds back EOS, stop ids and stop strings).
-While a request runs, the last `max(len(stop)) - 1` characters are held back, so streamed text
-never shows a stop string that the final text will cut.
+"""Incremental detokenization and stop strings. Each step decodes a short window twice (a lone
+token breaks multi-byte characters and merged spaces) and keeps the difference, held back while
+it ends in U+FFFD; the last `max(len(stop)) - 1` characters are held back until the end.
 """
 
 from __future__ import annotations
@@ -24,13 +13,7 @@ INITIAL_WINDOW = 5
 
 
 class IncrementalDetokenizer:
-    """Turns one completion's token ids into text as they arrive.
-
-    Args:
-        tokenizer: a transformers tokenizer, or None (text stays empty, no stop strings).
-        prompt_token_ids: the prompt; its last tokens seed the decode window.
-        params: skip_special_tokens, stop, include_stop_str_in_output are read.
-    """
+    """Turns one completion's token ids into text as they arrive; `tokenizer` None: no text."""
 
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.tokenizer = tokenizer
@@ -40,7 +23,7 @@ class IncrementalDetokenizer:
         self.prefix_offset = max(self.read_offset - INITIAL_WINDOW, 0)
         self.text = ""
         self.stopped = False
-        self.num_tokens = 0  # generated tokens seen
+        self.num_tokens = 0
         self._hold = max((len(s) for s in params.stop), default=1) - 1
 
     def _decode(self, ids: list[int]) -> str:
@@ -56,8 +39,7 @@ class IncrementalDetokenizer:
             self.read_offset = len(self.ids)
 
     def update(self, token_ids: list[int]) -> str | None:
-        """Append new tokens' text. Returns the stop string that matched (text is cut at it, or
-        after it with include_stop_str_in_output), else None."""
+        """Append new tokens' text; returns the stop string that matched (text cut there)."""
         if self.tokenizer is None or self.stopped:
             return None
         for token_id in token_ids:
@@ -85,12 +67,9 @@ class IncrementalDetokenizer:
         return s
 
     def visible_text(self, finished: bool) -> str:
-        """The text to report: all of it once finished, else minus the stop-string hold-back."""
         return self.text[: self.visible_len(finished)]
 
     def visible_len(self, finished: bool) -> int:
-        """Characters of `text` that may be reported: never fewer than at an earlier call (a
-        stop string is cut where the hold-back kept it unreported)."""
         if finished or self._hold == 0:
             return len(self.text)
         return max(0, len(self.text) - self._hold)

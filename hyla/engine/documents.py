@@ -1,5 +1,5 @@
-"""Pinning documents through an engine: compute the document's prefix (a one-token request),
-then pin its deepest cached pair (`hyla.cache.documents`) under the engine's lock."""
+"""Pinning documents: prefill the document (a one-token request), then pin its deepest cached
+pair (`hyla.cache.documents`) under the engine's lock."""
 
 from __future__ import annotations
 
@@ -13,10 +13,7 @@ PREFILL = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
 
 def document_ids(engine: Any, prompt: str | list[int]) -> list[int]:
-    """Token ids of a document's text or ids, checked as a prompt of `engine` (an LLMEngine).
-
-    Raises: InvalidRequestError("prompt") for bad ids or a document past the context window.
-    """
+    """A document's token ids, checked as a prompt; raises InvalidRequestError("prompt")."""
     ids = list(prompt_token_ids(prompt, engine.tokenizer, engine.model_config.vocab_size))
     validate_lengths(len(ids), PREFILL, engine.max_model_len)
     return ids
@@ -43,8 +40,7 @@ def pin_document(engine: Any, name: str, prompt: str | list[int]) -> Document:
 
 
 async def pin_document_async(async_engine: Any, name: str, prompt: str | list[int]) -> Document:
-    """`pin_document` through an `AsyncEngine` (its core steps the engine, in a thread or a
-    process of its own; the pin runs there between two steps)."""
+    """`pin_document` through an `AsyncEngine`; the pin runs in its core between two steps."""
     ids = await async_engine.call(document_ids, prompt)
     async for _ in async_engine.generate(ids, PREFILL):
         pass

@@ -1,11 +1,5 @@
-"""A user request as the engine tracks it: n (or best_of) sequences sharing one prompt.
-
-Each sequence is a scheduler `Request` (id `"{request_id}#{k}"`) plus what only the engine
-needs: its detokenizer, logprobs, and its own sampling generator when the request is seeded.
-`RequestGroup.output()` assembles the `RequestOutput` the caller sees: cumulative, or with
-`RequestOutputKind.DELTA` only what each sequence has not sent yet (its new token ids, text and
-logprobs: O(new) a step, not O(length)).
-"""
+"""A user request as the engine tracks it: n (or best_of) sequences sharing one prompt, each a
+scheduler `Request` plus its detokenizer, logprobs and generator; DELTA outputs cost O(new)."""
 
 from __future__ import annotations
 
@@ -29,24 +23,21 @@ _WITH_REASON = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ERROR)
 
 
 def sequence_id(request_id: str, index: int) -> str:
-    """Scheduler id of completion `index` (injective: the suffix after the last '#')."""
     return f"{request_id}#{index}"
 
 
 @dataclass
 class Sequence:
-    """One completion: the scheduler request plus its text, logprobs and generator."""
-
     index: int
     request: Request
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None = None
     logprobs: list[dict[int, float]] | None = None
     cumulative_logprob: float = 0.0
-    sampling_row: Any = None  # the engine's cached `SamplingRow` for it
-    grammar: Any = None  # `hyla.structured.backend.GrammarState` of a constrained request
-    num_sent_tokens: int = 0  # DELTA outputs: tokens (and logprobs) already sent
-    num_sent_chars: int = 0  # DELTA outputs: characters of text already sent
+    sampling_row: Any = None
+    grammar: Any = None  # `hyla.structured.backend.GrammarState`
+    num_sent_tokens: int = 0
+    num_sent_chars: int = 0
     sent_finish: bool = False
 
     @property
@@ -67,7 +58,6 @@ class Sequence:
         )
 
     def delta(self, index: int) -> CompletionOutput | None:
-        """What this completion has not sent yet (None when nothing: no token, text or finish)."""
         req = self.request
         finished = req.is_finished
         end = self.detokenizer.visible_len(finished)
@@ -93,8 +83,6 @@ class Sequence:
 
 @dataclass
 class RequestGroup:
-    """All sequences of one user request."""
-
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -102,23 +90,22 @@ class RequestGroup:
     metrics: RequestMetrics
     sequences: list[Sequence] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] | None = None
-    has_output: bool = False  # DELTA outputs: prompt logprobs go in the first one only
+    has_output: bool = False
 
     @property
     def is_finished(self) -> bool:
         return all(s.is_finished for s in self.sequences)
 
     def next_prompt_logprob_position(self) -> int | None:
-        """First position whose prediction is still missing, or None when none is wanted."""
         if self.prompt_logprobs is None:
             return None
         pos = len(self.prompt_logprobs) - 1
         return pos if pos < len(self.prompt_token_ids) - 1 else None
 
     def output(self) -> RequestOutput | None:
-        """The output of this step; None for a DELTA output with nothing new."""
+        """This step's output; None for a DELTA with nothing new."""
         seqs = self.sequences
-        if self.params.num_sequences > self.params.n:  # only once finished: the best n
+        if self.params.num_sequences > self.params.n:
             seqs = sorted(seqs, key=_rank)[: self.params.n]
         plp = self.prompt_logprobs
         if self.params.output_kind is RequestOutputKind.DELTA:
@@ -132,7 +119,7 @@ class RequestGroup:
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,  # shared, never copied: O(prompt) a step
+            prompt_token_ids=self.prompt_token_ids,  # shared: a copy is O(prompt) a step
             prompt_logprobs=None if plp is None else list(plp),
             outputs=outputs,
             finished=self.is_finished,
@@ -141,17 +128,13 @@ class RequestGroup:
         )
 
     def wants_stream_output(self) -> bool:
-        """best_of > n picks the winners at the end, FINAL_ONLY asks for the end: no partial
-        outputs before that (the one case that buffers)."""
         final_only = self.params.output_kind is RequestOutputKind.FINAL_ONLY
         buffered = final_only or self.params.num_sequences > self.params.n
         return not buffered or self.is_finished
 
 
 def _rank(seq: Sequence) -> tuple[bool, float]:
-    """best_of's order: the highest cumulative logprob first, among sequences with a token (one
-    without, ended by a timeout or abort while it waited, has logprob 0: it must not win and
-    make the request look unstarted)."""
+    # A sequence without a token has logprob 0: it must not win and look unstarted.
     return (not seq.request.output_token_ids, -seq.cumulative_logprob)
 
 
@@ -164,7 +147,6 @@ def new_group(
     tokenizer: Any,
     generators: list[torch.Generator | None],
 ) -> RequestGroup:
-    """Wrap the scheduler requests of one user request."""
     group = RequestGroup(
         request_id=request_id,
         prompt=prompt,

@@ -1,9 +1,5 @@
-"""A launched step: its forward and sampler are queued on the device, its tokens not read yet.
-
-Each request it sampled holds a placeholder (`Request.num_placeholders`, a count); the next step
-takes those input ids from `sample.tokens` on the device (`device_tokens`), and the engine reads
-the values after launching it (`LLMEngine._process`). See docs/architecture.md.
-"""
+"""A launched step whose tokens are not read yet: each sampled request holds a placeholder that
+the next step takes from `sample.tokens` on the device; `TokenProcessor.process` reads them."""
 
 from __future__ import annotations
 
@@ -12,15 +8,14 @@ from typing import Any
 
 from hyla.cache.manager import CacheManager
 from hyla.engine.sampler import PendingSample, SamplingRow
-from hyla.forward_batch import DeviceTokens
+from hyla.forward_batch import DeviceTokens, index_tensor
 from hyla.request import Request, RequestStatus
 from hyla.scheduler import SchedulerOutput
 
 
 @dataclass
 class LaunchedStep:
-    """`sample_ids[i]` (a scheduler id) owns row i of `sample`; `requests` holds the step's
-    scheduled requests, `rows` the sampled ones' `SamplingRow`s."""
+    """`sample_ids[i]` owns row i of `sample`; `rows` are the sampled requests' `SamplingRow`s."""
 
     out: SchedulerOutput
     sample_ids: list[str]
@@ -31,15 +26,13 @@ class LaunchedStep:
     logits: Any = None  # [n, V] until a step with constrained rows launches its sampler
 
     def has_tokens_to_read(self) -> bool:
-        """Some request it sampled has not ended."""
         return any(not self.requests[r].is_finished for r in self.sample_ids)
 
     def device_tokens(
         self, out: SchedulerOutput, requests: dict[str, Request]
     ) -> DeviceTokens | None:
-        """The input ids of the next step `out` that are this step's tokens, each a one-token
-        decode of its placeholder; None when a scheduled row reads a placeholder in another way
-        (a preempted sequence recomputed: the value is needed on the host first)."""
+        """Next step's input ids that are this step's tokens; None when a row needs the value
+        on the host first (not a one-token decode of its placeholder, e.g. a recompute)."""
         if self.sample is None:
             return None
         rows = {rid: i for i, rid in enumerate(self.sample_ids)}
@@ -57,16 +50,21 @@ class LaunchedStep:
             start += n
         return DeviceTokens(self.sample.tokens, tuple(dst), tuple(src))
 
+    def penalty_tokens(self, sample_ids: list[str], rows: list[SamplingRow]) -> Any:
+        """[n] this step's tokens that later `rows` with penalties must count, or None."""
+        if self.sample is None or not any(r.num_pending and r.has_penalties for r in rows):
+            return None
+        src = self.pending_tokens(sample_ids)
+        return self.sample.tokens.index_select(0, index_tensor(src, self.sample.tokens.device))
+
     def pending_tokens(self, sample_ids: list[str]) -> list[int]:
-        """For a later step's sampled rows: the row of this step holding each one's pending
-        token (0 for a row without one: its `SamplingRow.num_pending` is 0, the value unread)."""
+        """This step's row holding each later row's pending token (0, unread, for none)."""
         rows = {rid: i for i, rid in enumerate(self.sample_ids)}
         return [rows.get(rid, 0) for rid in sample_ids]
 
     def save_needs_values(self, cache: CacheManager) -> bool:
-        """A running request's next decode ends a checkpoint stride at its placeholder and
-        planning that save now would evict a cached checkpoint, maybe for a key that already has
-        one (`CacheManager.save_evicts_blindly`): the values must be read first."""
+        """Whether the values must be read first: a save planned at a placeholder would evict
+        a cached checkpoint blindly (`CacheManager.save_evicts_blindly`)."""
         running = (
             self.requests[r]
             for r in self.sample_ids

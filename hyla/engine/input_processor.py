@@ -1,7 +1,4 @@
-"""A request's admission checks on the engine side and the group of sequences it becomes:
-token ids (image placeholders expanded), lengths, stop strings, grammars, seeded generators.
-The engine registers the group with its scheduler; nothing here holds engine state but the
-grammar backend (compiled on first use) and the images handed to the vision runtime."""
+"""A request's admission checks and the `RequestGroup` it becomes (ids, grammars, generators)."""
 
 from __future__ import annotations
 
@@ -21,7 +18,6 @@ from hyla.structured.params import StructuredOutputsError
 
 
 def eos_token_ids(model_config: Any, tokenizer: Any) -> tuple[int, ...]:
-    """The checkpoint's EOS ids plus the tokenizer's own, once each."""
     ids = list(model_config.eos_token_ids)
     eos = getattr(tokenizer, "eos_token_id", None)
     if isinstance(eos, int) and eos not in ids:
@@ -30,8 +26,6 @@ def eos_token_ids(model_config: Any, tokenizer: Any) -> tuple[int, ...]:
 
 
 class InputProcessor:
-    """Checks a request and builds its `RequestGroup` (see the module docstring)."""
-
     def __init__(self, model_config: Any, tokenizer: Any, multimodal: MultimodalRuntime | None,
                  max_model_len: int, device: torch.device) -> None:  # fmt: skip
         self.model_config = model_config
@@ -40,14 +34,13 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.device = device
         self.eos_token_ids = eos_token_ids(model_config, tokenizer)
-        self.grammars: GrammarBackend | None = None  # structured output, on first use
+        self.grammars: GrammarBackend | None = None
 
     def prompt(
         self, prompt: str | list[int] | PreparedPrompt, params: SamplingParams,
         data: dict[str, Any] | None,
     ) -> tuple[list[int], MultimodalPrompt | None]:  # fmt: skip
-        """Token ids and images of a request, checked (InvalidRequestError, or
-        SamplingParamsError for stop strings without a tokenizer)."""
+        """Checked token ids and images; raises InvalidRequestError, SamplingParamsError."""
         ids, mm = self._prompt_inputs(prompt, data)
         validate_lengths(len(ids), params, self.max_model_len)
         if params.stop and self.tokenizer is None:
@@ -80,13 +73,10 @@ class InputProcessor:
         self, request_id: str, prompt: Any, ids: list[int], params: SamplingParams,
         priority: int, arrival: float, mm: MultimodalPrompt | None,
     ) -> RequestGroup:  # fmt: skip
-        """The request's sequences, their generators and grammars (StructuredOutputsError for
-        a constraint that does not compile); its images go to the vision runtime."""
+        """The request's sequences; raises StructuredOutputsError for a bad constraint."""
         grammars = self._grammar_states(params)
         requests, generators = [], []
-        # The prompt's log-probabilities are the group's, computed by sequence 0 alone: the
-        # others need no prompt row, so they take the prompt from the prefix cache (waiting
-        # for sequence 0 to compute it) instead of each prefilling it again.
+        # Only sequence 0 computes prompt logprobs; the others then reuse its prefix cache.
         siblings = params if params.prompt_logprobs is None else dataclasses.replace(
             params, prompt_logprobs=None)  # fmt: skip
         for k in range(params.num_sequences):
@@ -111,7 +101,7 @@ class InputProcessor:
             return [None] * params.num_sequences
         if self.tokenizer is None:
             raise StructuredOutputsError(so.field, "structured output needs a tokenizer")
-        if self.grammars is None:  # built on first use: a few ms to seconds by vocabulary
+        if self.grammars is None:  # on first use: up to seconds by vocabulary
             self.grammars = GrammarBackend(
                 self.tokenizer, self.model_config.vocab_size, self.eos_token_ids
             )

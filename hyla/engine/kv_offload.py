@@ -1,12 +1,6 @@
-"""The device side of the tiered cache (`hyla.cache.tiers`): copies of whole blocks and state
-rows between the device caches and the tiers, and the engine's tiers built from CacheConfig.
-
-A block entry is block b of every per-token cache tensor of every layer; a checkpoint entry is
-one state row of every per-slot tensor (recurrent and conv states travel together). The host
-tier keeps them as tensors (pinned on CUDA); disk and remote keep their bytes, concatenated in
-the layout's order. On CUDA the copies run on their own stream, after the steps already queued;
-the next forward waits for them (a spilled block may be reused by it). The byte tiers are
-written from the previous call's pinned copies once those are done, off the critical path.
+"""The device side of the tiered cache (`hyla.cache.tiers`): block and state-row copies between
+the device caches and the tiers, on their own CUDA stream; the next forward waits for them (it may
+reuse a spilled block). Byte tiers are written from the previous call's pinned copies.
 """
 
 from __future__ import annotations
@@ -89,7 +83,6 @@ class TierIO:
             self._unsent.append((key, entry, event))
 
     def _send_bytes(self) -> None:
-        """Write the spilled entries to the byte tiers (disk, remote)."""
         unsent, self._unsent = self._unsent, []
         byte_tiers = [t for t in self.tiers if t.holds_bytes]
         if not byte_tiers or not unsent:
@@ -120,8 +113,7 @@ class TierIO:
 
 
 def stack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
-    """`torch.stack(rows)`, without a copy when the rows lie back to back in one buffer (the
-    rows of one spill, reloaded in order: one DMA from the pinned buffer, no host gather)."""
+    """`torch.stack(rows)`, without a copy when the rows lie back to back in one buffer."""
     first = rows[0]
     step = first.numel() * first.element_size()
     storage = first.untyped_storage()
@@ -141,9 +133,7 @@ def encode(entry: tuple) -> bytes:
 
 
 def decode(payload: Any, tensors: list[torch.Tensor]) -> tuple:
-    """Tensors of one entry shaped as one row of each of `tensors`, from its bytes.
-
-    Raises: ValueError when the payload's size does not match the layout (a foreign entry)."""
+    """One entry's tensors, a row of each of `tensors`; ValueError for a foreign layout."""
     sizes = [t[0].numel() * t.element_size() for t in tensors]
     if len(payload) != sum(sizes):
         raise ValueError(f"entry: {len(payload)} bytes, the layout needs {sum(sizes)}")
@@ -169,8 +159,7 @@ def token_tensors(model_config: Any, caches: list[dict[str, torch.Tensor]]) -> l
 
 
 def namespace(model: torch.nn.Module, tensors: list[torch.Tensor], block_size: int) -> bytes:
-    """8 bytes naming the model (config, a sample of its weights) and the cache layout: entries
-    are shared only between engines with equal namespaces."""
+    """8 bytes naming the model and cache layout: only equal namespaces share entries."""
     digest = hashlib.blake2b(digest_size=8)
     digest.update(repr(getattr(model, "config", None)).encode())
     digest.update(repr([(tuple(t.shape[1:]), str(t.dtype)) for t in tensors]).encode())
@@ -181,7 +170,7 @@ def namespace(model: torch.nn.Module, tensors: list[torch.Tensor], block_size: i
 
 
 def build_tiers(cache: CacheConfig) -> list[Tier]:
-    """The configured tiers, fastest first (none configured: empty)."""
+    """The configured tiers, fastest first."""
     tiers: list[Tier] = []
     if cache.kv_offload_host_gib > 0:
         tiers.append(HostTier(int(cache.kv_offload_host_gib * GIB)))
@@ -194,11 +183,10 @@ def build_tiers(cache: CacheConfig) -> list[Tier]:
 
 
 def attach_tiers(engine: Any) -> TieredPrefix | None:
-    """Hang the configured tiers below `engine`'s prefix cache (None: none configured, prefix
-    caching off, or tensor parallel, whose caches live in the ranks)."""
+    """Hang the configured tiers below `engine`'s prefix cache; None when off."""
     tiers = build_tiers(engine.config.cache)
-    if not tiers or engine.cache.prefix is None or engine.executor is not None:
-        if tiers and engine.executor is not None:
+    if not tiers or engine.cache.prefix is None or engine.executor.is_distributed:
+        if tiers and engine.executor.is_distributed:
             logger.warning("kv offload: not with tensor parallelism yet; tiers are off")
         return None
     runner = engine.runner
@@ -213,8 +201,7 @@ def attach_tiers(engine: Any) -> TieredPrefix | None:
 
 
 def tier_stats(cache: Any) -> dict[str, int]:
-    """Flat counters of a CacheManager for /metrics: pinned documents, the tiers' loads and
-    spills, and each tier's own counters."""
+    """Flat counters of a CacheManager for /metrics."""
     out: dict[str, int] = {}
     if cache.documents is not None:
         docs = cache.documents

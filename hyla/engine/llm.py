@@ -1,19 +1,4 @@
-"""The offline API: `LLM(path).generate(prompts, params)` and a streaming iterator.
-
-    llm = LLM("path/to/checkpoint", max_num_seqs=16)
-    outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(temperature=0, max_tokens=32))
-    outs = llm.generate({"prompt": "<|vision_start|><|image_pad|><|vision_end|>Describe.",
-                         "multi_modal_data": {"image": pil_image}})     # a multimodal model
-    outs = llm.chat([{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}},
-        {"type": "text", "text": "Describe it."}]}])
-    for out in llm.stream("Once upon", SamplingParams(max_tokens=64)):
-        print(out.outputs[0].text)
-
-The tokenizer comes from the checkpoint directory when it holds `tokenizer.json` or
-`tokenizer_config.json` (loaded with transformers' AutoTokenizer, local files only); token-id
-prompts always work, with or without one.
-"""
+"""The offline API: `LLM(path).generate(prompts, params)`, `chat(messages)`, `stream(prompt)`."""
 
 from __future__ import annotations
 
@@ -32,17 +17,14 @@ from hyla.request import InvalidRequestError, RequestOutput, RequestOutputKind, 
 
 
 def random_model(config: ModelConfig, seed: int = 0, device: str = "cpu"):
-    """A `HybridModel` of `config` with seeded random weights (`randomize_weights`), for smoke
-    tests and benchmarks."""
+    """A `HybridModel` of `config` with seeded random weights, for smoke tests and benchmarks."""
     from hyla.models.hybrid import HybridModel
 
     return randomize_weights(HybridModel(config), seed).to(device).eval()
 
 
 def randomize_weights(model, seed: int = 0):
-    """Overwrite a `HybridModel`'s parameters in place (any device and dtype) with seeded random
-    values drawn on the CPU: matrices ~ N(0, 1/fan_in), norm weights at unit scale, other
-    vectors ~ N(0, 0.02). Returns `model`."""
+    """Overwrite `model`'s parameters in place with seeded values drawn on the CPU."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -77,8 +59,6 @@ def _engine_from(model: str | ModelConfig | None, overrides: dict[str, Any]) -> 
 
 
 def _final_only(params: Any) -> Any:
-    """`params` asking for the final output only (generate reads nothing else: no per-step
-    copies); anything but SamplingParams goes on unchanged for the engine to refuse."""
     params = SamplingParams() if params is None else params
     if not isinstance(params, SamplingParams):
         return params
@@ -93,7 +73,6 @@ _PROMPT_KEYS = {"prompt", "prompt_token_ids", "multi_modal_data"}
 
 
 def _check_dict_prompt(i: int, p: dict) -> dict:
-    """vLLM's {"prompt" or "prompt_token_ids", "multi_modal_data"} prompt shape."""
     unknown = sorted(set(p) - _PROMPT_KEYS)
     if unknown or ("prompt" in p) == ("prompt_token_ids" in p):
         raise InvalidRequestError(
@@ -104,11 +83,6 @@ def _check_dict_prompt(i: int, p: dict) -> dict:
 
 
 def _as_prompt_list(prompts: Any) -> list[str | list[int] | dict]:
-    """str | list[int] | dict | a list of them (texts, id lists and dicts may mix) -> prompts.
-
-    Raises: InvalidRequestError("prompt") for any other shape (bools, bare ints among prompts,
-        None, nested strings).
-    """
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, dict):
@@ -123,7 +97,7 @@ def _as_prompt_list(prompts: Any) -> list[str | list[int] | dict]:
             out.append(p)
         elif isinstance(p, dict):
             out.append(_check_dict_prompt(i, p))
-        elif isinstance(p, PreparedPrompt):  # LLM.chat's images, processed
+        elif isinstance(p, PreparedPrompt):
             out.append(p)
         elif isinstance(p, Sequence) and all(_is_token_id(t) for t in p):
             out.append(list(p))
@@ -135,17 +109,12 @@ def _as_prompt_list(prompts: Any) -> list[str | list[int] | dict]:
 
 
 class LLM:
-    """Offline generation over an `LLMEngine`.
-
-    Args:
-        model: checkpoint directory; None for the embedded default model; or a `ModelConfig`
-            for a randomly initialised model (seeded by `seed`; no tokenizer).
-        **engine_overrides: EngineConfig / CacheConfig / SchedulerConfig fields by name.
-    """
+    """Offline generation over an `LLMEngine`. `model`: a checkpoint directory, None for the
+    embedded default, or a `ModelConfig` for random weights; `engine_overrides`: config fields."""
 
     def __init__(self, model: str | ModelConfig | None = None, **engine_overrides: Any) -> None:
         self.engine = _engine_from(model, engine_overrides)
-        apply_cpu_threads(self.engine)  # one thread for a small model on the CPU (startup.py)
+        apply_cpu_threads(self.engine)
         log_startup(self.engine)
         self._ids = itertools.count()
         self._inbox: dict[str, list[RequestOutput]] = {}
@@ -155,8 +124,7 @@ class LLM:
         return self.engine.tokenizer
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel ranks, if any (idempotent): another TP engine can start in
-        this process afterwards. `with LLM(...) as llm:` does it on exit."""
+        """Stop the tensor-parallel ranks, if any (idempotent; also on `with` exit)."""
         self.engine.shutdown()
 
     def __enter__(self) -> LLM:
@@ -178,8 +146,6 @@ class LLM:
         return rid
 
     def _pump(self) -> None:
-        """One engine step; outputs go to the inbox of their request (several iterators or a
-        generate call may share the engine)."""
         for out in self.engine.step():
             box = self._inbox.get(out.request_id)
             if box is not None:
@@ -196,12 +162,8 @@ class LLM:
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate for every prompt; returns the final outputs in prompt order. A dict prompt
-        is vLLM's: {"prompt": text} or {"prompt_token_ids": ids}, with {"multi_modal_data":
-        {"image": PIL image or list}} (one image placeholder per image in the prompt).
-
-        Raises: InvalidRequestError for a bad prompt or parameters (nothing stays queued).
-        """
+        """Final outputs in prompt order; a dict prompt is vLLM's ("prompt" or
+        "prompt_token_ids", "multi_modal_data"). Raises InvalidRequestError (nothing queued)."""
         items = _as_prompt_list(prompts)
         if isinstance(params, list):
             if len(params) != len(items):
@@ -223,13 +185,8 @@ class LLM:
         params: SamplingParams | None = None,
         add_generation_prompt: bool = True,
     ) -> list[RequestOutput]:
-        """The replies to one conversation of OpenAI-style messages, or to a list of them (as
-        vLLM's `LLM.chat`: a list of outputs either way), each rendered with the tokenizer's
-        chat template (or the server's plain fallback); content parts may be text, `image_url`
-        (data: URLs) or {"type": "image_pil", "image_pil": img}.
-
-        Raises: InvalidRequestError naming the field (`messages[0].content[1]`) and limit.
-        """
+        """Replies to one OpenAI-style conversation or a list of them (a list either way).
+        Raises InvalidRequestError naming the field."""
         one = not messages or isinstance(messages[0], dict)
         conversations = [messages] if one else messages
         prompts = [chat_prompt(self.engine, c, add_generation_prompt) for c in conversations]
@@ -260,11 +217,7 @@ class LLM:
     def stream(
         self, prompt: str | list[int], params: SamplingParams | None = None
     ) -> Iterator[RequestOutput]:
-        """Yield the request's output after every step that changed it (cumulative unless
-        `params.output_kind` asks for deltas).
-
-        Closing the iterator early aborts the request.
-        """
+        """Yield the request's output after every step that changed it; closing aborts it."""
         rid = self._add(prompt, params)
         try:
             while True:

@@ -1,18 +1,6 @@
-"""Size the block pool and the state-slot pool from a memory budget, and say what it buys.
-
-    budget = kv_cache_memory                      (bytes, when set)
-           | gpu_memory_utilization * total device memory - memory in use
-                                                  (CUDA, vLLM's option; in use: after loading)
-           | memory_fraction * free device memory (CUDA, measured after the model is loaded)
-           | min(memory_fraction * free RAM, cpu_cache_memory_default)   (CPU)
-    slots  = (num_state_slots or max_num_seqs) + 1 padding slot, paid first
-    checkpoints (prefix caching, models with linear layers) = num_state_checkpoints, or one per
-             state_checkpoint_stride tokens of blocks plus two per slot (a running request's
-             tail and the save it has in flight), taking at most a quarter of what is left
-    blocks = (budget - slot and checkpoint bytes) // bytes per block, capped at what
-             max_num_seqs sequences of max_model_len tokens can use, + 1 null block
-
-Per-token and per-slot costs come from `hyla.cache.spec` (the same tables the allocator reads).
+"""Size the block and state-slot pools from a memory budget. Slots are paid first; automatic
+checkpoints (one per stride of blocks, plus two per slot: a request's tail and its in-flight save)
+take at most a quarter of the rest; blocks get the remainder, capped at what the sequences can use.
 """
 
 from __future__ import annotations
@@ -69,7 +57,6 @@ class CachePlan:
 
 
 def free_memory_bytes(device: torch.device | str) -> int | None:
-    """Free memory of `device` in bytes (CUDA: `mem_get_info`; CPU: available RAM), or None."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
@@ -80,7 +67,6 @@ def free_memory_bytes(device: torch.device | str) -> int | None:
 
 
 def memory_budget(cache: CacheConfig, device: torch.device | str) -> int:
-    """Bytes the caches may take on `device` (see the module docstring)."""
     if cache.kv_cache_memory is not None:
         return cache.kv_cache_memory
     if cache.gpu_memory_utilization is not None:
@@ -94,9 +80,6 @@ def memory_budget(cache: CacheConfig, device: torch.device | str) -> int:
 
 
 def _utilization_budget(utilization: float, device: torch.device) -> int:
-    """vLLM's `gpu_memory_utilization`: of `utilization` x the device's memory, what the
-    loaded model (and anything else on the device) leaves. ConfigError off CUDA or when
-    nothing is left."""
     if device.type != "cuda":
         raise ConfigError(
             "gpu_memory_utilization: a GPU option (a fraction of the GPU's memory); on the CPU "
@@ -120,11 +103,7 @@ def plan_cache(
     max_num_seqs: int,
     budget: int,
 ) -> CachePlan:
-    """Pool sizes for `budget` bytes.
-
-    Raises:
-        ConfigError: the budget does not hold the state slots plus one full-length sequence.
-    """
+    """Pool sizes for `budget` bytes; ConfigError unless it holds the slots and one sequence."""
     block_size = cache.block_size
     per_block = bytes_per_token(model) * block_size
     per_slot = bytes_per_state_slot(model)
@@ -133,7 +112,7 @@ def plan_cache(
     use_checkpoints = cache.enable_prefix_caching and per_slot > 0
     fixed = cache.num_state_checkpoints if use_checkpoints else 0
     stride_blocks = cache.state_checkpoint_stride // block_size
-    reserve: int | None = None  # bytes set aside for automatically sized checkpoints
+    reserve: int | None = None
     if cache.num_blocks is not None:
         num_blocks = cache.num_blocks + 1
     else:
@@ -143,7 +122,7 @@ def plan_cache(
                 f"kv_cache_memory: {budget} bytes cannot hold {num_slots} state slots of "
                 f"{per_slot} bytes; lower max_num_seqs/num_state_slots or raise the budget"
             )
-        if fixed is None:  # per stride of blocks + 2 per slot, at most a quarter of the rest
+        if fixed is None:
             units = left // (stride_blocks * per_block + per_slot) + 2 * (num_slots - 1)
             reserve = min(units * per_slot, left // 4 // per_slot * per_slot)
             left -= reserve

@@ -1,23 +1,8 @@
-"""CUDA graphs for whole mixed prefill+decode steps, captured per (token bucket, sequence
-bucket, context bucket) and replayed with new inputs: one graph launch instead of thousands of
-kernel launches and fla's per-call host work.
+"""CUDA graphs for whole mixed prefill+decode steps, captured per (Tb, Nb, Lb).
 
-    step: N sequences, T packed tokens, longest sequence L (context + new tokens)
-      -> graph (Tb, Nb, Lb): Tb = smallest token bucket >= T, Nb = smallest sequence bucket
-         >= N + 1, Lb = context bucket of max(L, Tb - T)
     sequences:  | s0 .. s(N-1) (real) | pad: Tb - T tokens | empty x (Nb - N - 1) |
     cu_seqlens:  0 ...            T                        Tb   Tb ... Tb
-
-The padding sequence starts from no state, lives in the reserved state slot 0, writes its
-tokens to cache slot 0 of the reserved null block 0 and reads only block 0; the empty
-sequences hold no token. So padded rows read and write only reserved storage, never a live
-sequence's state, block or checkpoint. The linear layers see `AttentionMetadata.has_state` (a
-device mask per sequence) and run one fixed-grid chunk call over every sequence (fla's
-`use_graph` chunk plan); attention layers read every row's sequence and position on the device.
-
-Steps with checkpoints inside a chunk, images, or more padding than real tokens run eagerly.
-With `capture=False` the same static step runs eagerly: the CPU tests check it against the
-plain step.
+The pad sequence has no state, state slot 0 and null block 0: padding touches only reserved storage.
 """
 
 from __future__ import annotations
@@ -36,14 +21,13 @@ from hyla.models.hybrid import HybridModel
 logger = logging.getLogger("hyla.engine")
 
 MIXED_GRAPH_MIXERS = frozenset({"kda", "mla"})  # fla's fixed-grid chunk plan: KDA only (0.6)
-TOKEN_STEP = 128  # token buckets are multiples of this up to MAX_TOKENS
+TOKEN_STEP = 128
 MAX_TOKENS = 2048  # larger steps are compute-bound: eager
 _TOKEN_FIELDS = ("input_ids", "positions", "slot_mapping")
 _SEQ_FIELDS = ("state_indices", "seq_lens", "has_state", "cu_seqlens")
 
 
 def mixed_graph_buckets(config: ModelConfig, max_num_batched_tokens: int) -> tuple[int, ...]:
-    """Token buckets of captured mixed steps (empty when a layer kind cannot be captured)."""
     if config.hc_mult > 1 or any(k not in MIXED_GRAPH_MIXERS for k in config.layer_pattern):
         return ()
     top = min(MAX_TOKENS, max_num_batched_tokens)
@@ -53,9 +37,6 @@ def mixed_graph_buckets(config: ModelConfig, max_num_batched_tokens: int) -> tup
 
 @dataclass
 class MixedInputs:
-    """One step's host inputs: per token (ids, positions, cache slots) and per sequence (state
-    slot, length, whether it continues a state, new-token count, block table)."""
-
     input_ids: list[int]
     positions: list[int]
     slot_mapping: list[int]
@@ -67,8 +48,6 @@ class MixedInputs:
 
 
 class _MixedStatic:
-    """Buffers, ForwardBatch and graph of one (Tb, Nb, Lb) key."""
-
     def __init__(self, key, block_size: int, caches: list[LayerCache], device) -> None:
         self.tokens, self.seqs, bucket = key
         self.width = -(-bucket // block_size)
@@ -130,16 +109,7 @@ class _MixedStatic:
 
 
 class MixedGraphs:
-    """Captured mixed steps of one model over its caches (see the module docstring).
-
-    Args:
-        model: the hybrid decoder; its parameters' device runs the steps.
-        caches: the model's cache tensors.
-        block_size: tokens per cache block.
-        token_buckets: ascending token buckets (`mixed_graph_buckets`).
-        max_model_len: caps the context buckets.
-        capture: False runs the static steps eagerly (no CUDA graph; any device).
-    """
+    """Captured mixed steps of one model; `capture=False` runs them eagerly (any device)."""
 
     def __init__(
         self,
@@ -160,8 +130,7 @@ class MixedGraphs:
         self.num_replayed_steps = 0
 
     def key(self, query_lens: list[int], context_lens: list[int]) -> tuple[int, int, int] | None:
-        """(Tb, Nb, Lb) of a step, or None when it runs eagerly: no bucket holds it, or more
-        than half of the bucket would be padding."""
+        """(Tb, Nb, Lb) of a step; None (eager) when no bucket holds it or half is padding."""
         num_tokens = sum(query_lens)
         tokens = next((b for b in self.token_buckets if b >= num_tokens), None)
         seqs = next((b for b in BATCH_SIZES if b >= len(query_lens) + 1), None)
@@ -173,8 +142,7 @@ class MixedGraphs:
         return tokens, seqs, context_bucket(longest, self.max_model_len)
 
     def run(self, step: MixedInputs, device_tokens: DeviceTokens | None = None) -> torch.Tensor:
-        """Hidden states [T, D] of the step (a view of the graph's output, valid until the next
-        step). Raises ValueError when no key holds it."""
+        """Hidden states [T, D], a view valid until the next step; ValueError if it does not fit."""
         key = self.key(
             step.query_lens, [n - q for n, q in zip(step.seq_lens, step.query_lens, strict=True)]
         )
@@ -209,13 +177,13 @@ class MixedGraphs:
         static.load(_idle_step())  # warm-up and capture run the padding sequence alone
         try:
             stream.wait_stream(current)
-            with torch.cuda.stream(stream):  # compile and autotune outside the graph
+            with torch.cuda.stream(stream):
                 for _ in range(2):
                     self._forward(static)
             current.wait_stream(stream)
             with torch.cuda.graph(graph, pool=self.pool):
                 static.hidden = self._forward(static)
-        except RuntimeError as err:  # out of memory, or an op that cannot be captured
+        except RuntimeError as err:
             torch.cuda.set_stream(current)
             self.token_buckets, self.steps = (), {}
             logger.warning("mixed CUDA graph capture failed (%s); mixed steps run eagerly "
@@ -228,5 +196,4 @@ class MixedGraphs:
 
 
 def _idle_step() -> MixedInputs:
-    """No real sequence: every row of the bucket is the padding sequence's."""
     return MixedInputs([], [], [], [], [], [], [], [])

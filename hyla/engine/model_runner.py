@@ -1,20 +1,8 @@
-"""The one place where scheduler output meets tensors.
-
-Per step: pack every scheduled request's next `num_tokens` token ids into one varlen batch
-(positions, `cu_seqlens`, `slot_mapping`, `block_tables`, `state_indices` from the cache
-manager), run the model once, and compute logits only for the rows that need them:
+"""The one place where scheduler output meets tensors: one packed varlen forward per step,
+logits only for the rows that need them (row p predicts token p + 1):
 
     rows:  | r0 chunk (c0..c0+q0) | r1 decode | r2 last prompt chunk |
-    logits:                        ^ sample     ^ sample (last row)
-           ^^^^^^^^^^^^^ prompt-logprob rows, when r0 asked for them
-
-A pure decode step (one new token per request, none at context 0) on CUDA replays a captured
-CUDA graph instead (`hyla.engine.cuda_graphs`) when the model and batch size allow it; other
-steps replay their token-wise pieces when `piecewise_cuda_graphs` is on
-(`hyla.engine.piecewise_graphs`).
-
-A request is sampled when this step computes its last uncomputed token. Prompt logprobs come
-from the rows at positions p < prompt_len - 1 (row p predicts prompt token p + 1).
+    logits:  prompt-logprob rows    ^ sample     ^ sample (last row)
 """
 
 from __future__ import annotations
@@ -53,8 +41,7 @@ from hyla.scheduler import SchedulerOutput
 logger = logging.getLogger("hyla.engine")
 
 def capture_plan(config: Any, model_config: Any, device: torch.device) -> tuple[tuple, ...]:
-    """(decode batch sizes, piecewise token buckets, mixed-step token buckets) to capture for an
-    EngineConfig on `device`: all empty off CUDA, with enforce_eager, or without the kernels."""
+    """(decode batch sizes, piecewise token buckets, mixed-step token buckets) to capture."""
     if device.type != "cuda" or config.enforce_eager:
         return (), (), ()
     if not kernels_capturable(model_config):
@@ -71,9 +58,7 @@ def capture_plan(config: Any, model_config: Any, device: torch.device) -> tuple[
 
 @dataclass
 class RunnerOutput:
-    """`sample_ids[i]` owns row i of `logits: [n + m, V]` float32, then the m draft rows of the
-    verifying requests follow in scheduling order; `prompt_logprobs[rid]` holds the new
-    prompt-logprob entries of this step, in position order."""
+    """`sample_ids[i]` owns row i of `logits: [n + m, V]` float32; the m draft rows follow."""
 
     sample_ids: list[str] = field(default_factory=list)
     logits: torch.Tensor | None = None
@@ -81,19 +66,8 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    """Owns the model and its cache tensors.
-
-    Args:
-        model: the hybrid decoder (its parameters' device is the step device).
-        plan: pool sizes; the caches are allocated here, zero-filled.
-        graph_batch_sizes: batch sizes of captured decode steps (CUDA only; empty: none).
-        max_model_len: the longest sequence, the last context bucket of the graphs.
-        token_buckets: token buckets of the piecewise graphs of other steps (CUDA only;
-            empty: none; `hyla.engine.piecewise_graphs`).
-        mixed_buckets: token buckets of whole captured mixed steps (CUDA only; empty: none;
-            `hyla.engine.mixed_graphs`).
-        num_spec_rows: scratch state rows of speculative decoding (`hyla.spec.decoder`).
-    """
+    """Owns the model and its cache tensors (allocated from `plan`); the graph sizes and
+    buckets apply on CUDA only (`capture_plan`)."""
 
     def __init__(
         self,
@@ -109,14 +83,14 @@ class ModelRunner:
         self.config = model.config
         self.device = next(model.parameters()).device
         self.block_size = plan.block_size
-        # checkpoints follow the slots, then speculative decoding's scratch rows (hyla.spec)
+        # State rows: slots, then checkpoints, then speculative decoding's scratch rows.
         num_state_rows = plan.num_slots + plan.num_checkpoints + num_spec_rows
         self.caches = allocate_caches(
             self.config, plan.num_blocks, plan.block_size, num_state_rows, self.device
         )
         self.state_tensors = state_tensors(self.config, self.caches)
         self.graphs: DecodeGraphs | None = None
-        self.multimodal: MultimodalRuntime | None = None  # image inputs (set by the engine)
+        self.multimodal: MultimodalRuntime | None = None
         if graph_batch_sizes and self.device.type == "cuda":
             self.graphs = DecodeGraphs(
                 model, self.caches, self.block_size, graph_batch_sizes,
@@ -127,7 +101,7 @@ class ModelRunner:
             self.mixed = MixedGraphs(
                 model, self.caches, self.block_size, mixed_buckets, max_model_len
             )
-        self.last_path = "eager"  # how the last step ran (`hyla.engine.step_stats.PATHS`)
+        self.last_path = "eager"  # `hyla.engine.step_stats.PATHS`
         self.piecewise: PiecewiseGraphs | None = None
         if token_buckets and self.device.type == "cuda":
             self.piecewise = PiecewiseGraphs(model, token_buckets)
@@ -141,21 +115,12 @@ class ModelRunner:
         prompt_logprob_from: dict[str, int] | None = None,
         device_tokens: DeviceTokens | None = None,
     ) -> RunnerOutput:
-        """Run one packed forward over `out.num_scheduled_tokens`.
-
-        Args:
-            out: the scheduler's decision (request id -> new tokens), in batch order.
-            requests: the scheduled requests by id (their `num_computed_tokens` is the context).
-            cache: block tables and state slots by request id.
-            prompt_logprob_from: request id -> first position whose prediction is wanted
-                (requests asking for prompt logprobs only).
-            device_tokens: the input ids still on the device (the requests' placeholders).
-        Returns: the logits of the sampled rows and the new prompt-logprob entries.
-        """
-        tiers = getattr(cache, "tiers", None)  # kv offload (none on a tensor-parallel rank)
-        if tiers is not None:  # evicted rows written down, tier hits loaded, before any read
+        """Run one packed forward over `out.num_scheduled_tokens`. `prompt_logprob_from`: request
+        id -> first wanted position; `device_tokens`: the placeholders' ids, on the device."""
+        tiers = getattr(cache, "tiers", None)  # none on a tensor-parallel rank
+        if tiers is not None:  # before any read
             tiers.transfer()
-        copy_state_rows(self.state_tensors, out.state_restores)  # cached prefix -> own slot
+        copy_state_rows(self.state_tensors, out.state_restores)
         ids = list(out.num_scheduled_tokens)
         query_lens = [out.num_scheduled_tokens[r] for r in ids]
         context_lens = [requests[r].num_computed_tokens for r in ids]
@@ -166,7 +131,7 @@ class ModelRunner:
         for r, c, q in zip(ids, context_lens, query_lens, strict=True):
             known = requests[r].all_token_ids[c : c + q] + out.spec_token_ids.get(r, [])
             tokens.extend(known)
-            tokens.extend([0] * (q - len(known)))  # placeholders: their values come from the device
+            tokens.extend([0] * (q - len(known)))
             num_pending += q - len(known)
         if num_pending != (0 if device_tokens is None else len(device_tokens.dst)):
             raise ValueError(f"device_tokens: {num_pending} input ids are not on the host")
@@ -179,7 +144,7 @@ class ModelRunner:
             try:
                 hidden = self.graphs.run(step, device_tokens)
                 self.last_path = "decode_graph"
-            except CaptureFailed:  # the graphs are off now: this step and the next run eagerly
+            except CaptureFailed:
                 hidden = None
         elif self._mixed_runs(out, query_lens, context_lens):
             step = mixed_inputs(tokens, query_lens, context_lens, tables, slots, self.block_size)
@@ -202,7 +167,7 @@ class ModelRunner:
             input_ids = index_tensor(tokens, self.device)
             if device_tokens is not None:
                 device_tokens.apply(input_ids)
-            if self.multimodal is not None:  # image rows' embeddings, M-RoPE positions
+            if self.multimodal is not None:
                 mm = self.multimodal
                 embeds = mm.embeddings(
                     ids, context_lens, query_lens, input_ids, self.model.embed_tokens
@@ -210,9 +175,9 @@ class ModelRunner:
                 extra = () if embeds is None else (embeds,)
                 positions = mm.positions(ids, context_lens, query_lens, batch.positions)
                 hidden = self.model(input_ids, positions, batch, *extra)
-            else:  # (piecewise graphs take token ids and plain positions only)
+            else:  # piecewise graphs take token ids and plain positions only
                 hidden = self._forward(input_ids, batch)
-        copy_state_rows(self.state_tensors, out.state_saves)  # slot at its chunk end -> checkpoint
+        copy_state_rows(self.state_tensors, out.state_saves)
         return self._logits(
             ids, context_lens, query_lens, requests, hidden, prompt_logprob_from,
             out.spec_token_ids,
@@ -221,8 +186,6 @@ class ModelRunner:
     def _mixed_runs(
         self, out: SchedulerOutput, query_lens: list[int], context_lens: list[int]
     ) -> bool:
-        """Whether this step replays a whole mixed-step graph: no image rows, no checkpoint
-        inside a chunk, and a bucket that holds it."""
         return (
             self.mixed is not None
             and self.multimodal is None
@@ -231,7 +194,6 @@ class ModelRunner:
         )
 
     def _forward(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """An eager step: its token-wise pieces from CUDA graphs when they are on."""
         pieces = self.piecewise
         if pieces is not None and pieces.can_run(input_ids.shape[0]):
             hidden = pieces.run(input_ids, batch)
@@ -251,7 +213,7 @@ class ModelRunner:
     ) -> RunnerOutput:
         result = RunnerOutput()
         sample_rows: list[int] = []
-        spec_rows: list[int] = []  # a verifying request's draft rows, after the sampled ones
+        spec_rows: list[int] = []
         prompt_rows: list[int] = []
         prompt_spans: list[tuple[str, int, int]] = []  # (request id, first position, end)
         start = 0
@@ -290,8 +252,7 @@ class ModelRunner:
 
 
 def _select_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """hidden[rows]: a slice when the rows are consecutive (every decode step: no index tensor
-    to copy to the device, which would wait for the forward to finish), else a gather."""
+    """hidden[rows]; a slice when consecutive (an index tensor's copy waits for the forward)."""
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return hidden[rows[0] : rows[0] + len(rows)]
     return hidden[index_tensor(rows, hidden.device)]
@@ -304,8 +265,6 @@ def decode_inputs(
     state_indices: list[int],
     block_size: int,
 ) -> DecodeInputs:
-    """A pure decode step's inputs: sequence i's one new token sits at position
-    context_lens[i], in cache slot block_tables[i][p // B] * B + p % B."""
     slots = [t[c // block_size] * block_size + c % block_size for t, c in zip(
         block_tables, context_lens, strict=True)]  # fmt: skip
     return DecodeInputs(
@@ -326,8 +285,6 @@ def mixed_inputs(
     state_indices: list[int],
     block_size: int,
 ) -> MixedInputs:
-    """A step's inputs for a mixed-step graph: sequence i's tokens sit at positions
-    context_lens[i] .. + query_lens[i] - 1, in cache slots through its block table."""
     positions: list[int] = []
     slots: list[int] = []
     for table, c, q in zip(block_tables, context_lens, query_lens, strict=True):

@@ -1,12 +1,5 @@
-"""The text of a request's completions made in the front end from their token ids, when the
-engine core runs in a process of its own (`hyla.engine.core_process`).
-
-Detokenizing 64 streams is ~1 ms of the core's host time per decode step on the H200's host:
-time the GPU waits for. So a request whose stop decisions need no text (no stop strings; stop
-ids, EOS and lengths are decided on ids) reaches the core with `detokenize=False`, and its
-outputs get their text here, on the front end's own interpreter, from the same
-`IncrementalDetokenizer` the core would have run: the same text, piece by piece.
-"""
+"""Completion text made in the front end when the core runs in its own process: detokenizing
+there costs host time the GPU waits for, so requests without stop strings skip it in the core."""
 
 from __future__ import annotations
 
@@ -18,9 +11,7 @@ from hyla.request import RequestOutput, RequestOutputKind, SamplingParams
 
 
 def front_detokenized(params: Any, tokenizer: Any) -> SamplingParams | None:
-    """`params` with `detokenize=False` for the core when the front end can make its text, else
-    None (the core makes it): stop strings, best_of (its completions are re-ranked at the end)
-    and requests that want no text stay in the core."""
+    """`params` with `detokenize=False` for the core, or None when the core makes the text."""
     if tokenizer is None or not isinstance(params, SamplingParams) or not params.detokenize:
         return None
     if params.stop or params.num_sequences != params.n:
@@ -29,15 +20,14 @@ def front_detokenized(params: Any, tokenizer: Any) -> SamplingParams | None:
 
 
 class OutputText:
-    """Fills `text` of one request's outputs, in arrival order (`fill` each before it is
-    queued: a DELTA consumer that fell behind merges the filled pieces)."""
+    """Fills `text` of one request's outputs, in arrival order, before each is queued."""
 
     def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
         self.tokenizer = tokenizer
         self.params = params
         self.is_delta = params.output_kind is RequestOutputKind.DELTA
-        self._detokenizers: dict[int, IncrementalDetokenizer] = {}  # by completion index
-        self._num_fed: dict[int, int] = {}  # token ids of each completion seen so far
+        self._detokenizers: dict[int, IncrementalDetokenizer] = {}
+        self._num_fed: dict[int, int] = {}
 
     def fill(self, output: RequestOutput) -> None:
         for c in output.outputs:
@@ -49,11 +39,10 @@ class OutputText:
             new = list(c.token_ids) if self.is_delta else list(c.token_ids[fed:])
             self._num_fed[c.index] = fed + len(new)
             if new and self._ended_by_its_token(c):
-                new.pop()  # as the core: a stop token's text is not part of the output
+                new.pop()  # as the core: a stop token's text is not output
             before = len(detok.text)
             detok.update(new)
             c.text = detok.text[before:] if self.is_delta else detok.text
 
     def _ended_by_its_token(self, c: Any) -> bool:
-        """The last token ended the completion (EOS or a stop id: no stop strings here)."""
         return c.finish_reason == "stop" and not self.params.include_stop_str_in_output

@@ -1,24 +1,7 @@
-"""CUDA graphs for mixed prefill+decode steps, piecewise around the mixers (off by default:
-`EngineConfig.piecewise_cuda_graphs`).
-
-A step of T packed tokens runs in the smallest token bucket Tb >= T. Everything between two
-mixers is token-wise (norms, residual adds, MLP / MoE: no row reads another row or a sequence
-length), so it is captured once per bucket on static [Tb, D] buffers and replayed; the mixers
-(attention, linear attention), which read the step's sequences, run eagerly on the first T rows:
-
-    ids[Tb] -> piece 0: embed, input norm of layer 0                      -> x, residual
-    for layer i: mixer_i(x[:T], positions, batch) eagerly                 -> mixed[:T]
-                 piece i + 1: post-mixer add+norm, MLP/MoE of layer i,
-                              input add+norm of layer i + 1 (final norm)  -> x, residual (hidden)
-
-Rows T .. Tb - 1 are padding: token 0, a zero mixer output, never read back. A step costs L + 1
-graph replays plus the mixers' own launches instead of every launch. Same ops and grouping as
-`HybridModel.forward`; only the row count of the token-wise ops differs (cuBLAS may reduce in
-another order). Models with hyper-connections (hc_mult > 1) and steps with `inputs_embeds` run
-eagerly. Should a capture fail (an op reads the device back), the graphs turn themselves off
-and every step runs eagerly. With `capture=False` the same padded pieces run eagerly: the CPU
-tests check them against the plain forward.
-"""
+"""CUDA graphs for mixed steps, piecewise: the token-wise ops between two mixers are replayed
+on static [Tb, D] buffers, the mixers run eagerly on the first T rows (rows past T are padding,
+never read back). Only the row count differs from `HybridModel.forward` (cuBLAS may reduce in
+another order)."""
 
 from __future__ import annotations
 
@@ -35,7 +18,6 @@ MIN_BUCKET = 16
 
 
 def token_buckets(max_num_batched_tokens: int) -> tuple[int, ...]:
-    """Powers of two from MIN_BUCKET below the step budget, plus the budget itself."""
     sizes = {max_num_batched_tokens}
     size = MIN_BUCKET
     while size < max_num_batched_tokens:
@@ -45,8 +27,6 @@ def token_buckets(max_num_batched_tokens: int) -> tuple[int, ...]:
 
 
 class _Bucket:
-    """Static buffers of one token bucket and, once captured, its L + 1 piece graphs."""
-
     def __init__(self, size: int, hidden: int, dtype: torch.dtype, device: torch.device) -> None:
         self.size = size
         self.ids = torch.zeros(size, dtype=torch.long, device=device)
@@ -54,17 +34,11 @@ class _Bucket:
         self.residual = torch.zeros(size, hidden, dtype=dtype, device=device)
         self.mixed = torch.zeros(size, hidden, dtype=dtype, device=device)
         self.graphs: list[torch.cuda.CUDAGraph] = []
-        self.hidden: torch.Tensor | None = None  # the last piece's output (captured)
+        self.hidden: torch.Tensor | None = None
 
 
 class PiecewiseGraphs:
-    """Mixed steps of one model with their token-wise pieces replayed per token bucket.
-
-    Args:
-        model: the hybrid decoder (hc_mult 1); its parameters' device runs the steps.
-        buckets: ascending token buckets (`token_buckets`).
-        capture: False runs the padded pieces eagerly (any device; the CPU tests).
-    """
+    """Piecewise-captured mixed steps of one model; `capture=False` runs them eagerly."""
 
     def __init__(self, model: HybridModel, buckets: tuple[int, ...], capture: bool = True) -> None:
         self.model = model
@@ -83,9 +57,8 @@ class PiecewiseGraphs:
         return next((b for b in self.buckets if b >= num_tokens), None)
 
     def run(self, input_ids: torch.Tensor, batch: ForwardBatch) -> torch.Tensor | None:
-        """Final-normed hidden states [T, D] of the step (a view, valid until the next step),
-        as `model(input_ids, batch.positions, batch)`; None when the graphs turned off during
-        this call (the caller runs the step eagerly; nothing of it ran)."""
+        """Final-normed hidden states [T, D], a view valid until the next step; None when the
+        graphs turned off in this call (nothing ran: the caller runs the step eagerly)."""
         num_tokens = input_ids.shape[0]
         size = self._bucket_size(num_tokens)
         if size is None:
@@ -98,7 +71,7 @@ class PiecewiseGraphs:
         bucket.ids[:num_tokens].copy_(input_ids)
         bucket.ids[num_tokens:].zero_()
         bucket.mixed[num_tokens:].zero_()
-        batch.per_pass.clear()  # a new pass (as HybridModel.forward)
+        batch.per_pass.clear()  # as HybridModel.forward
         self._piece(bucket, 0)
         for i, layer in enumerate(self.model.layers):
             out = layer.mixer(bucket.x[:num_tokens], batch.positions, batch)
@@ -114,7 +87,6 @@ class PiecewiseGraphs:
         return self._compute(bucket, index)
 
     def _compute(self, bucket: _Bucket, index: int) -> torch.Tensor | None:
-        """Piece `index` on the bucket's buffers; the last one returns the hidden states."""
         layers = self.model.layers
         if index == 0:
             residual = self.model.embed_tokens(bucket.ids)
@@ -140,13 +112,12 @@ class PiecewiseGraphs:
         return bucket
 
     def _capture(self, bucket: _Bucket) -> bool:
-        """Capture every piece of `bucket`; False (and the graphs off) when one cannot be."""
         num_pieces = len(self.model.layers) + 1
         current = torch.cuda.current_stream(self.device)
         stream = torch.cuda.Stream(self.device)
         try:
             stream.wait_stream(current)
-            with torch.cuda.stream(stream):  # compile and autotune outside the graphs
+            with torch.cuda.stream(stream):
                 for _ in range(2):
                     for index in range(num_pieces):
                         self._compute(bucket, index)
@@ -157,7 +128,7 @@ class PiecewiseGraphs:
                     out = self._compute(bucket, index)
                 bucket.graphs.append(graph)
                 bucket.hidden = out if out is not None else bucket.hidden
-        except RuntimeError as err:  # out of memory, or an op that cannot be captured
+        except RuntimeError as err:
             torch.cuda.set_stream(current)
             self.buckets, self.steps = (), {}
             logger.warning("piecewise CUDA graph capture failed (%d tokens); mixed steps run "

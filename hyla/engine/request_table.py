@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 
 from hyla.engine.group import RequestGroup, Sequence
-from hyla.request import RequestOutput, RequestStatus, check_token_stop
+from hyla.engine.sampler import SamplingRow
+from hyla.request import Request, RequestOutput, RequestStatus, check_token_stop
+from hyla.scheduler import SchedulerOutput
 
 
 class RequestTable:
@@ -38,8 +40,11 @@ class RequestTable:
         (RuntimeError when the grammar refuses it), its logprobs and times recorded."""
         group, seq = self.owner[seq_id], self.seqs[seq_id]
         seq.request.resolve_placeholder(token)
-        if seq.grammar is not None and not seq.grammar.is_terminated \
-                and not seq.grammar.accept(token):
+        if (
+            seq.grammar is not None
+            and not seq.grammar.is_terminated
+            and not seq.grammar.accept(token)
+        ):
             raise RuntimeError(f"the grammar does not allow the sampled token {token}")
         seq.cumulative_logprob += logprob
         if seq.logprobs is not None and top is not None:
@@ -81,3 +86,29 @@ class RequestTable:
                 outputs.append(output)
         self._dirty.clear()
         return outputs
+
+    def scheduled(self, out: SchedulerOutput) -> tuple[dict[str, Request], dict[str, int]]:
+        """`out`'s requests by sequence id, and where the prompt logprobs of each start."""
+        now = time.monotonic()
+        requests: dict[str, Request] = {}
+        plp: dict[str, int] = {}
+        for rid in out.num_scheduled_tokens:
+            group, seq = self.owner[rid], self.seqs[rid]
+            requests[rid] = seq.request
+            if group.metrics.first_scheduled_time is None:
+                group.metrics.first_scheduled_time = now
+            pos = group.next_prompt_logprob_position()
+            if pos is not None and seq.index == 0:
+                plp[rid] = pos
+        return requests, plp
+
+    def sampling_row(self, rid: str) -> SamplingRow:
+        seq = self.seqs[rid]
+        req = seq.request
+        if seq.sampling_row is None:  # its lists are the request's own: valid for its lifetime
+            seq.sampling_row = SamplingRow(
+                req.params, req.prompt_token_ids, req.output_token_ids, req.eos_token_ids,
+                seq.generator, grammar=seq.grammar,
+            )  # fmt: skip
+        seq.sampling_row.num_pending = req.num_placeholders
+        return seq.sampling_row

@@ -1,20 +1,9 @@
-"""Token sampling for every row at once, on the logits' device, with no host wait.
+"""Token sampling for every row at once, on the device, with no host wait; each row follows
+`sampling_reference.sample_row`. A seeded row draws q from its own generator, so its tokens do
+not depend on its batch neighbours. Reported logprobs are the raw log-softmax (as OpenAI's).
 
-    logits [n, V] --grammar bitmask--> --penalties--> --ban (min_tokens)--> greedy rows: argmax
-                                                       other rows: /T -> top-k -> top-p -> min-p
-                                                       -> softmax -> argmax(p / q), q ~ Exp(1)
-
-Each row follows `hyla.engine.sampling_reference.sample_row` (the definition; tests compare the
-two). `q` of a seeded request comes from its own `torch.Generator`, which only it advances, so
-its tokens do not depend on its batch neighbours; rows without a seed share the sampler's.
-Rows with a grammar (`SamplingRow.grammar`) get their bitmask (filled on the host by the engine,
-`hyla.structured`) applied on the device first: disallowed tokens' logits become -inf.
-Reported logprobs are the model's raw log-softmax (before penalties and temperature), as OpenAI
-reports them. A row whose raw logprob is not finite (a NaN or +inf logit anywhere in the row, or
-all -inf) is flagged `is_finite=False`: the engine ends its request with an error.
-
-`Sampler.launch` queues everything and one asynchronous copy of the results to the host; the
-tokens also stay on the device (`PendingSample.tokens`), where the next step reads its input ids.
+    logits [n, V] -> bitmask -> penalties -> ban (min_tokens) -> greedy rows: argmax
+        other rows: /T -> top-k -> top-p -> min-p -> softmax -> argmax(p / q), q ~ Exp(1)
 """
 
 from __future__ import annotations
@@ -32,12 +21,7 @@ from hyla.structured.bitmask import apply_token_bitmask
 
 @dataclass
 class SamplingRow:
-    """What the sampler needs to know about one row of logits.
-
-    `output_token_ids` holds the tokens on the host; `num_pending` more were sampled by a step
-    whose values are still on the device (given to `launch` as `pending_tokens`). `generator`
-    None uses the sampler's shared generator (requests without a seed).
-    """
+    """One row of logits; `num_pending` more output tokens are still on the device."""
 
     params: SamplingParams
     prompt_token_ids: list[int]
@@ -45,7 +29,7 @@ class SamplingRow:
     eos_token_ids: tuple[int, ...] = ()
     generator: torch.Generator | None = None
     num_pending: int = 0
-    grammar: Any = None  # `hyla.structured.backend.GrammarState`, None: unconstrained
+    grammar: Any = None  # `hyla.structured.backend.GrammarState`
 
     @property
     def num_output_tokens(self) -> int:
@@ -65,15 +49,13 @@ class SamplingRow:
 
     @property
     def is_plain_greedy(self) -> bool:
-        """Greedy with nothing that changes the logits first (no penalty, no banned token)."""
         return (self.params.is_greedy and not self.has_penalties and self.grammar is None
                 and not self.banned_token_ids())
 
 
 @dataclass
 class SamplerOutput:
-    """Per row: the token, its raw logprob, the top-N dict (None when not asked), and whether
-    the row's logits were finite (a non-finite row's token and logprob mean nothing)."""
+    """Per row: token, raw logprob, top-N dict, and whether the logits were finite."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -92,17 +74,12 @@ def top_logprobs(logprobs: torch.Tensor, num: int, token_id: int) -> dict[int, f
 
 
 class Sampler:
-    """Samples one token per row of logits.
-
-    Args:
-        generator: the shared generator of rows without their own (seeded from the engine seed).
-    """
+    """Samples one token per row of logits; `generator` serves rows without their own."""
 
     def __init__(self, generator: torch.Generator | None = None) -> None:
         self.generator = generator
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-        """`logits: [n, V]`, one `SamplingRow` per row (none pending). Returns a SamplerOutput."""
         return self.launch(logits, rows).result()
 
     @torch.inference_mode()
@@ -115,26 +92,22 @@ class Sampler:
     ) -> PendingSample:
         """Queue the sampling of `logits: [n, V]` and the copy of its results to the host.
 
-        Args:
-            rows: one per logits row.
-            pending_tokens: [n] int64 on the logits' device; entry i is row i's token still on
-                the device when `rows[i].num_pending` (counted by its penalties), else ignored.
-            bitmask: [m, ceil(V / 32)] int32 on the host, one row per row with a `grammar`, in
-                row order (`hyla.structured.bitmask`); None: no row is constrained.
+        pending_tokens: [n] int64 on the device, row i's pending token if `rows[i].num_pending`.
+        bitmask: [m, ceil(V / 32)] int32 on the host, one row per row with a `grammar`.
         Raises: ValueError when `rows` and `logits` (or the bitmask) disagree in length.
         """
         if logits.shape[0] != len(rows):
             raise ValueError(f"rows: {len(rows)} rows for {logits.shape[0]} logits")
         logits = logits.float()
         if all(r.is_plain_greedy for r in rows):
-            tokens, lps = greedy_logprobs(logits)  # one pass (one kernel on CUDA)
+            tokens, lps = greedy_logprobs(logits)
         else:
             x = _masked(logits, rows, bitmask)
             x = self._penalized(x, rows, pending_tokens)
             tokens = self._choose(x, rows)
             lps = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
         top = _top(logits, rows, tokens)
-        if top is not None:  # its token's logprob from the same log_softmax as its top entries
+        if top is not None:  # same log_softmax as its top entries
             lps = lps.index_copy(0, index_tensor(top[0], lps.device), top[3])
         num_top = [r.params.logprobs or 0 for r in rows if r.params.logprobs is not None]
         return PendingSample.start(tokens, lps, top, num_top)
@@ -161,7 +134,7 @@ class Sampler:
         return x
 
     def _choose(self, x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        tokens = torch.argmax(x, dim=-1)  # greedy rows: the first maximum
+        tokens = torch.argmax(x, dim=-1)
         drawn = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if not drawn:
             return tokens
@@ -196,8 +169,7 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _penalize(
     x: torch.Tensor, rows: list[SamplingRow], pending: torch.Tensor | None
 ) -> torch.Tensor:
-    """`sampling_reference.apply_penalties` for m rows at once: `x: [m, V]`; each row's
-    pending token (`pending: [m]`, rows with `num_pending`) counts as an output token."""
+    """`sampling_reference.apply_penalties` for `x: [m, V]`; `pending: [m]` count as outputs."""
     m, vocab = x.shape
     dev = x.device
     has_pending = [r.num_pending > 0 for r in rows]
@@ -220,7 +192,7 @@ def _penalize(
 def _bincount_rows(
     token_lists: list[list[int]], m: int, vocab: int, device: torch.device
 ) -> torch.Tensor:
-    """[m, V + 1] float32 counts of each row's token ids (ids >= V land in the last column)."""
+    """[m, V + 1] float32 counts of each row's token ids (ids >= V in the last column)."""
     counts = torch.zeros(m, vocab + 1, dtype=torch.float32, device=device)
     width = max((len(t) for t in token_lists), default=0)
     if width == 0:
@@ -232,9 +204,7 @@ def _bincount_rows(
 
 
 def sampling_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """`sampling_reference.sampling_probs` for m rows at once: `x: [m, V]` float32 (already
-    penalized), one SamplingParams per row (none greedy) -> probs `[m, V]` float32. Top-k and
-    top-p work on the rows that use them only."""
+    """`sampling_reference.sampling_probs` for `x: [m, V]` float32 (no greedy row) -> [m, V]."""
     m, vocab = x.shape
     dev = x.device
     temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
@@ -268,8 +238,7 @@ def sampling_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tenso
 def _top(
     logits: torch.Tensor, rows: list[SamplingRow], tokens: torch.Tensor
 ) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(row numbers, top ids [m, k], top values [m, k], token logprobs [m]) of the m rows that
-    ask for top logprobs (k the largest number asked), or None."""
+    """(row numbers, top ids [m, k], top values [m, k], token logprobs [m]), or None."""
     asked = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
     if not asked:
         return None
@@ -283,11 +252,8 @@ def _top(
 
 @dataclass
 class PendingSample:
-    """A launched sampling step: `tokens` on the device, their values on their way to the host.
-
-    `host` is [2, n] float64 (token ids < 2**53 are exact; raw logprobs); `top` the host copies
-    of `_top`'s ids and values with the row numbers and counts asked; `event` marks the end of
-    the copies on a GPU (None on the CPU)."""
+    """A launched sampling step: `tokens` on the device, `host` [2, n] float64 (ids < 2**53
+    are exact; logprobs) on its way to the host until `event`."""
 
     tokens: torch.Tensor
     host: torch.Tensor
@@ -318,7 +284,6 @@ class PendingSample:
         return PendingSample(tokens, host[0], top_host, event, num_top or [])
 
     def result(self) -> SamplerOutput:
-        """Wait for the copies; the SamplerOutput."""
         if self.event is not None:
             self.event.synchronize()
         ids, lps = self.host.tolist()
@@ -340,5 +305,4 @@ class PendingSample:
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator seeded with `seed` on `device`."""
     return torch.Generator(device=device).manual_seed(seed)

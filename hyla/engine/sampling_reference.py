@@ -1,13 +1,5 @@
-"""One row of sampling, the definition the batched `hyla.engine.sampler` is tested against.
-
-Per row, in this order (the order of Hugging Face's logits processors and warpers):
-
-    logits --penalties--> --ban (min_tokens)--> greedy: argmax
-                                                else: /T -> top-k -> top-p -> min-p -> softmax
-                                                      -> draw with the row's generator
-
-A draw is `argmax(p / q)` with `q ~ Exp(1)` i.i.d. per token, which picks token i with
-probability p_i (the exponential race).
+"""One row of sampling, the definition the batched `hyla.engine.sampler` is tested against, in
+Hugging Face's order: penalties, ban (min_tokens), then argmax or /T, top-k, top-p, min-p, draw.
 """
 
 from __future__ import annotations
@@ -23,9 +15,8 @@ def apply_penalties(
     prompt_token_ids: list[int],
     output_token_ids: list[int],
 ) -> torch.Tensor:
-    """Repetition (CTRL, Keskar et al. 2019 eq. 2, over prompt + output), presence and frequency
-    (OpenAI API definition, over output only) penalties. `logits: [V]` float32, returns a new
-    tensor."""
+    """Repetition (CTRL eq. 2, prompt + output), presence and frequency (OpenAI, output only)
+    penalties of `logits: [V]` float32, as a new tensor."""
     p = params
     out = logits.clone()
     vocab = out.shape[0]
@@ -46,7 +37,6 @@ def apply_penalties(
 def banned_token_ids(
     params: SamplingParams, eos_token_ids: tuple[int, ...], num_output_tokens: int
 ) -> list[int]:
-    """EOS (unless ignore_eos) and stop token ids while fewer than `min_tokens` were generated."""
     if num_output_tokens >= params.min_tokens:
         return []
     eos = () if params.ignore_eos else eos_token_ids
@@ -54,8 +44,7 @@ def banned_token_ids(
 
 
 def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a non-greedy row draws from: `logits: [V]` float32 (already
-    penalized) -> probs `[V]` float32 after temperature, top-k, top-p and min-p."""
+    """Penalized `logits: [V]` float32 -> probs [V] after temperature, top-k, top-p, min-p."""
     x = logits / params.temperature
     vocab = x.shape[0]
     if 0 < params.top_k < vocab:
@@ -77,7 +66,7 @@ def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from `probs: [V]` by the exponential race, consuming V draws of `generator`."""
+    """argmax(p / q), q ~ Exp(1) per token, picks token i with probability p_i."""
     q = torch.empty_like(probs).exponential_(generator=generator)
     return int(torch.argmax(probs / q))
 
@@ -90,7 +79,6 @@ def sample_row(
     eos_token_ids: tuple[int, ...] = (),
     generator: torch.Generator | None = None,
 ) -> int:
-    """The token one row of `logits: [V]` float32 yields (the whole pipeline above)."""
     x = apply_penalties(logits, params, prompt_token_ids, output_token_ids)
     banned = banned_token_ids(params, eos_token_ids, len(output_token_ids))
     banned = [b for b in banned if b < x.shape[0]]

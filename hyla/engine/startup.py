@@ -1,14 +1,6 @@
-"""What an engine tells its user at start, and the CPU thread count it runs with.
-
-Threads: torch's default intra-op pool (one thread per core, OpenMP) makes a small model slower
-on the CPU, not faster: each op of a small model is microseconds of work, and the pool's
-threads spin, wake and wait on every op, which on a 2-core machine shared with any other busy
-process costs more than the op (the embedded 11.7M model generated 64 tokens in 25-62 s with
-2 threads and 9 s with one; bench/first_run_cpu.py measures it). So a CPU engine over a model
-of hidden size up to `SMALL_HIDDEN_SIZE` runs one torch thread unless the user chose a count in
-the environment (OMP_NUM_THREADS or MKL_NUM_THREADS; a `torch.set_num_threads` call after the
-engine is built also wins).
-"""
+"""What an engine tells its user at start, and its CPU thread count: a small model runs one
+torch thread (the pool's spin and wake cost more than its microsecond ops) unless the environment
+sets a count (bench/first_run_cpu.py)."""
 
 from __future__ import annotations
 
@@ -25,16 +17,12 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def cpu_threads(hidden_size: int, env: Mapping[str, str] = os.environ) -> int | None:
-    """The torch thread count a CPU engine should use, or None to keep torch's (a model of
-    hidden size above `SMALL_HIDDEN_SIZE`, or a count the user set in the environment)."""
     if any(env.get(name) for name in THREAD_ENV_VARS):
         return None
     return 1 if hidden_size <= SMALL_HIDDEN_SIZE else None
 
 
 def apply_cpu_threads(engine: Any) -> int:
-    """Set torch's thread count for `engine` (a CPU engine, see the module docstring); returns
-    the count in use."""
     import torch
 
     if _device(engine).type == "cpu":
@@ -45,8 +33,6 @@ def apply_cpu_threads(engine: Any) -> int:
 
 
 def startup_line(engine: Any) -> str:
-    """One line: model, device, dtype (and fp8 weights, a cache dtype other than the model's),
-    KV cache blocks and tokens, state slots, CPU threads."""
     import torch
 
     plan = engine.cache_plan
@@ -68,7 +54,6 @@ def startup_line(engine: Any) -> str:
 
 
 def _precision_parts(config: Any) -> list[str]:
-    """What `--quantization` / `--kv-cache-dtype` / `--mamba-ssm-cache-dtype` changed."""
     parts = []
     if config.quantization is not None:
         parts.append(f"{config.quantization.method} weights")
@@ -80,8 +65,7 @@ def _precision_parts(config: Any) -> list[str]:
 
 
 def tokenizer_notices(engine: Any) -> list[str]:
-    """Warnings a user needs before the first request: no tokenizer (text prompts and chat will
-    fail), or no chat template (chat uses hyla's fallback template)."""
+    """Warnings a user needs before the first request (no tokenizer or chat template)."""
     tokenizer = engine.tokenizer
     if tokenizer is None:
         return [
@@ -98,8 +82,6 @@ def tokenizer_notices(engine: Any) -> list[str]:
 
 
 def log_startup(engine: Any) -> None:
-    """Log `startup_line` and `tokenizer_notices` at INFO / WARNING (the library's way; the
-    CLI prints them)."""
     logger.info(startup_line(engine))
     for notice in tokenizer_notices(engine):
         logger.warning(notice)
@@ -110,9 +92,7 @@ def _device(engine: Any):
 
 
 def load_chat_template(value: str) -> str:
-    """`--chat-template` as vLLM reads it: the file at `value`, else `value` itself when it
-    reads as a Jinja template (it holds `{`, `}` or a newline; backslash escapes such as `\\n`
-    are decoded). Raises ConfigError for what looks like a path but cannot be read."""
+    """`--chat-template` as vLLM reads it: a file, else a template (escapes decoded)."""
     import codecs
 
     from hyla.config import ConfigError

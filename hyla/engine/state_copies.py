@@ -1,11 +1,5 @@
-"""Copies of whole linear-layer state rows: prefix-cache checkpoint saves and restores, and
-the checkpoints the linear layers write inside a chunk (`set_state_boundaries`).
-
-The state tensors of every linear layer (`recurrent_state`, `conv_state`, see
-`hyla.cache.spec`) have one row per state slot followed by one row per checkpoint; the cache
-bookkeeping names rows only. A copy (src, dst) copies row src onto row dst in every such tensor
-of every layer, so the recurrent and conv states of one prefix always travel together.
-"""
+"""Copies of whole linear-layer state rows (slots, then checkpoints) across every per-slot
+tensor of every layer, so a prefix's recurrent and conv states travel together."""
 
 from __future__ import annotations
 
@@ -17,7 +11,6 @@ from hyla.forward_batch import ForwardBatch, LayerCache, index_tensor
 
 
 def state_tensors(config: ModelConfig, caches: list[LayerCache]) -> list[torch.Tensor]:
-    """The per-slot cache tensors of all layers (empty for a model without linear layers)."""
     return [
         caches[i][spec.name]
         for i in range(config.num_layers)
@@ -27,10 +20,7 @@ def state_tensors(config: ModelConfig, caches: list[LayerCache]) -> list[torch.T
 
 
 def copy_state_rows(tensors: list[torch.Tensor], copies: list[tuple[int, int]]) -> None:
-    """For each (src, dst) in `copies`: `t[dst] = t[src]` for every tensor `t: [rows, ...]`.
-
-    Sources are read before any destination is written; a row is never both.
-    """
+    """`t[dst] = t[src]` for each (src, dst) and every `t: [rows, ...]`; sources read first."""
     if not copies or not tensors:
         return
     device = tensors[0].device
@@ -46,9 +36,8 @@ def set_state_boundaries(
     context_lens: list[int],
     boundaries: dict[str, list[tuple[int, int]]],
 ) -> None:
-    """Hand the linear layers this step's checkpoints inside a chunk: request `ids[i]`'s
-    (tokens computed, state row) pairs become `batch.state_boundaries[i]` (tokens into its
-    chunk) and rows of `batch.boundary_rows` (sequence-major)."""
+    """This step's checkpoints inside a chunk: `ids[i]`'s (tokens computed, state row) pairs
+    become `batch.state_boundaries[i]` (tokens into its chunk) and `batch.boundary_rows`."""
     if not boundaries:
         return
     marks = [

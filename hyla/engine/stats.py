@@ -1,5 +1,4 @@
-"""`EngineStats`: what `LLMEngine.get_stats` reports of queues, caches, speculative decoding,
-the step paths and the cache tiers."""
+"""`EngineStats`: what `LLMEngine.get_stats` reports."""
 
 from __future__ import annotations
 
@@ -12,17 +11,9 @@ from hyla.spec.decoder import spec_stats
 
 @dataclass
 class EngineStats:
-    """A snapshot of queue and cache occupancy (requests, not sequences, for the queues).
-
-    Prefix-cache counters (since start, over admitted sequences): `prefix_cache_queried_tokens`
-    and `prefix_cache_hit_tokens` (tokens served from the cache), their ratio
-    `prefix_cache_hit_rate`, and `prefix_cache_block_only_tokens`: tokens whose attention blocks
-    were cached up to a checkpoint boundary without the linear-state checkpoint there (a miss
-    that an engine restoring the blocks alone would turn into silently wrong output).
-    `prefix_cache_below_{block,stride}_queries`: sequences too short to reuse anything (no full
-    block before the last token) or to reach a stride checkpoint (only a finished request's tail
-    serves them); `cached_checkpoint_bytes` = cached checkpoints x bytes per checkpoint.
-    """
+    """Queue (in requests) and cache occupancy; prefix counters since start. A
+    `prefix_cache_block_only_tokens` token had its blocks cached but not the linear-state
+    checkpoint: restoring the blocks alone would give silently wrong output."""
 
     num_running: int
     num_waiting: int
@@ -58,7 +49,7 @@ class EngineStats:
 
 
 def engine_stats(engine: Any) -> EngineStats:
-    """A snapshot of `engine` (an LLMEngine; the caller holds its lock)."""
+    """A snapshot of `engine`; the caller holds its lock."""
     running = {engine.requests.owner[r.request_id].request_id for r in engine.scheduler.running}
     waiting = [g for g in engine.requests.groups.values() if g.request_id not in running]
     plan, cache, scheduler = engine.cache_plan, engine.cache, engine.scheduler

@@ -1,9 +1,5 @@
-"""Per-step counters by execution path, for /metrics and bench/gpu_serve.py --profile: how many
-steps replayed a decode graph, a mixed-step graph or ran eagerly, the host time spent launching
-them, and on CUDA the device time each spanned (CUDA events read once done: no host sync).
-
-    host share of a path = 1 - device seconds / (steps x mean step interval)
-"""
+"""Per-step counters by execution path (steps, launch and device seconds), for /metrics; CUDA
+events are read once done, with no host sync."""
 
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ PATHS = ("decode_graph", "mixed_graph", "eager")
 
 @dataclass
 class StepStats:
-    """Totals since start, per path of `PATHS`."""
-
     steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATHS, 0))
     launch_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PATHS, 0.0))
     device_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PATHS, 0.0))

@@ -1,7 +1,5 @@
-"""Request validation that needs the model's limits: prompt tokens and lengths.
-
-Each check raises `InvalidRequestError` naming the field, before anything is allocated.
-"""
+"""Request checks that need the model's limits; each raises `InvalidRequestError` naming the
+field, before anything is allocated."""
 
 from __future__ import annotations
 
@@ -13,10 +11,8 @@ from hyla.request import InvalidRequestError, SamplingParams
 
 
 class TokenIds(list):
-    """Token ids already checked against a vocabulary of `vocab_size` (by `prompt_token_ids`),
-    so the engine thread does not check them again; `block_hashes`, when set, are the chained
-    hashes of their full blocks of `block_size` tokens (`hyla.cache.prefix.extend_block_hashes`),
-    computed off the engine thread (`PrefixCache.seed_hashes`)."""
+    """Token ids checked against `vocab_size`, with the chained `block_hashes` of their full
+    blocks when set: both done off the engine thread, which does not redo them."""
 
     vocab_size: int = 0
     block_size: int = 0
@@ -24,13 +20,7 @@ class TokenIds(list):
 
 
 def prompt_token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> TokenIds:
-    """Token ids of `prompt` (a string, tokenized with special tokens, or a list of ids),
-    checked at once for the whole list (no Python loop per id).
-
-    Raises:
-        InvalidRequestError("prompt"): empty, wrong type, text without a tokenizer, or an id
-            outside [0, vocab_size).
-    """
+    """Checked token ids of `prompt` (text or ids); raises InvalidRequestError("prompt")."""
     if isinstance(prompt, TokenIds) and prompt.vocab_size == vocab_size:
         return prompt
     if isinstance(prompt, str):
@@ -55,7 +45,7 @@ def prompt_token_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> TokenIds:
 
 
 def _check_ids(ids: list[Any], vocab_size: int) -> None:
-    if set(map(type, ids)) != {int}:  # bools, floats, strings ...: name the first one
+    if set(map(type, ids)) != {int}:
         bad = next(t for t in ids if type(t) is not int)
         if not isinstance(bad, int) or isinstance(bad, bool):
             raise InvalidRequestError("prompt", f"token ids must be integers, got {bad!r}")
@@ -70,12 +60,6 @@ def _check_ids(ids: list[Any], vocab_size: int) -> None:
 
 
 def validate_lengths(num_prompt_tokens: int, params: SamplingParams, max_model_len: int) -> None:
-    """Prompt and prompt + max_tokens against the context window.
-
-    Raises:
-        InvalidRequestError("prompt"): the prompt leaves no room for one output token.
-        InvalidRequestError("max_tokens"): prompt + max_tokens > max_model_len.
-    """
     if num_prompt_tokens >= max_model_len:
         raise InvalidRequestError(
             "prompt",
@@ -92,15 +76,11 @@ def validate_lengths(num_prompt_tokens: int, params: SamplingParams, max_model_l
     check_prompt_logprobs_cost(num_prompt_tokens, params)
 
 
-# Prompt log-probabilities one request may ask for, counted as they reach the client: every
-# one of the n sequences repeats the prompt's (the OpenAI echo format). 16 x 4K-token prompt x
-# 21 entries was a 34 MB body that held the engine thread for seconds.
+# Counted as they reach the client (each of n sequences echoes them): a huge body stalls the engine.
 MAX_PROMPT_LOGPROBS = 1 << 18
 
 
 def check_prompt_logprobs_cost(num_prompt_tokens: int, params: SamplingParams) -> None:
-    """Raises InvalidRequestError naming `n` (n > 1) or `prompt_logprobs` when
-    n x prompt tokens x (prompt_logprobs + 1) exceeds `MAX_PROMPT_LOGPROBS`."""
     k = params.prompt_logprobs
     if k is None:
         return

@@ -1,16 +1,6 @@
-"""Warm-up before serving: the first requests pay no kernel compilation or graph capture.
-
-`warm_up(engine)` runs, through the engine's own step, the shapes it will see: one prefill of
-the largest token bucket (a chunk of `max_num_batched_tokens` tokens on a GPU; a short one on
-the CPU, where nothing is compiled) and, on a GPU, that budget split over several sequences
-(`_warm_batches`); then, for each captured decode batch size b, b one-token
-requests decoding once (the decode graph of the smallest context bucket is captured, the
-Triton/fla kernels of those shapes compiled and autotuned), and with piecewise graphs one
-prefill of each smaller token bucket (its pieces captured). With prefix caching on a model with
-linear layers, prefix hits on that prefill follow (`_warm_hits`): restores, a chunk split into
-rounds at a checkpoint inside it, attention over a long cached context from queries of several
-lengths (the H200 paid ~1 s at the first hit of a 2K-token system prompt without them). The
-engine is left idle: every block and slot free, prefix-cache counters reset.
+"""Warm-up before serving, through the engine's own step: the shapes it will see (prefills,
+batched prefills, each decode graph, prefix hits), so the first requests pay no compilation or
+capture. The engine is left idle, its prefix-cache counters reset.
 """
 
 from __future__ import annotations
@@ -31,11 +21,7 @@ MIXED_PROMPT_TOKENS = 16
 
 
 def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
-    """Run the warm-up requests on an idle `engine` (an LLMEngine). Returns the seconds spent.
-    `prefill_tokens`: the first prefill's length (default: the token bucket on a GPU, a short
-    one on the CPU).
-
-    Raises: RuntimeError when the engine holds requests (warm-up runs before serving)."""
+    """Warm up an idle `engine`; returns the seconds spent. RuntimeError if it holds requests."""
     if engine.has_unfinished_requests():
         raise RuntimeError("warm_up: the engine already holds requests")
     start = time.monotonic()
@@ -50,7 +36,7 @@ def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
     graphs = engine.runner.graphs
     for size in graphs.batch_sizes if graphs is not None else ():
         _run(engine, [[1]] * min(size, sched.max_num_seqs))
-    pieces = engine.runner.piecewise  # one prefill step of each other token bucket
+    pieces = engine.runner.piecewise
     for size in pieces.buckets if pieces is not None else ():
         if size < num:
             _run(engine, [[1] * size])
@@ -62,15 +48,8 @@ def warm_up(engine: Any, prefill_tokens: int | None = None) -> float:
 
 
 def _warm_hits(engine: Any, num: int) -> None:
-    """After the prefill of `num` tokens of 1: prompts reusing its checkpoint where its last
-    full block before the last token ends (kept under every policy), with suffixes of
-    `HIT_QUERY_LENS` tokens and one crossing a stride boundary (a chunk in rounds, its last
-    round on the recurrent op). The split-k attention kernel picks its variant from the query
-    length at a long cached context (splits rounded up to a power of two; the context length
-    divisible by 16 or not), which a cold prefill of the same length never reaches; on a GPU,
-    where MLA prefill takes the tiled kernel, the same counts of decode rows in mixed steps
-    follow (`_warm_decode_rows`). Skipped without prefix caching, without linear layers, or
-    when nothing fits."""
+    # Split-k attention picks its variant from the query length at a long cached context,
+    # which a cold prefill never reaches: hit the prefill's checkpoint with several suffixes.
     prefix = engine.cache.prefix
     if prefix is None or not prefix.stride:
         return
@@ -81,19 +60,14 @@ def _warm_hits(engine: Any, num: int) -> None:
     crossing = prefix.stride + prefix.block_size + 1
     lens = sorted({min(n, room) for n in (*HIT_QUERY_LENS, crossing)} - {0, 1})
     for i, extra in enumerate(lens):
-        _run(engine, [[1] * cached + [2 + i] * extra])  # each its own suffix: all hit `cached`
+        _run(engine, [[1] * cached + [2 + i] * extra])
     if engine.device.type == "cuda":
         _warm_decode_rows(engine, cached)
 
 
 def _warm_batches(engine: Any, budget: int) -> list[list[list[int]]]:
-    """Prefills of up to `budget` tokens split over n sequences, each its own token (no prefix
-    hits between them), as a served burst of prompts batches them: n in BATCH_PREFILL_SEQS
-    (Triton compiles a variant per class of its integer arguments, such as sequence and token
-    counts), and the fewest sequences of at most max_model_len - 2 tokens that fill the budget
-    (kernels autotune per token-count bucket: fla's l2norm autotuned for 9.7 s in the first
-    8192-token step of an H200 server whose max_model_len of 4096 capped the one-sequence
-    prefill). Returns the prompt lists it ran."""
+    # Also the fewest sequences that fill the budget: kernels autotune per token-count bucket,
+    # which a max_model_len below the budget keeps a one-sequence prefill from reaching.
     sched = engine.config.scheduler
     vocab = engine.model_config.vocab_size
     cap = max(1, engine.max_model_len - 2)
@@ -101,7 +75,7 @@ def _warm_batches(engine: Any, budget: int) -> list[list[list[int]]]:
     runs = []
     for n in sorted({min(n, sched.max_num_seqs) for n in counts} - {1}):
         length = max(1, min(cap, (budget - 5) // n))
-        if n % 2 and length % 2 == 0:  # an odd total for an odd n (length >= 2 here)
+        if n % 2 and length % 2 == 0:  # an odd total for an odd n
             length -= 1
         runs.append([[(3 + i) % vocab] * length for i in range(n)])
         _run(engine, runs[-1])
@@ -109,11 +83,7 @@ def _warm_batches(engine: Any, budget: int) -> list[list[list[int]]]:
 
 
 def _warm_decode_rows(engine: Any, cached: int) -> None:
-    """Mixed steps whose decode-shaped rows read the long cached context: d requests hitting
-    `cached` tokens with one new token each beside a short prompt, d in HIT_QUERY_LENS. An
-    eager mixed step sends MLA's one-token rows to the split-k kernel (its prefill sequences to
-    the tiled one), whose split count, and so its variant, follows the row count as it follows
-    the query length of a prefill hit."""
+    # MLA's split-k kernel (one-token rows of a mixed step) picks its variant by row count.
     sched = engine.config.scheduler
     room = min(sched.max_num_seqs - 1, sched.max_num_batched_tokens - MIXED_PROMPT_TOKENS)
     for d in sorted({min(d, room) for d in HIT_QUERY_LENS if min(d, room) >= 1}):

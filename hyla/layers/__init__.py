@@ -1,3 +1,2 @@
-"""nn.Modules that hold weights and call `hyla.ops`. Mixers (one per layer kind) take
-`(hidden_states [T, D], positions [T], batch: ForwardBatch)` and find their cache tensors in
-`batch.caches[self.layer_idx]`."""
+"""nn.Modules over `hyla.ops`. Mixers take `(hidden_states [T, D], positions [T], batch)` and
+find their caches in `batch.caches[self.layer_idx]`."""

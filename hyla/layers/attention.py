@@ -1,11 +1,5 @@
 """Full-attention mixers over the paged cache: MLA (DeepSeek / Kimi-Linear) and gated GQA
-(Qwen3-Next).
-
-Parameter names and shapes follow the Hugging Face modules (`KimiLinearAttention`,
-`DeepseekV32Attention`, `Qwen3NextAttention`), so a checkpoint's `self_attn.*` tensors load by
-prefix. Each mixer writes this step's tokens to `batch.caches[layer_idx]` at `batch.slot_mapping`
-first, then reads every sequence's whole context through its block table.
-"""
+(Qwen3-Next), with HF parameter names so `self_attn.*` checkpoint tensors load by prefix."""
 
 from __future__ import annotations
 
@@ -29,12 +23,8 @@ from hyla.ops.rotary import rope_softmax_mscale
 
 @dataclass
 class SeqGroup:
-    """A subset of a batch's sequences, re-packed for an op call.
-
-    `rows` [t] int64 are the packed token rows of the subset (in sequence order);
-    `block_tables` [n, max_blocks], `cu_seqlens` [n + 1] int32 and `seq_lens` (n host ints)
-    describe the subset alone.
-    """
+    """A subset of a batch's sequences re-packed for an op call: `rows` [t] its packed token
+    rows; `block_tables` [n, max_blocks], `cu_seqlens` [n + 1], `seq_lens` of the subset."""
 
     rows: torch.Tensor
     block_tables: torch.Tensor
@@ -43,7 +33,6 @@ class SeqGroup:
 
 
 def select_sequences(batch: ForwardBatch, seq_ids: Sequence[int]) -> SeqGroup:
-    """The rows, block tables and offsets of sequences `seq_ids` of `batch`."""
     cu = batch.cu_seqlens_host  # host ints: no device sync
     device = batch.cu_seqlens.device
     rows = [r for i in seq_ids for r in range(cu[i], cu[i + 1])]
@@ -61,10 +50,8 @@ def select_sequences(batch: ForwardBatch, seq_ids: Sequence[int]) -> SeqGroup:
 
 @dataclass
 class MLAProjection:
-    """An MLA layer's per-token projections: `q_nope` [T, H, Dn], `q_rope` [T, H, Dr] (roped),
-    `latent` [T, R + Dr] (the cache row), `q_resid` [T, Rq] (`q_a_layernorm` output, the DSA
-    indexer's query input; None without q_lora_rank), `cos_sin` ([T, Dr/2] each; None without
-    rope)."""
+    """q_nope [T, H, Dn], q_rope [T, H, Dr] (roped), latent [T, R + Dr] (the cache row),
+    q_resid [T, Rq] (the DSA indexer's query input), cos_sin ([T, Dr/2] each)."""
 
     q_nope: torch.Tensor
     q_rope: torch.Tensor
@@ -74,22 +61,9 @@ class MLAProjection:
 
 
 class MLAttention(nn.Module):
-    """Multi-head latent attention (kind "mla"; DeepSeek-V2 section 2.1).
-
-    Parameters (HF names): `q_proj` [H*(Dn+Dr), D] when `mla.q_lora_rank` is None, else
-    `q_a_proj` [Rq, D], `q_a_layernorm` [Rq], `q_b_proj` [H*(Dn+Dr), Rq]; `kv_a_proj_with_mqa`
-    [R+Dr, D], `kv_a_layernorm` [R], `kv_b_proj` [H*(Dn+Dv), R], `o_proj` [D, H*Dv].
-
-    Cache "latent" [P, B, R+Dr] holds `kv_a_layernorm(c_kv) | k_rope` per token. With
-    `mla.use_rope` the rope channels rotate (style from `config.rope`, "interleave" for DeepSeek)
-    and the softmax scale includes YaRN's mscale^2; without (Kimi-Linear) they stay unrotated and
-    the scale is `(Dn+Dr)^-0.5`. On the CPU, prefill sequences use the expanded form, decode
-    sequences (one new token) the absorbed one, all of them in one batched call. When the step's
-    lengths are read on the device (`batch.attn.lengths_on_device`: on CUDA, and in a captured
-    step), a captured or pure-decode step sends every row to `mla_paged` (absorbed, Triton on
-    CUDA); an eager step with prefill sequences sends those to `mla_prefill` (expanded, the tiled
-    FlashAttention-style kernel) and its decode rows to `mla_paged` (`attend_split`).
-    """
+    """Multi-head latent attention (kind "mla"; DeepSeek-V2 section 2.1). Cache "latent"
+    [P, B, R+Dr] holds `kv_a_layernorm(c_kv) | k_rope`; without `mla.use_rope` (Kimi-Linear)
+    the rope channels stay unrotated. Decode rows take the absorbed form, prefill the expanded."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -127,7 +101,6 @@ class MLAttention(nn.Module):
             self.scale *= rope_softmax_mscale(config.rope)
 
     def project(self, hidden_states: torch.Tensor, positions: torch.Tensor) -> MLAProjection:
-        """Queries and cache latents of the new tokens (hidden_states [T, D], positions [T])."""
         num_tokens = hidden_states.shape[0]
         q_resid = None
         if self.q_lora_rank is None:
@@ -135,9 +108,9 @@ class MLAttention(nn.Module):
         else:
             q_resid = self.q_a_layernorm(self.q_a_proj(hidden_states))
             q = self.q_b_proj(q_resid)
-        q = q.view(num_tokens, self.num_heads, -1)  # [T, H, Dn + Dr]
+        q = q.view(num_tokens, self.num_heads, -1)
         q_nope, q_rope = q[..., : self.qk_nope_head_dim], q[..., self.qk_nope_head_dim :]
-        kv = self.kv_a_proj_with_mqa(hidden_states)  # [T, R + Dr]
+        kv = self.kv_a_proj_with_mqa(hidden_states)
         c_kv = self.kv_a_layernorm(kv[:, : self.kv_lora_rank])
         k_rope = kv[:, self.kv_lora_rank :]
         cos_sin = None
@@ -151,13 +124,12 @@ class MLAttention(nn.Module):
     def attend_dense(
         self, out: torch.Tensor, proj: MLAProjection, batch: ForwardBatch, seq_ids: Sequence[int]
     ) -> None:
-        """Fill `out` [T, H, Dv] rows of `seq_ids` with causal MLA over their whole context:
-        absorbed for one-token (decode) sequences, expanded otherwise."""
+        """Fill `out` [T, H, Dv] rows of `seq_ids` (host lengths)."""
         latent_cache = batch.caches[self.layer_idx]["latent"]
         latent_scale = batch.caches[self.layer_idx].get("latent_scale")
         decode = [i for i in seq_ids if batch.query_lens[i] == 1]
         prefill = [i for i in seq_ids if batch.query_lens[i] > 1]
-        if len(decode) == batch.num_seqs:  # a pure decode step: the batch as it is
+        if len(decode) == batch.num_seqs:
             out[:] = mla_absorbed_batched(
                 proj.q_nope,
                 proj.q_rope,
@@ -190,14 +162,13 @@ class MLAttention(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """hidden_states [T, D], positions [T] int64 -> [T, D]."""
         proj = self.project(hidden_states, positions)
         cache = batch.caches[self.layer_idx]
         latent_cache = cache["latent"]
         write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
         attn = batch.attn
         if attn.lengths_on_device and (attn.seq_lens_host is None or batch.is_pure_decode):
-            num_rows = hidden_states.shape[0]  # one call over all rows (captured decode too)
+            num_rows = hidden_states.shape[0]
             rows = batch.shared(("row_positions", num_rows), lambda: row_positions(
                 batch.cu_seqlens, batch.seq_lens_tensor, num_rows))  # fmt: skip
             out = mla_paged(
@@ -214,9 +185,8 @@ class MLAttention(nn.Module):
     def attend_split(
         self, out: torch.Tensor, proj: MLAProjection, batch: ForwardBatch, seq_ids: Sequence[int]
     ) -> None:
-        """Fill `out` [T, H, Dv] rows of `seq_ids` on a step with host and device lengths (an
-        eager CUDA step): decode sequences (one new token) through `mla_paged` (absorbed, as a
-        captured decode step), prefill sequences through `mla_prefill` (expanded, tiled)."""
+        """`attend_dense` for an eager step with device lengths: decode rows via `mla_paged`,
+        prefill via `mla_prefill`."""
         cache = batch.caches[self.layer_idx]
         latent_scale = cache.get("latent_scale")
         decode, prefill = batch.shared(("mla_split", tuple(seq_ids)), lambda: split_by_query_len(
@@ -245,9 +215,7 @@ PrefillPart = tuple[SeqGroup, list[int]]
 def split_by_query_len(
     batch: ForwardBatch, seq_ids: Sequence[int]
 ) -> tuple[DecodePart | None, PrefillPart | None]:
-    """`seq_ids` split for `MLAttention.attend_split`: (decode, prefill), each None when empty;
-    decode = (SeqGroup, seq_lens [n] int32 on the device, its `row_positions`), prefill =
-    (SeqGroup, query_lens host ints). Sequences with no new token are in neither."""
+    """(decode, prefill) parts of `seq_ids`, None when empty; zero-token sequences in neither."""
     decode = [i for i in seq_ids if batch.query_lens[i] == 1]
     prefill = [i for i in seq_ids if batch.query_lens[i] > 1]
     decode_part: DecodePart | None = None
@@ -262,19 +230,8 @@ def split_by_query_len(
 
 
 class GQAttention(nn.Module):
-    """Grouped-query attention (kind "gqa"), with Qwen3-Next's per-head q/k RMSNorm
-    (`gqa.qk_norm`) and sigmoid output gate (`gqa.output_gate`).
-
-    Parameters (HF names): `q_proj` [H*K*(2 if output_gate else 1), D] (per head: K query
-    channels then K gate channels), `k_proj` / `v_proj` [HKV*K, D], `o_proj` [D, H*K]; `q_norm`,
-    `k_norm` [K] (zero-centred when `config.norm_offset` is 1). Rope rotates the first
-    `config.rope.rotary_dim` channels of each head (partial rotary). Caches "k" / "v"
-    [P, B, HKV, K] hold the normed, roped keys and the values. A step whose lengths only the
-    device holds (`attn.seq_lens_host` None: a captured one) attends through
-    `paged_gqa_bounded`, any other step through
-    `paged_gqa` (on CUDA one FlashAttention-style Triton launch over the paged K/V; elsewhere
-    the dense reference, one sequence at a time).
-    """
+    """Grouped-query attention (kind "gqa"), with Qwen3-Next's per-head q/k RMSNorm and sigmoid
+    output gate; `q_proj` holds per head K query channels then K gate channels."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -301,7 +258,6 @@ class GQAttention(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """hidden_states [T, D], positions [T] int64 -> [T, D]."""
         num_tokens = hidden_states.shape[0]
         q = self.q_proj(hidden_states).view(num_tokens, self.num_heads, -1)
         gate = None
@@ -318,12 +274,12 @@ class GQAttention(nn.Module):
         write_paged_entries(cache, "v", batch.slot_mapping, v)
         kv_scales = {"k_scale": cache.get("k_scale"), "v_scale": cache.get("v_scale")}
         attn = batch.attn
-        if attn.seq_lens_host is None:  # lengths only on the device, size from the bound
+        if attn.seq_lens_host is None:  # captured step: lengths only on the device
             out = paged_gqa_bounded(
                 q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,
                 attn.seq_lens, attn.max_seq_len, self.scale, **kv_scales,
             ).flatten(1)  # fmt: skip
-        else:  # on CUDA one Triton launch, lengths from the device (`hyla.ops.gqa.kernels`)
+        else:
             lens = attn.seq_lens if attn.lengths_on_device else attn.seq_lens_host
             out = paged_gqa(
                 q, cache["k"], cache["v"], batch.block_tables, batch.cu_seqlens,

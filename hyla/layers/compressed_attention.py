@@ -1,24 +1,5 @@
-"""DeepSeek-V4's attention mixer (kinds "swa", "csa", "hca"; transformers' `DeepseekV4Attention`),
-the readable reference path over the paged cache.
-
-    q   = rope(rms(q_b_proj(rms(q_a_proj x))))            [T, H, D]  (q_b_norm has no weight)
-    kv  = rope(kv_norm(kv_proj x))                         [T, D]     one head, keys = values
-    out = sink attention over the window + compressed entries, rope^-1 on its rope channels,
-          then o_b_proj(grouped o_a_proj(out))             (o_groups groups of rank o_lora_rank)
-
-Rope rotates the trailing `rope.rotary_dim` channels in adjacent pairs (`apply_rope_pairs_tail`):
-the model's `rope` on "swa" layers, `compressed.compress_rope` on "csa" / "hca" layers (without
-YaRN's attention factor, as the reference). The cache holds per token the roped `kv` and the
-compressor's inputs (`hyla.cache.spec.compressed_specs`); each step gathers a sequence's tokens
-and pools its closed windows again (`hyla.ops.kv_compress`): exact and prefix-cacheable (an
-entry depends on its windows' tokens only), O(context) per step; a paged cache of the entries
-themselves and the GPU kernels are still to come.
-
-Parameter names follow transformers: `q_a_proj`, `q_a_norm`, `q_b_proj`, `kv_proj`, `kv_norm`,
-`o_a_proj` [G * R, H * D / G], `o_b_proj`, `sinks` [H] float32, and on "csa" / "hca" layers
-`compressor.{kv_proj, gate_proj, position_bias, kv_norm}` plus, on "csa",
-`compressor.indexer.{kv_proj, gate_proj, position_bias, kv_norm, q_b_proj, scorer.weights_proj}`.
-"""
+"""DeepSeek-V4's attention mixer ("swa", "csa", "hca"; transformers `DeepseekV4Attention`). The
+cache holds the compressor's inputs, re-pooled each step: prefix-cacheable, O(context) a step."""
 
 from __future__ import annotations
 
@@ -52,8 +33,7 @@ class Compressor(nn.Module):
     keep_fp32 = ("position_bias",)
 
     def entries(self, kv: torch.Tensor, gate: torch.Tensor, rotary: Rotary) -> torch.Tensor:
-        """A sequence's cached inputs kv, gate [S, width] -> its entries [S // m, dim], normed
-        and roped at each window's first position."""
+        """kv, gate [S, width] -> entries [S // m, dim], roped at each window's first position."""
         pooled = compress_kv(kv, gate, self.position_bias, self.ratio, self.overlap)
         normed = self.kv_norm(pooled.to(kv.dtype))
         starts = torch.arange(pooled.shape[0], device=kv.device) * self.ratio
@@ -96,8 +76,6 @@ class Rotary:
 
 
 class DeepseekV4Attention(nn.Module):
-    """One DeepSeek-V4 attention layer of kind "swa", "csa" or "hca" (module docstring)."""
-
     keep_fp32 = ("sinks",)
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -125,7 +103,6 @@ class DeepseekV4Attention(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """hidden_states [T, D], positions [T] int64 -> [T, D]; writes this step's tokens."""
         c, num_tokens = self.c, hidden_states.shape[0]
         cos, sin = self.rotary(positions)
         q_resid = self.q_a_norm(self.q_a_proj(hidden_states))
@@ -158,7 +135,6 @@ class DeepseekV4Attention(nn.Module):
             write_paged_entries(cache, "index_gate", slots, comp.indexer.gate_proj(x))
 
     def _attend(self, i: int, length: int, q, q_resid, x, positions, batch) -> torch.Tensor:
-        """Sequence i's new rows [t, H, D]: its whole context read back from the cache."""
         cache, table = batch.caches[self.layer_idx], batch.block_tables[i]
 
         def read(name: str) -> torch.Tensor:

@@ -1,5 +1,4 @@
-"""`Fp8Experts`: the routed experts of `layers.moe.Experts` with block-scaled float8_e4m3fn
-weights (`hyla.ops.fp8.fp8_moe_experts`)."""
+"""Routed experts with block-scaled float8_e4m3fn weights."""
 
 from __future__ import annotations
 
@@ -10,13 +9,8 @@ from hyla.ops.fp8 import FP8, fp8_moe_experts
 
 
 class Fp8Experts(nn.Module):
-    """E SwiGLU experts stored fused in fp8, with one scale per (bn, bk) block of each matrix.
-
-    Parameters: `gate_up_proj` [E, 2I, D] fp8 (gate rows, then up rows: two matrices, each with
-    its own block grid, as the per-expert tensors of fp8 releases), `gate_up_proj_scale_inv`
-    [E, 2*ceil(I/bn), ceil(D/bk)] float32, `down_proj` [E, D, I] fp8, `down_proj_scale_inv`
-    [E, ceil(D/bn), ceil(I/bk)] float32.
-    """
+    """E SwiGLU experts in fp8, one scale per (bn, bk) block; `gate_up_proj` [E, 2I, D] is two
+    matrices (gate, up), each with its own block grid."""
 
     keep_fp32 = ("gate_up_proj_scale_inv", "down_proj_scale_inv")
     num_parts = {"gate_up_proj": 2, "down_proj": 1}
@@ -47,7 +41,6 @@ class Fp8Experts(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
-        """hidden_states [T, D], topk_weights [T, k], topk_ids [T, k] int64 -> [T, D]."""
         return fp8_moe_experts(
             hidden_states, self.gate_up_proj, self.gate_up_proj_scale_inv, self.down_proj,
             self.down_proj_scale_inv, topk_weights, topk_ids, self.block_size,

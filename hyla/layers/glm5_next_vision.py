@@ -1,14 +1,5 @@
-"""GLM-5.3-Flash's vision tower (transformers' `Glm5NextVisionModel`): patches -> embeddings
-of the LLM's hidden size, one row per merged m x m block of patches (the image placeholders).
-
-    pixel_values [N, C*t*p*p] --patch_embed--> [N, Dv] --blocks (norm, qk-normed axial-rope
-    attention within each image, clamped SwiGLU)--> post_layernorm --downsample (m x m conv)-->
-    [N / m^2, D] --merger (proj, LayerNorm, GELU, clamped SwiGLU)--> [N / m^2, D]
-
-Parameter names follow transformers (`patch_embed.proj`, `blocks.{i}.{norm1, norm2, attn.qkv,
-attn.proj, attn.q_norm, attn.k_norm, mlp.*}`, `post_layernorm`, `downsample`, `merger.*`), so
-the checkpoint's `model.visual.*` tensors load by prefix.
-"""
+"""GLM-5.3-Flash's vision tower (transformers `Glm5NextVisionModel`, same parameter names):
+patches -> one LLM-sized embedding per merged m x m block of patches."""
 
 from __future__ import annotations
 
@@ -20,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyla.config import ConfigError
-from hyla.models.hf_fields import HFFields
+from hyla.hf_fields import HFFields
 from hyla.ops.activation import silu_and_mul_clamped
 from hyla.ops.norm import rms_norm
 from hyla.ops.vision import apply_rotate_half, axial_cos_sin, patch_positions, segment_attention
@@ -163,8 +154,7 @@ class _Merger(nn.Module):
 
 
 class Glm5NextVisionTower(nn.Module):
-    """`forward(pixel_values [N, C*t*p*p], grid_thw [(t, h, w), ...]) -> [N / m^2, D]`: the
-    placeholder embeddings of all images in order (image i has t*h*w / m^2 rows)."""
+    """pixel_values [N, C*t*p*p], grid_thw [(t, h, w), ...] -> placeholder rows [N / m^2, D]."""
 
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
@@ -190,10 +180,10 @@ class Glm5NextVisionTower(nn.Module):
         )  # fmt: skip
         cu = [0]
         for t, h, w in grid_thw:
-            cu += [cu[-1] + h * w * (i + 1) for i in range(t)]  # one segment per frame
+            cu += [cu[-1] + h * w * (i + 1) for i in range(t)]
         for block in self.blocks:
             x = block(x, cos_sin, cu)
         x = self.post_layernorm(x)
-        x = x.view(-1, m, m, x.shape[-1]).permute(0, 3, 1, 2).flatten(1)  # [N/m^2, Dv*m*m]
+        x = x.view(-1, m, m, x.shape[-1]).permute(0, 3, 1, 2).flatten(1)
         x = F.linear(x, self.downsample.weight.flatten(1), self.downsample.bias)
         return self.merger(x)

@@ -1,9 +1,5 @@
-"""Hyper-connection weights of one block (GLM-5.3-Flash's `attn_hc` / `ffn_hc`); the math is
-`hyla.ops.hyper_connection`.
-
-Parameters (transformers' names): `fn` [(2 + N) * N, N * D], `base` [(2 + N) * N] float32,
-`scale` [3] float32; the released checkpoints store them as `hc_attn_fn`, `hc_attn_base`, ...
-"""
+"""Hyper-connection weights of one block (GLM-5.3-Flash's `attn_hc` / `ffn_hc`; checkpoints
+name them `hc_attn_fn`, `hc_attn_base`, ...); the math is `hyla.ops.hyper_connection`."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ class HyperConnection(nn.Module):
     def pre_norm(
         self, streams: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`forward` with the block's input norm applied (`hc_pre_norm`: one op, two kernels on
-        CUDA): streams [T, N, D] -> (norm(block input) [T, D], post [T, N], comb [T, N, N])."""
+        """`forward` with the block's input norm applied."""
         return hc_pre_norm(
             streams, self.fn, self.base, self.scale, self.hc_eps, self.iters, self.norm_eps,
             norm.weight, norm.eps, norm.offset,
@@ -54,13 +49,11 @@ class HyperConnection(nn.Module):
     def expand(
         block_out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
     ) -> torch.Tensor:
-        """The next streams [T, N, D] (`hc_expand`)."""
         return hc_expand(block_out, streams, post, comb)
 
 
 class HyperHead(nn.Module):
-    """DeepSeek-V4's final collapse of the N streams by learned weights (`hc_head_weights`);
-    parameters `hc_fn` [N, N * D], `hc_base` [N], `hc_scale` [1], float32."""
+    """DeepSeek-V4's final collapse of the N streams by learned weights."""
 
     keep_fp32 = ("hc_fn", "hc_base", "hc_scale")
 
@@ -73,7 +66,6 @@ class HyperHead(nn.Module):
         self.hc_eps, self.norm_eps = config.hc_eps, config.rms_norm_eps
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:
-        """streams [T, N, D] -> [T, D] in streams' dtype."""
         pre = hc_head_weights(streams, self.hc_fn, self.hc_base, self.hc_scale, self.hc_eps,
                               self.norm_eps)  # fmt: skip
         return hc_collapse(streams, pre)

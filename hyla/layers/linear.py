@@ -1,6 +1,5 @@
-"""`Linear`: nn.Linear whose fp32 CPU inference runs `hyla.ops.linear.prepacked_linear`;
-`Fp8Linear`: the same projection with block-scaled float8_e4m3fn weights (`hyla.ops.fp8`);
-`stacked_linear`: several bias-free projections of one input as one matmul."""
+"""Linear projections: prepacked fp32 on the CPU (`Linear`), block-scaled fp8 (`Fp8Linear`),
+and several bias-free projections of one input as one matmul (`stacked_linear`)."""
 
 from __future__ import annotations
 
@@ -15,33 +14,25 @@ from hyla.ops.linear.stacked import adjacent_rows, fp8_blocks_line_up
 
 
 class Linear(nn.Linear):
-    """`nn.Linear` with the same parameters, names and init; without autograd, fp32 on the CPU,
-    its forward multiplies by a oneDNN copy of the weight packed once (`self.packed`, rebuilt
-    when the weight changes), about twice as fast as torch's default for a decode step's rows.
-    Other dtypes, devices and training use `F.linear`."""
+    """`nn.Linear` whose fp32 CPU inference multiplies by a oneDNN copy of the weight packed
+    once (`self.packed`, rebuilt when the weight changes); otherwise `F.linear`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, **kwargs) -> None:
         super().__init__(in_features, out_features, bias, **kwargs)
         self.packed = Prepacked()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., in_features] -> [..., out_features]."""
         return prepacked_linear(x, self.weight, self.packed, self.bias)
 
 
 def resolve_block(block_size: tuple[int, int] | None, in_features: int) -> tuple[int, int]:
-    """A weight's (rows, columns) per scale: `block_size`, or one scale per output channel
-    (1, in_features) when None."""
+    """`block_size`, or one scale per output channel when None."""
     return (1, in_features) if block_size is None else tuple(block_size)
 
 
 class Fp8Linear(nn.Module):
-    """A linear projection whose weight is stored in float8_e4m3fn with block scales.
-
-    Parameters: `weight` [N, K] float8_e4m3fn, `weight_scale_inv` [ceil(N/bn), ceil(K/bk)]
-    float32 (the dequantization multiplier, as named in DeepSeek/Qwen fp8 checkpoints), `bias`
-    [N] or None. forward is `hyla.ops.fp8.fp8_linear` (activations quantized per token and bk
-    columns at run time)."""
+    """A linear projection with a float8_e4m3fn weight [N, K] and block scales
+    `weight_scale_inv` [ceil(N/bn), ceil(K/bk)] (the dequantization multiplier)."""
 
     keep_fp32 = ("weight_scale_inv",)
 
@@ -68,7 +59,6 @@ class Fp8Linear(nn.Module):
             self.bias = nn.Parameter(empty(out_features, dt=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., in_features] -> [..., out_features] in x's dtype."""
         return fp8_linear(x, self.weight, self.weight_scale_inv, self.block_size, self.bias)
 
     def extra_repr(self) -> str:
@@ -76,10 +66,8 @@ class Fp8Linear(nn.Module):
 
 
 def stacked_linear(x: torch.Tensor, linears: Sequence[nn.Linear], cache: Prepacked) -> torch.Tensor:
-    """`torch.cat([m(x) for m in linears], -1)` for bias-free modules, as one matmul over their
-    stacked weights (`cache` keeps the packed stack; see `prepacked_stacked_linear`).
-
-    Raises: ValueError when a module has a bias."""
+    """`torch.cat([m(x) for m in linears], -1)` as one matmul; `cache` keeps the packed stack.
+    Raises ValueError when a module has a bias."""
     if any(m.bias is not None for m in linears):
         raise ValueError("stacked_linear: modules with a bias are not supported")
     if any(isinstance(m, Fp8Linear) for m in linears):
@@ -88,8 +76,6 @@ def stacked_linear(x: torch.Tensor, linears: Sequence[nn.Linear], cache: Prepack
 
 
 def _stacked_fp8(x: torch.Tensor, linears: Sequence[nn.Module]) -> torch.Tensor:
-    """fp8 projections stacked by `stack_rows` (weights and scales row blocks of one tensor
-    each) as one `fp8_linear`; otherwise one call per module and a concatenation."""
     if all(isinstance(m, Fp8Linear) for m in linears) and fp8_blocks_line_up(linears):
         weight = adjacent_rows([m.weight for m in linears])
         scale = adjacent_rows([m.weight_scale_inv for m in linears])

@@ -1,21 +1,5 @@
-"""Linear-attention mixers: Kimi Delta Attention (kind "kda") and Gated DeltaNet (kind "gdn").
-
-Both are: projections -> short causal conv over q|k|v (SiLU) -> gated delta rule -> gated RMSNorm
--> output projection. Each sequence's recurrent state and conv state live in its state slot:
-
-    batch.caches[layer_idx]["recurrent_state"]  [num_slots, HV, K, V] float32
-    batch.caches[layer_idx]["conv_state"]       [num_slots, 2*H*K + HV*V, W - 1]  (q | k | v)
-
-Sequence i reads and writes slot `batch.state_indices[i]`; a slot of a sequence with no context
-(`context_lens[i] == 0`) is never read (it may hold garbage). Sequences with more than one new
-token run the chunked op, single-token steps the recurrent op (`hyla.layers.state_slots`).
-
-Parameter names and shapes follow the checkpoints, so weights map by prefix only:
-  KimiDeltaAttention: the Moonshot Kimi-Linear checkpoint layout (`self_attn.*`); transformers'
-    `KimiLinearDeltaAttention` holds the same tensors with `f_a_proj`, `f_b_proj`, `dt_bias`,
-    `A_log` under `forget_gate.` and the three conv weights concatenated into one `conv1d`.
-  GatedDeltaNet: exactly transformers' `Qwen3NextGatedDeltaNet` (`linear_attn.*`).
-"""
+"""Linear-attention mixers: Kimi Delta Attention ("kda", in the Moonshot checkpoint layout) and
+Gated DeltaNet ("gdn"): short conv over q|k|v, gated delta rule, gated RMSNorm."""
 
 from __future__ import annotations
 
@@ -37,8 +21,6 @@ from hyla.ops.norm import gated_rms_norm
 
 
 class GatedRMSNorm(nn.Module):
-    """`gated_rms_norm` with weight [D] (initialised to ones)."""
-
     def __init__(self, dim: int, eps: float, activation: str, weight_in_fp32: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -47,26 +29,17 @@ class GatedRMSNorm(nn.Module):
         self.weight_in_fp32 = weight_in_fp32
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """x, gate: [..., dim] -> [..., dim] in x's dtype (`hyla.ops.norm.gated_rms_norm`)."""
         return gated_rms_norm(x, gate, self.weight, self.eps, self.activation, self.weight_in_fp32)
 
 
 def _depthwise_conv(channels: int, width: int) -> nn.Conv1d:
-    # Only a weight holder ([C, 1, W], as HF stores it); the op is hyla.ops.short_conv.
+    # a weight holder only ([C, 1, W], as HF stores it)
     return nn.Conv1d(channels, channels, width, groups=channels, padding=width - 1, bias=False)
 
 
 class KimiDeltaAttention(nn.Module):
-    """Kimi Delta Attention mixer (Kimi Linear report, section 3; transformers'
-    `KimiLinearDeltaAttention`): per-channel forget gate, sigmoid-gated output RMSNorm.
-
-    Parameters (H = num_k_heads, HV = num_v_heads, K = head_k_dim, V = head_v_dim, D hidden,
-    W conv width): q_proj, k_proj [H*K, D]; v_proj [HV*V, D]; q_conv1d, k_conv1d [H*K, 1, W];
-    v_conv1d [HV*V, 1, W]; f_a_proj [K, D]; f_b_proj [HV*K, K]; dt_bias [HV*K];
-    A_log [1, 1, HV, 1]; b_proj [HV, D]; g_a_proj [V, D]; g_b_proj [HV*V, V]; o_norm.weight [V];
-    o_proj [D, HV*V]. All projections without bias. With `linear.gate_lower_bound`
-    (GLM-5.3-Flash) the decay is lb * sigmoid(exp(A_log) * raw) and A_log is stored as [HV].
-    """
+    """Kimi Delta Attention mixer (Kimi Linear report, section 3): per-channel forget gate,
+    sigmoid-gated output RMSNorm. With `linear.gate_lower_bound` (GLM-5.3-Flash) A_log is [HV]."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -87,7 +60,7 @@ class KimiDeltaAttention(nn.Module):
         # fla's init: A in [1, 16]; dt in [1e-3, 1e-1] stored as its inverse softplus
         self.A_log = nn.Parameter(torch.empty(1, 1, lin.num_v_heads, 1).uniform_(1, 16).log())
         self.gate_lower_bound = lin.gate_lower_bound
-        if lin.gate_lower_bound is not None:  # GLM-5.3-Flash: A_log [HV], initialised to 0
+        if lin.gate_lower_bound is not None:
             self.A_log = nn.Parameter(torch.zeros(lin.num_v_heads))
         dt = torch.empty(lin.num_v_heads * lin.head_k_dim).uniform_(math.log(1e-3), math.log(0.1))
         self.dt_bias = nn.Parameter(dt.exp() + torch.log(-torch.expm1(-dt.exp())))
@@ -96,14 +69,13 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = Linear(lin.head_v_dim, value_dim, bias=False)
         self.o_norm = GatedRMSNorm(lin.head_v_dim, config.rms_norm_eps, "sigmoid", True)
         self.o_proj = Linear(value_dim, D, bias=False)
-        self.input_packed = Prepacked()  # the stacked input projections, for inference
+        self.input_packed = Prepacked()
 
     def forget_gate(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Log-space decay g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias): [T, HV, K] fp32."""
+        """Log-space decay g [T, HV, K] fp32 (PyTorch, differentiable)."""
         return self._log_decay(self.f_a_proj(hidden_states))
 
     def _log_decay(self, f_a: torch.Tensor) -> torch.Tensor:
-        """`forget_gate` from f_a(x) [T, K] (PyTorch, differentiable)."""
         if self.gate_lower_bound is not None:
             return gates_reference.kda_log_decay_bounded(
                 self.f_b_proj(f_a), self.dt_bias, self.A_log, self.gate_lower_bound
@@ -111,22 +83,18 @@ class KimiDeltaAttention(nn.Module):
         return gates_reference.kda_log_decay(self.f_b_proj(f_a), self.dt_bias, self.A_log)
 
     def _gates(self, f_b_out: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """g [T, HV, K] fp32 and beta = sigmoid(b) [T, HV] (one kernel on CUDA)."""
         if self.gate_lower_bound is not None:
             return kda_gates_bounded(f_b_out, self.dt_bias, self.A_log, b, self.gate_lower_bound)
         return kda_gates(f_b_out, self.dt_bias, self.A_log, b)
 
     def stacked_projections(self) -> tuple[nn.Linear, ...]:
-        """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
+        """The input projections run as one matmul (`HybridModel.stack_projections`)."""
         return (self.q_proj, self.k_proj, self.v_proj, self.f_a_proj, self.g_a_proj, self.b_proj)
 
     def stacked_convolutions(self) -> tuple[nn.Conv1d, ...]:
-        """The short convs of q, k, v, stored as one weight by `HybridModel.stack_projections`."""
         return (self.q_conv1d, self.k_conv1d, self.v_conv1d)
 
     def _conv_weight(self) -> torch.Tensor:
-        """The q | k | v conv weights as one [conv_dim, W] tensor: a view when they are stacked,
-        else a concatenation (one copy per forward)."""
         weights = [conv.weight.squeeze(1) for conv in self.stacked_convolutions()]
         block = adjacent_rows(weights)
         return torch.cat(weights) if block is None else block
@@ -134,22 +102,19 @@ class KimiDeltaAttention(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """hidden_states [T, D] -> [T, D]; positions are unused (no positional encoding)."""
         x, T = hidden_states, hidden_states.shape[0]
         cache = batch.caches[self.layer_idx]
         key_dim, value_dim = self.num_k_heads * self.head_k_dim, self.num_v_heads * self.head_v_dim
-        # every projection of x as one matmul: [q | k | v | f_a | g_a | b]
         inputs = self.stacked_projections()
         mixed, f_a, g_a, b = stacked_linear(x, inputs, self.input_packed).split(
             [2 * key_dim + value_dim, self.head_k_dim, self.head_v_dim, self.num_v_heads], dim=-1
         )
-        conv_weight = self._conv_weight()  # [conv_dim, W]
+        conv_weight = self._conv_weight()
         mixed = short_conv_step(mixed, conv_weight, cache, batch)
         q, k, v = mixed.split([key_dim, key_dim, value_dim], dim=-1)
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
-        # g [T, HV, K] fp32 and beta = sigmoid(b) [T, HV]: one kernel on CUDA
         g, beta = self._gates(self.f_b_proj(f_a), b)
         o = delta_rule_step(chunk_kda, recurrent_kda, q, k, v, g, beta, cache, batch)
         gate = self.g_b_proj(g_a).view(T, self.num_v_heads, self.head_v_dim)
@@ -157,15 +122,8 @@ class KimiDeltaAttention(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Gated DeltaNet mixer as in Qwen3-Next (transformers' `Qwen3NextGatedDeltaNet`).
-
-    Parameters (names as above): in_proj_qkvz [2*H*K + 2*HV*V, D], rows grouped per key head
-    as [q (K) | k (K) | v (HV/H*V) | z (HV/H*V)]; in_proj_ba [2*HV, D], grouped per key head as
-    [b (HV/H) | a (HV/H)]; conv1d.weight [2*H*K + HV*V, 1, W] (q | k | v); dt_bias [HV];
-    A_log [HV]; norm.weight [V]; out_proj [D, HV*V]. With `linear.projection_layout` "flat"
-    (Qwen3.5, transformers' `Qwen3_5GatedDeltaNet`): in_proj_qkv [2*H*K + HV*V, D] (q | k | v),
-    in_proj_z [HV*V, D], in_proj_b and in_proj_a [HV, D] instead of the two grouped ones.
-    """
+    """Gated DeltaNet mixer (transformers' `Qwen3NextGatedDeltaNet`; `projection_layout` "flat":
+    Qwen3.5's separate in_proj_qkv / z / b / a instead of the per-key-head grouped rows)."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -176,7 +134,7 @@ class GatedDeltaNet(nn.Module):
         D = config.hidden_size
         key_dim, value_dim = lin.num_k_heads * lin.head_k_dim, lin.num_v_heads * lin.head_v_dim
         self.is_flat = lin.projection_layout == "flat"
-        if self.is_flat:  # Qwen3.5
+        if self.is_flat:
             self.in_proj_qkv = Linear(D, 2 * key_dim + value_dim, bias=False)
             self.in_proj_z = Linear(D, value_dim, bias=False)
             self.in_proj_b = Linear(D, lin.num_v_heads, bias=False)
@@ -191,8 +149,7 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = Linear(value_dim, D, bias=False)
 
     def _split_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k [T, H*K]; v, z [T, HV*V]; b, a [T, HV] from the per-key-head grouped rows (or
-        the flat projections)."""
+        """q, k [T, H*K]; v, z [T, HV*V]; b, a [T, HV]."""
         if self.is_flat:
             key_dim = self.num_k_heads * self.head_k_dim
             value_dim = self.num_v_heads * self.head_v_dim
@@ -208,7 +165,6 @@ class GatedDeltaNet(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """hidden_states [T, D] -> [T, D]; positions are unused (no positional encoding)."""
         T = hidden_states.shape[0]
         cache = batch.caches[self.layer_idx]
         q, k, v, z, b, a = self._split_projections(hidden_states)
@@ -219,7 +175,7 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(T, self.num_v_heads, self.head_v_dim)
-        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)  # [T, HV] each; one kernel on CUDA
+        g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
         o = delta_rule_step(
             chunk_gated_delta_rule, recurrent_gated_delta_rule, q, k, v, g, beta, cache, batch
         )

@@ -12,17 +12,8 @@ from hyla.ops.linear import Prepacked
 
 
 class GatedMLP(nn.Module):
-    """`down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases.
-
-    Parameter names match the dense MLPs (and shared experts) of all supported families:
-    `gate_proj.weight [I, D]`, `up_proj.weight [I, D]`, `down_proj.weight [D, I]`.
-
-    Args:
-        config: the model config; D is `config.hidden_size`.
-        layer_idx: index of the layer (unused; kept for the FFN registry's signature).
-        intermediate_size: I; defaults to `config.intermediate_size` (MoE shared experts pass
-            their own width).
-    """
+    """`down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases; `layer_idx` is unused (the FFN
+    registry's signature), `intermediate_size` defaults to the config's (shared experts)."""
 
     def __init__(
         self, config: ModelConfig, layer_idx: int = 0, intermediate_size: int | None = None
@@ -33,16 +24,14 @@ class GatedMLP(nn.Module):
         self.gate_proj = Linear(config.hidden_size, width, bias=False)
         self.up_proj = Linear(config.hidden_size, width, bias=False)
         self.down_proj = Linear(width, config.hidden_size, bias=False)
-        self.gate_up_packed = Prepacked()  # gate and up stacked, for inference
+        self.gate_up_packed = Prepacked()
         self.swiglu_limit = config.swiglu_limit  # GLM-5.3-Flash: clamp gate and up first
 
     def stacked_projections(self) -> tuple[nn.Linear, ...]:
-        """The projections of the input run as one matmul (`HybridModel.stack_projections`)."""
         return (self.gate_proj, self.up_proj)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states: [T, D] -> [T, D]."""
         gate_up = stacked_linear(hidden_states, self.stacked_projections(), self.gate_up_packed)
         if self.swiglu_limit is not None:
             return self.down_proj(silu_and_mul_clamped(gate_up, self.swiglu_limit))
-        return self.down_proj(silu_and_mul(gate_up))  # silu(gate) * up: one kernel on CUDA
+        return self.down_proj(silu_and_mul(gate_up))

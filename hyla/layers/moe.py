@@ -1,16 +1,5 @@
-"""Mixture-of-experts FFN: router, routed experts (fused weights) and optional shared experts.
-
-Parameter names (per layer, under `layers.{i}.mlp.`):
-
-    gate.weight                   [E, D]       router
-    gate.e_score_correction_bias  [E] float32  buffer, only with `moe.has_correction_bias`
-    experts.gate_up_proj          [E, 2I, D]   gate rows then up rows (transformers 5 layout)
-    experts.down_proj             [E, D, I]
-    shared_experts.{gate,up,down}_proj.weight  one SwiGLU of width `shared_width(moe)`
-    shared_expert_gate.weight     [1, D]       only with `moe.shared_expert_gate` (Qwen3-Next)
-    gate.tid2eid                  [V, k] int64 buffer, "hash_moe" layers (DeepSeek-V4): each
-                                  token id's experts; they read the step's token ids
-"""
+"""Mixture-of-experts FFN: router, routed experts (fused `gate_up_proj` [E, 2I, D], gate rows
+then up rows: the transformers 5 layout) and optional shared experts."""
 
 from __future__ import annotations
 
@@ -41,21 +30,18 @@ from hyla.ops.moe_clamped import moe_experts_clamped
 
 
 def shared_width(moe: MoEConfig) -> int:
-    """Width of the fused shared-expert MLP: `shared_intermediate_size` when set (the total over
-    all shared experts), else `num_shared_experts * moe_intermediate_size`; 0 = no shared MLP."""
+    """Width of the fused shared-expert MLP (all shared experts); 0 = none."""
     if moe.num_shared_experts == 0:
         return 0
     return moe.shared_intermediate_size or moe.num_shared_experts * moe.moe_intermediate_size
 
 
 class Router(nn.Module):
-    """Scores experts and picks `num_experts_per_tok` per token (see `hyla.ops.moe`)."""
-
     def __init__(self, hidden_size: int, moe: MoEConfig, vocab_size: int | None = None) -> None:
         super().__init__()
         self.moe = moe
         self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
-        if vocab_size is not None:  # hash routing: experts by token id
+        if vocab_size is not None:  # hash routing (DeepSeek-V4): experts by token id
             self.register_buffer(
                 "tid2eid", torch.zeros(vocab_size, moe.num_experts_per_tok, dtype=torch.long)
             )
@@ -66,14 +52,11 @@ class Router(nn.Module):
         else:
             self.e_score_correction_bias = None
         self._weight_fp32: tuple[tuple, torch.Tensor] | None = None
-        self.packed = Prepacked()  # fp32 CPU inference: row-count-independent logits
+        self.packed = Prepacked()  # fp32 CPU: row-count-independent logits
 
     def weight_fp32(self) -> torch.Tensor:
-        """`weight` [E, D] as float32 (sigmoid routing's logits dtype): the parameter itself when
-        it is float32, else a copy kept until the parameter changes (a cast per step would read
-        and write the whole router weight at every layer: 11 MB for DeepSeek-V3's 256 x 7168).
-        A CUDA graph captured after the first call reads the copy made then. With autograd on
-        for the weight (training) the cast is differentiable and not kept."""
+        """`weight` as fp32, a copy kept until the parameter changes (a cast per step would
+        rewrite the whole router weight at every layer); not kept under autograd."""
         w = self.weight
         if w.dtype == torch.float32 or (w.requires_grad and torch.is_grad_enabled()):
             return w.float()
@@ -85,16 +68,13 @@ class Router(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden_states: [T, D] (and token_ids [T] on a hash-routed layer) ->
-        (topk_weights [T, k], topk_ids [T, k] int64).
-
-        Sigmoid routing computes the logits in float32 (as DeepSeek-V3 / Kimi); softmax routing
-        computes them in the hidden dtype and the softmax in float32 (as Qwen3-Next)."""
+        """hidden_states [T, D] (token_ids [T] when hash-routed) -> (weights, ids) [T, k].
+        Sigmoid logits are fp32 (DeepSeek-V3); softmax's in the hidden dtype (Qwen3-Next)."""
         moe = self.moe
         if moe.scoring == "softmax":
             logits = prepacked_linear(hidden_states, self.weight, self.packed)
             return route_softmax(logits, moe.num_experts_per_tok, moe.norm_topk_prob)
-        if usable(hidden_states, (self.weight,)):  # fp32 CPU: the weight is already fp32
+        if usable(hidden_states, (self.weight,)):
             logits = prepacked_linear(hidden_states, self.weight, self.packed)
         else:
             logits = linear_fp32(hidden_states, self.weight_fp32())
@@ -115,24 +95,18 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """E SwiGLU experts stored fused: `gate_up_proj [E, 2I, D]`, `down_proj [E, D, I]`.
-
-    `packed` holds oneDNN copies of each expert's two matrices for fp32 CPU inference
-    (`hyla.ops.linear.Prepacked`, built on first use, rebuilt when a weight changes).
-    """
+    """E SwiGLU experts stored fused; `packed` holds oneDNN copies for fp32 CPU inference."""
 
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
         E, I = moe.num_experts, moe.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(E, hidden_size, I))
-        self.packed = (Prepacked(), Prepacked())  # gate_up_proj, down_proj
+        self.packed = (Prepacked(), Prepacked())
 
     def forward(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
-        """hidden_states [T, D], topk_weights [T, k], topk_ids [T, k] int64 -> [T, D] in
-        hidden_states' dtype (`hyla.ops.moe.moe_experts`)."""
         return moe_experts(
             hidden_states,
             self.gate_up_proj,
@@ -144,12 +118,7 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts plus shared experts: `experts(x) + [sigmoid(g(x)) *] shared_experts(x)`.
-
-    Args:
-        config: model config with `config.moe` set.
-        layer_idx: the layer's index (for the FFN registry's signature).
-    """
+    """Routed plus shared experts: `experts(x) + [sigmoid(g(x)) *] shared_experts(x)`."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -166,13 +135,11 @@ class MoE(nn.Module):
         self.shared_expert_gate = (
             Linear(config.hidden_size, 1, bias=False) if width and moe.shared_expert_gate else None
         )
-        self.swiglu_limit = config.swiglu_limit  # GLM-5.3-Flash: clamped SwiGLU experts
+        self.swiglu_limit = config.swiglu_limit
 
     def forward(
         self, hidden_states: torch.Tensor, token_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """hidden_states: [T, D] (token_ids [T] on a hash-routed layer) -> [T, D] in the same
-        dtype."""
         topk_weights, topk_ids = self.gate(hidden_states, token_ids)
         if self.swiglu_limit is not None:
             return self._forward_clamped(hidden_states, topk_weights, topk_ids)
@@ -181,7 +148,7 @@ class MoE(nn.Module):
             if fused_fp8 is not None:
                 return fused_fp8
         fused = self._fused_shared(hidden_states, topk_ids)
-        if fused is not None:  # decode rows on CUDA: the shared expert inside the routed GEMVs
+        if fused is not None:
             e = self.experts
             return moe_experts_and_shared(
                 hidden_states, e.gate_up_proj, e.down_proj, topk_weights, topk_ids, *fused
@@ -198,11 +165,11 @@ class MoE(nn.Module):
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
         e = self.experts
-        route = getattr(e, "local_routing", None)  # expert parallel: this rank's experts only
+        route = getattr(e, "local_routing", None)
         if route is not None:
             topk_weights, topk_ids = route(topk_weights, topk_ids)
         fused = None if route is not None else self._fused_shared(hidden_states, topk_ids)
-        if fused is not None:  # decode rows on CUDA: the shared expert inside the routed GEMVs
+        if fused is not None:
             return moe_experts_and_shared(
                 hidden_states, e.gate_up_proj, e.down_proj, topk_weights, topk_ids, *fused,
                 limit=self.swiglu_limit,
@@ -217,15 +184,14 @@ class MoE(nn.Module):
     def _fused_shared(
         self, hidden_states: torch.Tensor, topk_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(shared gate_up [2I, D], down [D, I]) when `fuses_shared` holds for this call (an
-        ungated shared expert whose gate and up weights are stacked: `stack_projections`)."""
+        """(shared gate_up, down) when the shared expert can run inside the routed GEMVs."""
         mlp, e = self.shared_experts, self.experts
         if mlp is None or self.shared_expert_gate is not None or torch.is_grad_enabled():
             return None
-        if not isinstance(e, Experts):  # fp8 experts (`layers.fp8_experts`) run on their own
+        if not isinstance(e, Experts):
             return None
         if not use_triton(hidden_states) or topk_ids.numel() > e.gate_up_proj.shape[0]:
-            return None  # (cheap checks first: CPU and prefill steps skip the weight lookup)
+            return None  # cheap checks first: CPU and prefill steps skip the weight lookup
         gate_up = adjacent_rows([m.weight for m in mlp.stacked_projections()])
         if gate_up is None:
             return None
@@ -237,9 +203,7 @@ class MoE(nn.Module):
     def _fp8_with_shared(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor | None:
-        """Routed fp8 experts plus the shared expert in the GEMV form's two launches, when the
-        shared expert is an ungated fp8 MLP of the routed width with its gate and up stacked
-        (`fp8_fuses_shared`); None otherwise (the separate ops run)."""
+        """Routed fp8 experts plus the shared expert in two GEMV launches, or None."""
         mlp, e = self.shared_experts, self.experts
         if mlp is None or self.shared_expert_gate is not None or torch.is_grad_enabled():
             return None

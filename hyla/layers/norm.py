@@ -19,12 +19,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [..., D] any float dtype -> [..., D] in x's dtype (normalised in fp32)."""
         return rms_norm(x, self.weight, self.eps, self.offset)
 
     def add_and_norm(
         self, x: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(normed, h) with `h = x + residual`: the residual add and this norm in one op (one
-        Triton kernel on CUDA). x, residual: [..., D] -> two [..., D] tensors in x's dtype."""
+        """(normed, h) with `h = x + residual`, in one op."""
         return fused_add_rms_norm(x, residual, self.weight, self.eps, self.offset)

@@ -1,17 +1,5 @@
-"""Layers that talk to the other ranks of a tensor-parallel group (`hyla.distributed`).
-
-    VocabParallelEmbedding  rows [r * Vp, (r + 1) * Vp) of the table, Vp = ceil(V / N);
-                            rank 0's input ids first (the pipeline's device tokens live
-                            there), then a masked lookup and one all-reduce
-    ParallelLMHead          the same rows of the head: local logits [n, Vp], all-gathered
-                            over the ranks into [n, V] (only the sampled rows reach it)
-    ExpertParallelExperts   E / N whole experts: only the (token, expert) pairs routed to them
-                            (on CUDA, without a host sync: the others weigh 0); the other
-                            ranks' pairs come in the FFN's all-reduce (fp8:
-                            Fp8ExpertParallelExperts)
-
-Parameter names are those of the single-device modules, so the loader's names do not change.
-"""
+"""Tensor-parallel layers (`hyla.distributed`), with the single-device modules' parameter
+names: vocab rows [r * Vp, (r + 1) * Vp), Vp = ceil(V / N), and E / N whole experts per rank."""
 
 from __future__ import annotations
 
@@ -26,7 +14,7 @@ from hyla.ops.moe import moe_experts
 
 
 class VocabParallelEmbedding(nn.Module):
-    """`weight [Vp, D]`: this rank's rows of the embedding table (zero padded)."""
+    """This rank's rows `weight [Vp, D]` of the embedding table (zero padded)."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup) -> None:
         super().__init__()
@@ -36,7 +24,6 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.rows, hidden_size))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids [T] (rank 0's are used) -> [T, D]."""
         ids = self.tp.broadcast_(input_ids) - self.first
         outside = (ids < 0) | (ids >= self.rows)
         out = F.embedding(ids.masked_fill(outside, 0), self.weight)
@@ -45,7 +32,7 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(nn.Module):
-    """`weight [Vp, D]`: this rank's rows of the output head; `forward(h [n, D]) -> [n, V]`."""
+    """This rank's rows of the output head; logits all-gathered into [n, V]."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup) -> None:
         super().__init__()
@@ -59,8 +46,7 @@ class ParallelLMHead(nn.Module):
 
 
 class ExpertParallelExperts(nn.Module):
-    """Experts [first, first + E_local) of E: `gate_up_proj [E_local, 2I, D]`,
-    `down_proj [E_local, D, I]` (the layout of `hyla.layers.moe.Experts`)."""
+    """Experts [first, first + E_local) of E, in `hyla.layers.moe.Experts`' layout."""
 
     def __init__(self, hidden_size: int, intermediate: int, num_local: int, first: int) -> None:
         super().__init__()
@@ -72,9 +58,8 @@ class ExpertParallelExperts(nn.Module):
     def local_routing(
         self, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights, local ids) of global routing [T, k]: a pair routed to another rank's
-        expert goes to local expert 0 with weight 0 (exact), for kernels that take the whole
-        routing (GLM-5.3-Flash's clamped experts)."""
+        """(weights, local ids) of global routing [T, k]; another rank's pairs go to local
+        expert 0 with weight 0 (exact)."""
         local = topk_ids - self.first
         outside = (local < 0) | (local >= self.num_local)
         return topk_weights.masked_fill(outside, 0), local.masked_fill(outside, 0)
@@ -82,10 +67,9 @@ class ExpertParallelExperts(nn.Module):
     def forward(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
-        """As `Experts.forward` (global ids [T, k]); this rank's part of the sum [T, D]."""
         local = topk_ids - self.first
         outside = (local < 0) | (local >= self.num_local)
-        if not hidden_states.is_cuda:  # only this rank's (token, expert) pairs, one row each
+        if not hidden_states.is_cuda:
             token, slot = (~outside).nonzero(as_tuple=True)
             y = moe_experts(
                 hidden_states.index_select(0, token), self.gate_up_proj, self.down_proj,
@@ -93,8 +77,7 @@ class ExpertParallelExperts(nn.Module):
                 packed=self.packed,
             )  # fmt: skip
             return torch.zeros_like(hidden_states).index_add_(0, token, y)
-        # CUDA, no host sync (graphs): a pair routed elsewhere runs on local expert 0 with
-        # weight 0 (exact; costs expert 0 those rows)
+        # no host sync (graphs): pairs routed elsewhere run on local expert 0 with weight 0
         weights = topk_weights.masked_fill(outside, 0)
         return moe_experts(
             hidden_states, self.gate_up_proj, self.down_proj, weights,
@@ -103,8 +86,7 @@ class ExpertParallelExperts(nn.Module):
 
 
 class Fp8ExpertParallelExperts(Fp8Experts):
-    """`ExpertParallelExperts` with block-scaled fp8 weights (`Fp8Experts`' layout for the
-    rank's E / N experts): pairs routed to another rank weigh 0 on local expert 0."""
+    """`ExpertParallelExperts` with block-scaled fp8 weights."""
 
     def __init__(
         self, hidden_size: int, intermediate: int, num_local: int, first: int,
@@ -118,5 +100,4 @@ class Fp8ExpertParallelExperts(Fp8Experts):
     def forward(
         self, hidden_states: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
-        """As `ExpertParallelExperts.forward`: this rank's part of the sum [T, D]."""
         return super().forward(hidden_states, *self.local_routing(topk_weights, topk_ids))

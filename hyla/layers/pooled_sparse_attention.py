@@ -1,17 +1,5 @@
-"""GLM-5.3-Flash's DSA mixer (kind "dsa" with `dsa.index_kpool` > 0): NoPE MLA whose queries
-attend to the tokens of the pools the pooled indexer selects, plus the tail
-(`hyla.ops.kpool_indexer`), through `sparse_mla` with `seq_lens` (a row left without tokens, as
-a CUDA graph's padding rows, gets zeros) and `valid_selection`: the expanded pools are distinct
-and visible by construction (pools j < (p + 1) // P, the tail up to p), so the GPU path skips
-the per-row sort that would drop repeats and future entries.
-
-A "shared" layer (`dsa.indexer_types`) has no indexer: it reuses the selection of the last
-"full" DSA layer of the same forward pass (`batch.per_pass`), so top-k runs once for both.
-
-Parameter names follow transformers' `Glm5NextTextAttention`: the MLA names of `MLAttention`,
-and on full layers `indexer.{wq_b, wk, k_norm, weights_proj}` plus
-`indexer.index_kpool_compress_ape` [P, Di] and `indexer.index_kpool_compress_gate` [Di, D].
-"""
+"""GLM-5.3-Flash's DSA mixer (`dsa.index_kpool` > 0; transformers `Glm5NextTextAttention`):
+MLA over the selected pools plus the tail, distinct and visible by construction (no sort)."""
 
 from __future__ import annotations
 
@@ -28,12 +16,11 @@ from hyla.ops.kpool_indexer import kpool_indexer_topk, write_pool_keys
 from hyla.ops.paged import write_paged
 from hyla.ops.sparse_attention import sparse_mla
 
-SELECTION_KEY = "kpool_selection"  # batch.per_pass: the last full layer's [T, k'] selection
+SELECTION_KEY = "kpool_selection"
 
 
 class KPoolIndexer(LightningIndexer):
-    """The lightning indexer's projections plus the pool compression's gate and position
-    offsets (`ape`, added to the gate scores of the i-th token of every pool)."""
+    """The lightning indexer plus the pool compression's gate and position offsets (`ape`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -46,19 +33,12 @@ class KPoolIndexer(LightningIndexer):
         )
 
     def gate_scores(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [T, D] -> [T, Di] compression gate scores (before `ape`)."""
         return F.linear(hidden_states, self.index_kpool_compress_gate)
 
 
 class PooledDSAttention(MLAttention):
     """MLA + pooled indexer (or a shared selection) + safe sparse attention.
-
-    Caches: "latent" [P, B, R+Dr]; on full layers also "index_keys", "index_gates" and
-    "index_pool_keys" [P, B, Di] (`hyla.cache.spec`).
-
-    Raises: ValueError at construction when `mla.q_lora_rank` is None; RuntimeError in forward
-    when a shared layer finds no selection of an earlier full layer in the pass.
-    """
+    Raises ValueError when `mla.q_lora_rank` is None."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
@@ -73,7 +53,6 @@ class PooledDSAttention(MLAttention):
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """hidden_states [T, D], positions [T] int64 -> [T, D]."""
         proj = self.project(hidden_states, positions)
         cache = batch.caches[self.layer_idx]
         write_paged(cache["latent"], batch.slot_mapping, proj.latent)
@@ -94,8 +73,7 @@ class PooledDSAttention(MLAttention):
     def select(
         self, hidden_states: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """Write this step's indexer entries and pool keys, then rank the pools:
-        [T, topk (+ P - 1)] int32 positions (`kpool_indexer_topk`)."""
+        """Write this step's indexer entries and pool keys, then select: [T, topk (+ P - 1)]."""
         cache, indexer = batch.caches[self.layer_idx], self.indexer
         num_rows = hidden_states.shape[0]
         rows = batch.shared(("row_positions", num_rows), lambda: row_positions(

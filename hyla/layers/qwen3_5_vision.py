@@ -1,15 +1,5 @@
-"""Qwen3.5's vision tower (transformers' `Qwen3_5VisionModel`): patches -> embeddings of the
-LLM's hidden size, one row per merged m x m block of patches (the image placeholders).
-
-    pixel_values [N, C*t*p*p] --patch_embed--> [N, Dv] + learned positions (a square table
-    resampled bilinearly, corners aligned, to each image's grid) --blocks (LayerNorm, axial-rope
-    attention within each frame, GELU-tanh MLP)--> merger (LayerNorm, m x m rows concatenated,
-    fc1, GELU, fc2) --> [N / m^2, D]
-
-Parameter names follow transformers (`patch_embed.proj`, `pos_embed`, `blocks.{i}.{norm1,
-norm2, attn.qkv, attn.proj, mlp.linear_fc1, mlp.linear_fc2}`, `merger.{norm, linear_fc1,
-linear_fc2}`), so the checkpoint's `model.visual.*` tensors load by prefix.
-"""
+"""Qwen3.5's vision tower (transformers `Qwen3_5VisionModel`, same parameter names): patches ->
+one LLM-sized embedding per merged m x m block of patches."""
 
 from __future__ import annotations
 
@@ -21,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyla.config import ConfigError
-from hyla.models.hf_fields import HFFields
+from hyla.hf_fields import HFFields
 from hyla.ops.vision import apply_rotate_half, axial_cos_sin, patch_positions, segment_attention
 
 _ACTS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
@@ -123,13 +113,12 @@ class _Merger(nn.Module):
         self.linear_fc2 = nn.Linear(wide, cfg.out_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x).view(-1, self.linear_fc1.in_features)  # m x m block rows side by side
+        x = self.norm(x).view(-1, self.linear_fc1.in_features)
         return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
 class Qwen35VisionTower(nn.Module):
-    """`forward(pixel_values [N, C*t*p*p], grid_thw [(t, h, w), ...]) -> [N / m^2, D]`: the
-    placeholder embeddings of all images in order (image i has t*h*w / m^2 rows)."""
+    """pixel_values [N, C*t*p*p], grid_thw [(t, h, w), ...] -> placeholder rows [N / m^2, D]."""
 
     def __init__(self, cfg: Qwen35VisionConfig) -> None:
         super().__init__()
@@ -142,15 +131,14 @@ class Qwen35VisionTower(nn.Module):
         self.merger = _Merger(cfg)
 
     def positions(self, grid_thw: list[tuple[int, int, int]]) -> torch.Tensor:
-        """Learned position embeddings [N, Dv]: the square table resampled to each image's
-        h x w grid (F.interpolate, bilinear, corners aligned), merge-block order, per frame."""
+        """Learned position embeddings [N, Dv], the square table resampled to each grid."""
         m = self.config.spatial_merge_size
         side = int(self.config.num_position_embeddings**0.5)
-        table = self.pos_embed.weight.view(side, side, -1).permute(2, 0, 1)[None]  # [1, D, s, s]
+        table = self.pos_embed.weight.view(side, side, -1).permute(2, 0, 1)[None]
         out = []
         for t, h, w in grid_thw:
             grid = F.interpolate(table.float(), size=(h, w), mode="bilinear", align_corners=True)
-            grid = grid[0].permute(1, 2, 0)  # [h, w, D]
+            grid = grid[0].permute(1, 2, 0)
             blocks = grid.view(h // m, m, w // m, m, -1).transpose(1, 2).reshape(h * w, -1)
             out.append(blocks.repeat(t, 1))
         return torch.cat(out)
@@ -168,7 +156,7 @@ class Qwen35VisionTower(nn.Module):
         )  # fmt: skip
         cu = [0]
         for t, h, w in grid_thw:
-            cu += [cu[-1] + h * w * (i + 1) for i in range(t)]  # one segment per frame
+            cu += [cu[-1] + h * w * (i + 1) for i in range(t)]
         for block in self.blocks:
             x = block(x, cos_sin, cu)
         return self.merger(x)

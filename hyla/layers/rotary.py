@@ -1,4 +1,4 @@
-"""Rotary embedding module: holds the inverse frequencies of a RopeConfig, computes cos/sin."""
+"""Rotary embedding module over `hyla.ops.rotary`."""
 
 from __future__ import annotations
 
@@ -11,12 +11,8 @@ from hyla.ops.rotary.mrope import mrope_cos_sin
 
 
 class RotaryEmbedding(nn.Module):
-    """`forward(positions [T] int64) -> (cos, sin)`, each `[T, rotary_dim / 2]` float32.
-
-    The frequencies are a plain float32 attribute (not a buffer): the module adds no checkpoint
-    tensor and `model.to(bfloat16)` cannot round them; they follow `positions`' device.
-    `rotate(x [T, H, D], cos, sin)` rotates the first `rotary_dim` channels in `rope.style`.
-    """
+    """cos/sin of a RopeConfig. `inv_freq` is a plain fp32 attribute, not a buffer: no
+    checkpoint tensor, and `model.to(bfloat16)` cannot round it."""
 
     def __init__(self, rope: RopeConfig) -> None:
         super().__init__()
@@ -24,10 +20,9 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq, self.attention_factor = rope_inv_freq(rope)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] int64 -> (cos, sin), each [T, rotary_dim / 2] float32; positions
-        [3, T] (t, h, w) take multimodal RoPE by the config's `mrope_section` (Qwen3.5)."""
-        if self.inv_freq.device != positions.device:  # moved once (a copy per call would be a
-            self.inv_freq = self.inv_freq.to(positions.device)  # host copy in a CUDA graph)
+        """positions [T] (or [3, T]: M-RoPE) -> (cos, sin), each [T, rotary_dim / 2] fp32."""
+        if self.inv_freq.device != positions.device:  # once: a per-call copy breaks CUDA graphs
+            self.inv_freq = self.inv_freq.to(positions.device)
         if positions.dim() == 2:
             section = self.rope.scaling_dict().get("mrope_section")
             if section is None:
@@ -36,5 +31,4 @@ class RotaryEmbedding(nn.Module):
         return rope_cos_sin(positions, self.inv_freq, self.attention_factor)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, H, D] -> [T, H, D] in x's dtype, first `rotary_dim` channels rotated."""
         return apply_rope(x, cos, sin, self.rope.style)

@@ -1,12 +1,6 @@
-"""DeepSeek Sparse Attention mixer (kind "dsa"): MLA whose queries attend only to the
-`dsa.index_topk` tokens a lightning indexer selects (DeepSeek-V3.2-Exp report, section 2.1).
-
-Parameter names follow HF `DeepseekV32Attention` (the MLA names of `MLAttention`) plus
-`indexer.wq_b`, `indexer.wk`, `indexer.k_norm` (a LayerNorm with bias), `indexer.weights_proj`.
-
-GLM-5 (`glm_moe_dsa`) marks some layers "shared" (`dsa.indexer_types`): they have no indexer and
-reuse the top-k of the last full DSA layer of the same forward pass (`batch.per_pass`).
-"""
+"""DeepSeek Sparse Attention mixer (kind "dsa"; HF `DeepseekV32Attention`): MLA over the
+`dsa.index_topk` tokens a lightning indexer selects. GLM-5's "shared" layers have no indexer
+and reuse the last full layer's top-k of the same pass (`batch.per_pass`)."""
 
 from __future__ import annotations
 
@@ -23,20 +17,13 @@ from hyla.ops.paged import write_paged_entries
 from hyla.ops.rotary import apply_rope
 from hyla.ops.sparse_attention import sparse_mla
 
-SELECTION_KEY = "dsa_selection"  # batch.per_pass: the last full layer's top-k, per row group
-# HF `DeepseekV32Indexer` builds `k_norm` as `nn.LayerNorm(head_dim, eps=1e-6)`.
-INDEX_KEY_NORM_EPS = 1e-6
+SELECTION_KEY = "dsa_selection"
+INDEX_KEY_NORM_EPS = 1e-6  # HF `DeepseekV32Indexer`'s k_norm LayerNorm
 
 
 class LightningIndexer(nn.Module):
-    """The DSA indexer's projections.
-
-    Parameters: `wq_b` [Hi*Di, Rq] (reads MLA's `q_a_layernorm` output), `wk` [Di, D],
-    `k_norm` LayerNorm [Di] (weight and bias), `weights_proj` [Hi, D]. The first
-    `qk_rope_head_dim` channels of queries and keys rotate in `dsa.index_rope_style` ("neox"
-    for DeepSeek-V3.2, unlike its MLA's interleaved rope; "interleave" for GLM-5), with the
-    MLA layer's cos/sin.
-    """
+    """The DSA indexer's projections; rope in `dsa.index_rope_style` ("neox" for DeepSeek-V3.2,
+    unlike its MLA's interleaved rope) with the MLA layer's cos/sin."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -55,11 +42,10 @@ class LightningIndexer(nn.Module):
         q_resid: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """hidden_states [T, D], q_resid [T, Rq] -> (q [T, Hi, Di], weights [T, Hi] float32,
-        keys [T, Di]); q and keys roped."""
+        """hidden_states [T, D], q_resid [T, Rq] -> (q [T, Hi, Di], weights [T, Hi], k [T, Di])."""
         num_tokens = hidden_states.shape[0]
         q = self.wq_b(q_resid).view(num_tokens, self.n_heads, self.head_dim)
-        k = self.k_norm(self.wk(hidden_states))[:, None, :]  # [T, 1, Di]
+        k = self.k_norm(self.wk(hidden_states))[:, None, :]
         if cos_sin is not None:
             q = apply_rope(q, *cos_sin, style=self.rope_style)
             k = apply_rope(k, *cos_sin, style=self.rope_style)
@@ -68,20 +54,9 @@ class LightningIndexer(nn.Module):
 
 
 class DSAttention(MLAttention):
-    """MLA + lightning indexer + top-k sparse attention over the paged cache.
-
-    Caches: "latent" [P, B, R+Dr] (as MLA) and "index_keys" [P, B, Di] (roped, normed indexer
-    keys). A sequence whose whole length is <= `index_topk` takes MLA's dense causal path (the
-    indexer would select every visible token, so the result is the same); longer sequences run
-    the indexer's causal top-k and `sparse_mla` over only the selected tokens. When the step's
-    lengths are read on the device (`batch.attn.lengths_on_device`: on CUDA, and in captured
-    steps) every row goes through one `sparse_mla` call (`attend_selected`), but for the
-    prefill sequences no longer than `index_topk` of an eager step, which take MLA's expanded
-    prefill (`attend_on_device`).
-
-    Raises: ValueError at construction when `mla.q_lora_rank` is None (the indexer reads the
-    q low-rank activation).
-    """
+    """MLA + lightning indexer + top-k sparse attention. A sequence no longer than `index_topk`
+    takes MLA's dense path (the indexer would select every token: same result).
+    Raises ValueError when `mla.q_lora_rank` is None."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__(config, layer_idx)
@@ -94,11 +69,10 @@ class DSAttention(MLAttention):
     def forward(
         self, hidden_states: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """hidden_states [T, D], positions [T] int64 -> [T, D]."""
         proj = self.project(hidden_states, positions)
         cache = batch.caches[self.layer_idx]
         write_paged_entries(cache, "latent", batch.slot_mapping, proj.latent)
-        index_q = index_w = None  # a shared layer reads the last full layer's top-k instead
+        index_q = index_w = None
         if self.indexer is not None:
             index_q, index_w, index_k = self.indexer(hidden_states, proj.q_resid, proj.cos_sin)
             write_paged_entries(cache, "index_keys", batch.slot_mapping, index_k)
@@ -120,10 +94,8 @@ class DSAttention(MLAttention):
         index_w: torch.Tensor,
         batch: ForwardBatch,
     ) -> torch.Tensor:
-        """Every row's attention [T, H, Dv] on a step whose lengths are read on the device.
-        Prefill sequences no longer than k on an eager step (host lengths) select every
-        visible token: dense causal MLA, which `attend_split` runs in the expanded form
-        (`mla_prefill`); every other row goes through one `attend_selected` call."""
+        """Attention [T, H, Dv] with device lengths; short prefills of an eager step take
+        `attend_split`, every other row one `attend_selected` call."""
         dense = batch.shared(("dsa_dense_prefill", self.index_topk), lambda: _dense_prefill(
             batch, self.index_topk))  # fmt: skip
         if not dense:
@@ -147,12 +119,8 @@ class DSAttention(MLAttention):
         batch: ForwardBatch,
         group: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None,
     ) -> torch.Tensor:
-        """The attention [T, H, Dv] of every row (or of `group`'s rows: (rows [t], block_tables,
-        cu_seqlens, seq_lens [n] device, max_seq_len) of a subset of sequences) in one
-        `sparse_mla` call, with lengths read on the device. While no sequence can be longer
-        than k (max_seq_len <= k) every row selects all its visible tokens
-        (`dense_topk_indices`: exact dense causal MLA, no indexer run); otherwise the indexer
-        ranks every row (a row seeing <= k tokens then selects them all: the same set)."""
+        """Attention [T, H, Dv] of every row (or of `group`'s: rows, block_tables, cu_seqlens,
+        seq_lens, max_seq_len) in one `sparse_mla` call; max_seq_len <= k skips the indexer."""
         cache = batch.caches[self.layer_idx]
         k = self.index_topk
         q_nope, q_rope = proj.q_nope, proj.q_rope
@@ -189,7 +157,6 @@ class DSAttention(MLAttention):
         batch: ForwardBatch,
         seq_ids: list[int],
     ) -> None:
-        """Fill `out` [T, H, Dv] rows of `seq_ids` with MLA over each token's top-k tokens."""
         cache = batch.caches[self.layer_idx]
         g = select_sequences(batch, seq_ids)
         topk_indices = self.selection(batch, ("sparse",), lambda: lightning_indexer_topk(
@@ -209,14 +176,9 @@ class DSAttention(MLAttention):
             latent_scale=cache.get("latent_scale"),
         )
 
-
     def selection(self, batch: ForwardBatch, key: tuple, compute) -> torch.Tensor:
-        """The top-k indices of the rows `key` names: computed by a full layer (and kept in
-        `batch.per_pass` for the shared layers after it), read back by a shared one. Every DSA
-        layer of a pass splits the batch the same way (same lengths, same `index_topk`), so
-        a key names the same rows in each.
-
-        Raises: RuntimeError on a shared layer before any full one in the pass."""
+        """Top-k of the rows `key` names, computed by a full layer, reused by shared ones (every
+        layer of a pass splits the batch alike). Raises RuntimeError if no full layer ran."""
         key = (SELECTION_KEY, *key)
         if not self.is_shared:
             batch.per_pass[key] = compute()
@@ -226,8 +188,6 @@ class DSAttention(MLAttention):
 
 
 def _dense_prefill(batch: ForwardBatch, topk: int) -> list[int]:
-    """Prefill sequences (more than one new token) no longer than `topk`, on a step with host
-    lengths; [] on a captured step."""
     if batch.attn.seq_lens_host is None:
         return []
     lens, query_lens = batch.attn.seq_lens_host, batch.query_lens
@@ -235,7 +195,6 @@ def _dense_prefill(batch: ForwardBatch, topk: int) -> list[int]:
 
 
 def _rest_group(batch: ForwardBatch, dense: list[int]) -> tuple[SeqGroup, torch.Tensor] | None:
-    """The other sequences with new tokens (and their lengths on the device), or None."""
     skip = set(dense)
     rest = [i for i in range(batch.num_seqs) if i not in skip and batch.query_lens[i] > 0]
     if not rest:

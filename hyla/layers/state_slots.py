@@ -1,12 +1,5 @@
-"""A packed step's trip through the linear layers' state slots: read each sequence's slot,
-run the short conv / delta rule over the step, write the new states back.
-
-    batch.caches[layer_idx]["recurrent_state"]  [num_slots, HV, K, V] float32
-    batch.caches[layer_idx]["conv_state"]       [num_slots, C, W - 1]
-
-Sequence i owns slot `batch.state_indices[i]`; the slot of a sequence without context
-(`context_lens[i] == 0`) is never read (it may hold garbage, NaN included).
-"""
+"""Short conv and delta rule of a packed step over the linear layers' state slots; a sequence
+without context never reads its slot (it may hold NaN)."""
 
 from __future__ import annotations
 
@@ -25,7 +18,6 @@ DeltaRuleFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def read_slots(cache: LayerCache, name: str, batch: ForwardBatch) -> torch.Tensor:
-    """This step's sequences' rows of cache[name]; zeros for sequences without context."""
     rows = cache[name].index_select(0, batch.state_indices)
     fresh = batch.shared(("fresh_state_rows", rows.device), lambda: _fresh_rows(batch, rows.device))
     if fresh is not None:
@@ -34,7 +26,6 @@ def read_slots(cache: LayerCache, name: str, batch: ForwardBatch) -> torch.Tenso
 
 
 def _fresh_rows(batch: ForwardBatch, device: torch.device) -> torch.Tensor | None:
-    """Positions of the sequences without context (their slots are never read), or None."""
     fresh = [i for i, has_state in enumerate(batch.has_initial_state) if not has_state]
     return index_tensor(fresh, device) if fresh else None
 
@@ -42,12 +33,10 @@ def _fresh_rows(batch: ForwardBatch, device: torch.device) -> torch.Tensor | Non
 def short_conv_step(
     mixed: torch.Tensor, weight: torch.Tensor, cache: LayerCache, batch: ForwardBatch
 ) -> torch.Tensor:
-    """SiLU short conv of `mixed` [T, C] (weight [C, W]) continuing each sequence's conv state;
-    writes the new states back to their slots. Returns [T, C]. Where the Triton kernels run
-    (CUDA) the slots are read and written in place: one launch for a pure decode step
-    (`kernels.conv_update_slots`), two for any other (`varlen_kernels.conv_varlen_slots`)."""
+    """SiLU short conv of `mixed` [T, C] (weight [C, W]) from each sequence's conv state, new
+    states written back. Returns [T, C]."""
     pool = cache["conv_state"]
-    if batch.attn.has_state is not None:  # a static multi-token step (mixed CUDA graphs)
+    if batch.attn.has_state is not None:  # static multi-token step (mixed CUDA graphs)
         return _conv_static(mixed, weight, pool, batch)
     if _is_pure_decode(batch) and triton_runs_on(pool):
         from hyla.ops.short_conv import kernels
@@ -56,7 +45,7 @@ def short_conv_step(
     if varlen_conv_runs(pool, batch) and batch.state_boundaries is None:
         return _conv_varlen(mixed, weight, pool, batch)
     state = read_slots(cache, "conv_state", batch)
-    if batch.state_boundaries is not None:  # checkpoints inside the chunks
+    if batch.state_boundaries is not None:
         _write_conv_boundaries(mixed, state, weight.shape[-1], pool, batch)
         if varlen_conv_runs(pool, batch):  # the slots are read before the kernel writes them
             return _conv_varlen(mixed, weight, pool, batch)
@@ -70,7 +59,6 @@ def short_conv_step(
 def _conv_varlen(
     mixed: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, batch: ForwardBatch
 ) -> torch.Tensor:
-    """The Triton short conv of a multi-token step, slots read and written in place."""
     from hyla.ops.short_conv import varlen_kernels
 
     has_state = batch.shared(("has_initial_state", pool.device), lambda: index_tensor(
@@ -83,7 +71,6 @@ def _conv_varlen(
 def _conv_static(
     mixed: torch.Tensor, weight: torch.Tensor, pool: torch.Tensor, batch: ForwardBatch
 ) -> torch.Tensor:
-    """The short conv of a static step: lengths and the state mask only on the device."""
     has_state = batch.attn.has_state
     if triton_runs_on(pool):
         from hyla.ops.short_conv import varlen_kernels
@@ -98,7 +85,6 @@ def _conv_static(
 
 
 def _masked_rows(pool: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-    """The step's slot rows, zeros where `attn.has_state` is 0 (garbage and NaN included)."""
     rows = pool.index_select(0, batch.state_indices)
     fresh = (batch.attn.has_state == 0).view(-1, *([1] * (rows.dim() - 1)))
     return rows.masked_fill_(fresh, 0)
@@ -107,9 +93,6 @@ def _masked_rows(pool: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
 def _write_conv_boundaries(
     mixed: torch.Tensor, state: torch.Tensor, width: int, pool: torch.Tensor, batch: ForwardBatch
 ) -> None:
-    """The conv states at `batch.state_boundaries` (from this step's inputs `mixed` [T, C] and
-    the carried `state` [N, C, W-1]) into their checkpoint rows: one gather whose source rows
-    are planned once per step for every layer (`conv_boundary_rows`)."""
     marks, host = batch.state_boundaries, batch.cu_seqlens_host
     rows = batch.shared(("conv_boundary_rows", width, pool.device), lambda: index_tensor(
         conv_boundary_rows(host, marks, width), pool.device))  # fmt: skip
@@ -118,30 +101,19 @@ def _write_conv_boundaries(
 
 
 def varlen_conv_runs(pool: torch.Tensor, batch: ForwardBatch) -> bool:
-    """Whether a multi-token step's short conv takes the Triton kernel (bench/gpu_mixed_step.py
-    patches this to time the path it replaced)."""
-    return triton_runs_on(pool) and batch.attn.seq_lens_host is not None  # host flags known
+    """Whether a multi-token step's short conv takes the Triton kernel (patched by bench/)."""
+    return triton_runs_on(pool) and batch.attn.seq_lens_host is not None
 
 
 def _is_pure_decode(batch: ForwardBatch) -> bool:
-    """One token per sequence, every sequence with a state to continue from."""
     lens = batch.query_lens
     return bool(lens) and all(n == 1 for n in lens) and all(batch.has_initial_state)
 
 
 @dataclass(frozen=True)
 class SubBatch:
-    """The sequences of a mixed step that one delta-rule op runs (decodes, or chunked ones),
-    built once per step (`ForwardBatch.shared`) for every linear layer: the same `cu_seqlens`
-    objects in every layer let fla plan its chunks once per step (`prepare_chunk_indices` is
-    memoized by tensor identity), and the index tensors are copied to the device once.
-
-    Attributes:
-        rows: [T'] int64 packed rows of these sequences' tokens (device).
-        seqs: [N'] int64 their positions in the batch (device).
-        cu_seqlens: [N' + 1] int32 offsets within the rows (device); cu_seqlens_cpu: the same, CPU.
-        seqs_host: `seqs` as host ints.
-    """
+    """The sequences of a mixed step one delta-rule op runs, built once per step: the same
+    `cu_seqlens` object in every layer lets fla memoize its chunk plan (by tensor identity)."""
 
     rows: torch.Tensor
     seqs: torch.Tensor
@@ -164,7 +136,6 @@ def _sub_batch(batch: ForwardBatch, seqs: list[int], device: torch.device) -> Su
 
 
 def split_by_length(batch: ForwardBatch, device: torch.device) -> tuple[SubBatch, SubBatch]:
-    """(single-token sequences, multi-token sequences) of this step, built anew."""
     lens = batch.query_lens
     ones = [i for i, n in enumerate(lens) if n == 1]
     many = [i for i, n in enumerate(lens) if n > 1]
@@ -172,16 +143,13 @@ def split_by_length(batch: ForwardBatch, device: torch.device) -> tuple[SubBatch
 
 
 def mixed_split(batch: ForwardBatch, device: torch.device) -> tuple[SubBatch, SubBatch]:
-    """`split_by_length` once per step (every linear layer gets the same objects)."""
     return batch.shared(("delta_rule_split", device), lambda: split_by_length(batch, device))
 
 
 def _slot_range(
     batch: ForwardBatch, states: torch.Tensor
 ) -> tuple[slice, torch.Tensor | None] | None:
-    """When this step's state slots are exactly the rows lo .. lo + N - 1 (fp32 states), that
-    range and the batch positions in slot order (None if already in order); else None. Always
-    None when the host does not hold the step's slots (a static step)."""
+    """(slice, slot order or None) when this step's fp32 slots are one contiguous range."""
     slots = batch.state_indices_host
     if slots is None:
         return None
@@ -202,12 +170,9 @@ def _decode_in_place(
     rows: slice,
     order: torch.Tensor | None,
 ) -> torch.Tensor:
-    """A pure decode step whose slots are a contiguous range: the recurrent op updates that
-    slice of the state tensor in place (no gather, no scatter); inputs (q, k, v, g, beta) and
-    the output are permuted to slot order and back when the batch lists the slots unsorted."""
     if order is not None:
         inputs = tuple(x.index_select(0, order) for x in inputs)
-    state = cache["recurrent_state"][rows]  # a view: updated in place
+    state = cache["recurrent_state"][rows]
     o, _ = recurrent_fn(*inputs, batch.cu_seqlens, state, use_qk_l2norm=True, inplace_state=True)
     return o if order is None else torch.empty_like(o).index_copy_(0, order, o)
 
@@ -223,17 +188,12 @@ def delta_rule_step(
     cache: LayerCache,
     batch: ForwardBatch,
 ) -> torch.Tensor:
-    """Run the delta rule over a packed step from each sequence's slot state and write the final
-    states back. Multi-token sequences go through `chunk_fn`, single tokens `recurrent_fn`; a
-    step of only one or only the other is one call, and a decode step updates its slots in place
-    (on CUDA any slots, through the op's `state_indices`; elsewhere a contiguous range of an
-    eager step's host slots).
-
-    Shapes: q, k [T, H, K]; v [T, HV, V]; g [T, HV(, K)]; beta [T, HV]. Returns o [T, HV, V].
-    """
+    """Delta rule over a packed step from each sequence's slot state, final states written
+    back: multi-token sequences via `chunk_fn`, single tokens via `recurrent_fn`.
+    q, k: [T, H, K]; v: [T, HV, V]; g: [T, HV(, K)]; beta: [T, HV]. Returns o [T, HV, V]."""
     lens = batch.query_lens
     pool = cache["recurrent_state"]
-    if batch.attn.has_state is not None:  # a static multi-token step: one fixed-grid call
+    if batch.attn.has_state is not None:
         state = _masked_rows(pool, batch)
         o, final = chunk_fn(
             q, k, v, g, beta, batch.cu_seqlens, state, use_qk_l2norm=True, inplace_state=True,
@@ -243,7 +203,7 @@ def delta_rule_step(
         return o
     inside = _boundary_buffer(batch, pool)
     if _is_pure_decode(batch):
-        if pool.is_cuda:  # the op reads and writes the slots in place (fla), no host sync
+        if pool.is_cuda:  # fla updates the slots in place, no host sync
             o, _ = recurrent_fn(
                 q, k, v, g, beta, batch.cu_seqlens, pool, use_qk_l2norm=True,
                 inplace_state=True, state_indices=batch.state_indices,
@@ -252,12 +212,12 @@ def delta_rule_step(
         in_place = _slot_range(batch, pool)
         if in_place is not None:
             return _decode_in_place(recurrent_fn, (q, k, v, g, beta), cache, batch, *in_place)
-    state = read_slots(cache, "recurrent_state", batch)  # [N, HV, K, V]
-    if lens and (all(n == 1 for n in lens) or all(n > 1 for n in lens)):  # one op, no regrouping
+    state = read_slots(cache, "recurrent_state", batch)
+    if lens and (all(n == 1 for n in lens) or all(n > 1 for n in lens)):
         args = (q, k, v, g, beta, batch.cu_seqlens, state)
         if lens[0] == 1:
             o, final = recurrent_fn(*args, use_qk_l2norm=True, inplace_state=True)
-        else:  # the host offsets spare the op a device sync (see `kda.kernels.chunk_kda`)
+        else:  # host offsets spare the op a device sync
             host = batch.shared("cu_seqlens_cpu", lambda: torch.tensor(batch.cu_seqlens_host))
             extra = _boundary_args(batch, inside, tuple(range(len(lens))), batch.cu_seqlens_host)
             o, final = chunk_fn(
@@ -273,7 +233,7 @@ def delta_rule_step(
             continue
         rows, idx = sub.rows, sub.seqs
         extra = {"cu_seqlens_cpu": sub.cu_seqlens_cpu} if fn is chunk_fn else {}
-        if fn is chunk_fn:  # only multi-token sequences have boundaries inside their chunk
+        if fn is chunk_fn:
             extra.update(_boundary_args(batch, inside, sub.seqs_host, sub.cu_seqlens_cpu))
         args = (q[rows], k[rows], v[rows], g[rows], beta[rows], sub.cu_seqlens, state[idx])
         o_sub, final_sub = fn(*args, use_qk_l2norm=True, **extra)
@@ -285,8 +245,7 @@ def delta_rule_step(
 
 
 def _boundary_buffer(batch: ForwardBatch, pool: torch.Tensor) -> torch.Tensor | None:
-    """[M, HV, K, V] fp32 for the states at `batch.state_boundaries` (None when there are none;
-    a single-token sequence has none, so a pure decode step never does)."""
+    """[M, HV, K, V] fp32 for the states at `batch.state_boundaries`, or None."""
     if batch.state_boundaries is None:
         return None
     M = sum(len(b) for b in batch.state_boundaries)
@@ -296,10 +255,8 @@ def _boundary_buffer(batch: ForwardBatch, pool: torch.Tensor) -> torch.Tensor | 
 def _boundary_args(
     batch: ForwardBatch, inside: torch.Tensor | None, seqs: tuple[int, ...], cu_host
 ) -> dict:
-    """The chunk op's boundary arguments for the batch positions `seqs` (every multi-token
-    sequence, in batch order: the others have no boundaries, so all rows of `inside` are
-    theirs), packed by the host offsets `cu_host` (ints or a CPU tensor). The rounds are
-    planned once per step (`boundaries.plan_rounds`, shared by every linear layer)."""
+    """The chunk op's boundary arguments for the multi-token sequences `seqs` (batch order:
+    only they have boundaries, so all rows of `inside` are theirs)."""
     if inside is None:
         return {}
     plan = batch.shared(("boundary_plan", seqs, inside.device), lambda: plan_rounds(

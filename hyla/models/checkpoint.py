@@ -1,10 +1,5 @@
-"""Match a checkpoint's stored tensors to a model, from the safetensors headers alone.
-
-`plan_checkpoint` maps every stored name through the family adapter (`hyla.models.registry`),
-then checks that each destination exists, that shapes agree (also for slices of fused experts
-and for tensors split across several parameters) and that every model tensor is filled exactly.
-All problems are collected and raised together before any weight is read.
-"""
+"""Match a checkpoint's stored tensors to a model from the safetensors headers alone (names,
+shapes, full coverage); all problems are raised together before any weight is read."""
 
 from __future__ import annotations
 
@@ -29,8 +24,6 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
-    """One stored tensor: its file, its destinations and, for FP8, its scale's name."""
-
     name: str
     file: Path
     placements: tuple[Placement, ...]
@@ -38,8 +31,7 @@ class Entry:
 
 
 def targets_of(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Loadable tensors by name (parameters and persistent buffers) and aliases (tied names ->
-    the name that owns the storage)."""
+    """Loadable tensors by name (parameters, persistent buffers), and tied name -> owner."""
     targets: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     owner: dict[int, str] = {}
@@ -68,11 +60,7 @@ def plan_checkpoint(
     aliases: dict[str, str],
     files: list[Path],
 ) -> list[Entry]:
-    """Match every stored tensor to its destinations and check names and shapes.
-
-    Raises: CheckpointError listing unexpected tensors, shape mismatches (name, checkpoint shape,
-    model shape) and missing hyla tensors (or missing expert / row slices of fused tensors).
-    """
+    """Match every stored tensor to its destinations; CheckpointError lists every problem."""
     headers = _read_headers(files)
     entries: list[Entry] = []
     unexpected: list[str] = []
@@ -157,14 +145,8 @@ def _raise_if(what: str, items: list[str], limit: int = 20) -> None:
 
 
 def dequantize_fp8(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """Block-wise FP8 dequantization (DeepSeek-V3 releases): `w * scale_inv` per block.
-
-    Args:
-        weight: [R, C] float8_e4m3fn.
-        scale_inv: [ceil(R / b0), ceil(C / b1)] float32, one factor per b0 x b1 block; the block
-            size is recovered from the shapes (128 x 128 in the releases).
-    Returns: [R, C] float32.
-    """
+    """Block-wise FP8 dequantization (DeepSeek-V3): weight [R, C] fp8 * scale_inv [ceil(R / b0),
+    ceil(C / b1)] float32 per b0 x b1 block (block size from the shapes) -> [R, C] float32."""
     rows, cols = weight.shape
     b0 = -(-rows // scale_inv.shape[0])
     b1 = -(-cols // scale_inv.shape[1])

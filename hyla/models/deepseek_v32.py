@@ -1,22 +1,12 @@
-"""DeepSeek-V3.2 adapter (transformers `deepseek_v32`; deepseek-ai/DeepSeek-V3.2(-Exp)).
-
-Layers: every layer is DSA (MLA + lightning indexer + top-k sparse attention); FFN: dense for the
-first `first_k_dense_replace` layers, then sigmoid-routed grouped top-k MoE with shared experts.
-RoPE is interleaved (`apply_rotary_pos_emb_interleave`) over `qk_rope_head_dim`, usually yarn.
-
-Tensor names: `model.layers.{i}.self_attn.*` (incl. `self_attn.indexer.*`) -> `layers.{i}.mixer.*`;
-experts per-expert (`experts.{e}.gate_proj/up_proj/down_proj`, original release) or fused
-(transformers 5). Layers at index >= `num_hidden_layers` are the multi-token-prediction module
-(`num_nextn_predict_layers`) and are skipped. FP8 releases (`weight_scale_inv`) are dequantized by
-the loader.
-"""
+"""DeepSeek-V3.2 adapter (transformers `deepseek_v32`): every layer DSA, dense then grouped top-k
+sigmoid MoE; MTP layers (index >= `num_hidden_layers`) are skipped."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hyla.config import ConfigError, DSAConfig, MLAConfig, ModelConfig, MoEConfig
-from hyla.models.hf_fields import (
+from hyla.hf_fields import (
     HFFields,
     eos_ids,
     layer_list,
@@ -68,13 +58,11 @@ def _moe(f: HFFields) -> MoEConfig:
     )
 
 
-# transformers >= 5.2x writes "indexed_attention"; earlier 5.x releases wrote
-# "deepseek_sparse_attention" (seen in 5.17's saved configs)
+# transformers >= 5.2x writes "indexed_attention", earlier 5.x "deepseek_sparse_attention"
 LAYER_TYPES = {"indexed_attention": "dsa", "deepseek_sparse_attention": "dsa"}
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a DeepSeek-V3.2 `config.json` dict. Raises ConfigError naming the field."""
     f = HFFields(d)
     require_silu(f)
     num_layers = f.integer("num_hidden_layers")
@@ -121,8 +109,6 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
 
 
 def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes in hyla's state dict; None to skip it (rotary caches,
-    the MTP layers beyond `config.num_layers`): an empty tuple."""
     if is_rotary_buffer(name):
         return ()
     name = strip_model_prefix(name)
@@ -134,6 +120,5 @@ def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placemen
 
 
 def hf_to_hyla_name(name: str, config: ModelConfig | None = None) -> str | None:
-    """hyla state-dict name for checkpoint tensor `name`; None = not loaded."""
     placements = hf_placement(name, config)
     return placements[0].target if placements else None

@@ -1,19 +1,5 @@
-"""DeepSeek-V4 adapter (transformers `deepseek_v4`; deepseek-ai/DeepSeek-V4-Flash / -Pro).
-
-Layers (`layer_types`): sliding-window attention ("swa"), compressed sparse attention ("csa":
-windows of `compress_rates["compressed_sparse_attention"]` tokens, an indexer's top-k) and
-heavily compressed attention ("hca"), all shared-KV MQA with sinks
-(`hyla.layers.compressed_attention`); FFN (`mlp_layer_types`): hash-routed ("hash_moe") then
-sqrt-softplus routed MoE, clamped SwiGLU experts plus a shared expert; `hc_mult` mHC streams
-collapsed at the end by learned weights (`hc_head`).
-
-Tensor names: the released checkpoint's (`embed`, `head`, `layers.{i}.attn.{wq_a, wq_b, wkv,
-wo_a, wo_b, q_norm, norm, attn_sink, compressor.{wkv, wgate, ape, norm}, indexer.{wq_b,
-weights_proj, compressor.*}}`, `ffn.{gate, experts.{e}.w1/w2/w3, shared_experts}`,
-`hc_{attn,ffn}_{fn,base,scale}`, `hc_head_*`; transformers saves them so too, with a `model.`
-prefix) or transformers' own module names, both mapped onto hyla's (transformers'
-`conversion_mapping` renames, in the same order); the MTP layers (`mtp.*`) are skipped.
-"""
+"""DeepSeek-V4 adapter (transformers `deepseek_v4`): swa/csa/hca shared-KV MQA with sinks, hash
+then sqrt-softplus MoE, mHC streams; released and transformers tensor names both map."""
 
 from __future__ import annotations
 
@@ -21,7 +7,7 @@ import re
 from typing import Any
 
 from hyla.config import CompressedAttentionConfig, ConfigError, ModelConfig, MoEConfig, RopeConfig
-from hyla.models.hf_fields import HFFields, eos_ids, layer_list, model_dtype, require_silu
+from hyla.hf_fields import HFFields, eos_ids, layer_list, model_dtype, require_silu
 from hyla.models.weights import (
     Placement,
     default_placement,
@@ -70,8 +56,6 @@ def _moe(f: HFFields) -> MoEConfig:
 
 
 def _ropes(f: HFFields, rotary_dim: int) -> tuple[RopeConfig, dict[str, Any]]:
-    """The main rope and the compressed layers' rope fields (`rope_parameters["compress"]`,
-    else `compress_rope_theta` + the flat `rope_parameters` scaling)."""
     params = f.raw("rope_parameters", None) or {}
     main = HFFields(params.get("main") or {"rope_theta": f.number("rope_theta", 10000.0)})
     compress = params.get("compress")
@@ -90,7 +74,6 @@ def _ropes(f: HFFields, rotary_dim: int) -> tuple[RopeConfig, dict[str, Any]]:
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a DeepSeek-V4 `config.json` dict. Raises ConfigError naming the field."""
     f = HFFields(d)
     require_silu(f)
     num_layers = f.integer("num_hidden_layers", 43)
@@ -164,7 +147,6 @@ _RENAMES = (
 
 
 def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes in hyla's state dict (empty tuple: skip it)."""
     if is_rotary_buffer(name) or name.startswith("mtp.") or ".mtp." in name:
         return ()
     name = strip_model_prefix(name)
@@ -174,6 +156,5 @@ def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placemen
 
 
 def hf_to_hyla_name(name: str, config: ModelConfig | None = None) -> str | None:
-    """hyla state-dict name for checkpoint tensor `name`; None = not loaded."""
     placements = hf_placement(name, config)
     return placements[0].target if placements else None

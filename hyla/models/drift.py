@@ -1,15 +1,5 @@
-"""Precision drift between two configurations of one model, measured on the same tokens.
-
-The reference prefills a prompt and decodes `num_new` greedy tokens; every other configuration
-is teacher-forced along the same path (prefill of the prompt, then one decode step per
-reference token), so position i of each run predicts the same next token:
-
-    rows:  prompt positions 0 .. P-1 (prefill)  |  after greedy tokens g_0 .. g_{G-2} (decode)
-    stats: KL(ref || other) of the next-token distribution per row, the share of rows whose
-           argmax agrees, |log p_ref(y) - log p_other(y)| at the reference's next token y
-
-Decode rows read the cache one token at a time, as serving does (the fp8 cache's read paths).
-"""
+"""Precision drift of a configuration against a reference, teacher-forced along its greedy tokens
+(decode rows read the cache one by one): KL, argmax agreement, |log p_ref(y) - log p_other(y)|."""
 
 from __future__ import annotations
 
@@ -23,8 +13,6 @@ from hyla.models.runner import SequenceRunner
 
 @dataclass(frozen=True)
 class DriftStats:
-    """Drift of one configuration against the reference over `num_rows` next-token rows."""
-
     num_rows: int
     mean_kl: float
     p99_kl: float
@@ -73,8 +61,7 @@ def forced_logprobs(
 
 
 def drift(ref: torch.Tensor, other: torch.Tensor, next_tokens: torch.Tensor) -> DriftStats:
-    """Stats of `other` against `ref` (log-probs [R, V] each; next_tokens [R] int64: the
-    token each row's distribution is scored at, the reference's next token)."""
+    """`other` against `ref` (log-probs [R, V]) at `next_tokens` [R] int64 (the reference's)."""
     kl = (ref.exp() * (ref - other)).sum(-1).clamp_min(0)
     agree = (ref.argmax(-1) == other.argmax(-1)).float().mean()
     picked = lambda lp: lp.gather(-1, next_tokens[:, None])[:, 0]  # noqa: E731

@@ -1,22 +1,5 @@
-"""GLM-5.3-Flash adapter (transformers `glm5_next`; zai-org/GLM-5.3-Flash), text model.
-
-Layers: KDA linear attention with the lower-bounded forget gate (`linear_attention`) and NoPE
-MLA with the pooled DSA indexer (`indexed_attention`; `index_kpool`, shared indexer layers by
-`indexer_types`); FFN: clamped SwiGLU (`swiglu_limit`), dense for the first layers, then
-sigmoid-routed grouped top-k MoE with shared experts; `hc_mult` hyper-connection streams.
-
-Config: a full multimodal `config.json` keeps the text fields under `text_config`; a flat
-text-only one has them at the top level. Both are read; missing fields take the
-`Glm5NextTextConfig` defaults.
-
-Tensor names: `model.language_model.` (multimodal) or `model.` (flat) prefix, then as
-transformers' text model with the released checkpoint's spellings: `self_attn.{f_a_proj,
-f_b_proj, dt_bias, A_log}` (transformers 5 moves them under `forget_gate.`: dropped here),
-`self_attn.{q,k,v}_conv1d` (or one fused `conv1d`, split here), `hc_{attn,ffn}_{fn,base,scale}`
-(transformers: `{attn,ffn}_hc.{fn,base,scale}`), per-expert or fused experts. The vision tower
-(`model.visual.*`) is skipped: hyla serves the text model only (see docs/model_gaps.md);
-layers at index >= `num_hidden_layers` (the MTP module) and `shared_head` are skipped.
-"""
+"""GLM-5.3-Flash adapter (transformers `glm5_next`), text model: KDA, NoPE MLA with the pooled
+DSA indexer, clamped SwiGLU MoE, `hc_mult` streams; multimodal or flat configs."""
 
 from __future__ import annotations
 
@@ -31,7 +14,7 @@ from hyla.config import (
     ModelConfig,
     MoEConfig,
 )
-from hyla.models.hf_fields import HFFields, eos_ids, layer_list, model_dtype, require_silu
+from hyla.hf_fields import HFFields, eos_ids, layer_list, model_dtype, require_silu
 from hyla.models.kimi_linear import hf_placement as kimi_placement
 from hyla.models.weights import Placement, layer_index
 
@@ -65,8 +48,7 @@ def _ffn_pattern(f: HFFields, num_layers: int) -> list[str]:
 
 
 def _indexer_types(f: HFFields, num_layers: int) -> tuple[str, ...]:
-    """`indexer_types`, else `index_topk_pattern` ("FSSF..."), else the freq/offset schedule
-    (as `Glm5NextTextConfig.__post_init__`)."""
+    """`indexer_types`, else `index_topk_pattern`, else the freq/offset schedule (transformers')."""
     if f.raw("indexer_types", None) is not None:
         kinds = {"full": "full", "shared": "shared"}
         return tuple(layer_list(f, "indexer_types", num_layers, kinds))
@@ -148,8 +130,6 @@ def _mla(f: HFFields) -> MLAConfig:
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a GLM-5.3-Flash `config.json` dict (multimodal or flat text-only).
-    Raises ConfigError naming the field."""
     top = HFFields(d)
     f = HFFields(text_fields(d))
     require_silu(f)
@@ -194,7 +174,6 @@ _HC_RE = re.compile(r"^(layers\.\d+)\.hc_(attn|ffn)_(fn|base|scale)$")
 
 
 def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes in hyla's state dict (empty tuple: skip it)."""
     if name.startswith(("model.visual.", "visual.")) or ".shared_head." in name:
         return ()
     name = _PREFIX_RE.sub("", name)
@@ -208,6 +187,5 @@ def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placemen
 
 
 def hf_to_hyla_name(name: str, config: ModelConfig | None = None) -> str | None:
-    """hyla state-dict name for checkpoint tensor `name`; None = not loaded."""
     placements = hf_placement(name, config)
     return placements[0].target if placements else None

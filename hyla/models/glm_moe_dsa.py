@@ -1,13 +1,5 @@
-"""GLM-5 adapter (transformers `glm_moe_dsa`; zai-org/GLM-5, GLM-5-FP8).
-
-DeepSeek-V3.2's architecture (`hyla.models.deepseek_v32`: every layer DSA = MLA + lightning
-indexer + top-k, dense then sigmoid-routed MoE with shared experts) with two changes: the
-indexer's queries and keys rotate in interleaved pairs (`dsa.index_rope_style`), and
-`indexer_types` marks "shared" layers that have no indexer and reuse the top-k of the last full
-layer (`hyla.layers.sparse_attention`). Fields absent from config.json take `GlmMoeDsaConfig`'s
-defaults. Tensor names are DeepSeek-V3.2's; layers at index >= `num_hidden_layers` (the MTP
-module) are skipped; FP8 releases load through `hyla.models.quantization`.
-"""
+"""GLM-5 adapter (transformers `glm_moe_dsa`): DeepSeek-V3.2 plus interleaved indexer rope and
+"shared" `indexer_types` layers reusing the last full layer's top-k."""
 
 from __future__ import annotations
 
@@ -15,9 +7,9 @@ import dataclasses
 from typing import Any
 
 from hyla.config import ConfigError, ModelConfig
+from hyla.hf_fields import HFFields
 from hyla.models import deepseek_v32
 from hyla.models.glm5_next import _indexer_types
-from hyla.models.hf_fields import HFFields
 from hyla.models.weights import Placement
 
 MODEL_TYPE = "glm_moe_dsa"
@@ -35,7 +27,6 @@ _DEFAULTS = {
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a GLM-5 `config.json` dict. Raises ConfigError naming the field."""
     d = {**_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
     base = deepseek_v32.config_from_hf(d)
     f = HFFields(d)
@@ -47,11 +38,9 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
 
 
 def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes in hyla's state dict (empty tuple: skip it)."""
     return deepseek_v32.hf_placement(name, config)
 
 
 def hf_to_hyla_name(name: str, config: ModelConfig | None = None) -> str | None:
-    """hyla state-dict name for checkpoint tensor `name`; None = not loaded."""
     placements = hf_placement(name, config)
     return placements[0].target if placements else None

@@ -1,20 +1,5 @@
-"""The hybrid decoder: embedding, one (mixer, FFN) pair per layer of the pattern, final norm.
-
-Each layer is pre-norm residual (as in all supported families):
-
-    h = h + mixer(input_layernorm(h))
-    h = h + mlp(post_attention_layernorm(h))
-
-`HybridModel.forward` runs each add together with the norm that follows it
-(`DecoderLayer.forward`, `hyla.ops.norm.fused_add_rms_norm`: one kernel on CUDA).
-
-With `hc_mult` > 1 (GLM-5.3-Flash) the single residual becomes N streams [T, N, D]: each block
-reads a mix of them and writes back to all (`hyla.layers.hyper_connection`); the final norm reads
-their mean (DeepSeek-V4: a learned weighted collapse, `hc_head_weighted`).
-
-Mixer classes come from `MIXERS` by layer kind, FFN classes from `FFNS`; both registries are the
-only places that name concrete layer classes.
-"""
+"""The hybrid decoder: embedding, one pre-norm (mixer, FFN) pair per layer, final norm; classes
+come from `MIXERS` / `FFNS` only; `hc_mult` > 1: N residual streams [T, N, D]."""
 
 from __future__ import annotations
 
@@ -61,8 +46,7 @@ def _mixer_key(config: ModelConfig, layer_idx: int) -> str:
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm residual block: `mixer` of kind `layer_pattern[i]`, `mlp` of
-    `ffn_pattern[i]`."""
+    """One pre-norm block: h += mixer(input_layernorm(h)); h += mlp(post_attention_layernorm(h))."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -82,11 +66,8 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block of the module docstring with each residual add fused into the norm after
-        it (vLLM's convention): the layer's input is `residual + delta` (delta None: just
-        `residual`); returns (mlp output, residual before that output is added), all [T, D].
-        Same numbers as the unfused block: the adds and norms are the same ops, only grouped.
-        The mixer updates its cache."""
+        """Each residual add fused into the next norm (vLLM's convention, same numbers): input
+        `residual + delta` (delta None: `residual`) -> (mlp output, residual), all [T, D]."""
         if delta is None:
             x = self.input_layernorm(residual)
         else:
@@ -114,11 +95,7 @@ class DecoderLayer(nn.Module):
 
 
 class HybridModel(nn.Module):
-    """A causal LM over a hybrid layer pattern.
-
-    `forward(input_ids [T] int64, positions [T] int64, batch) -> hidden [T, D]` over a packed
-    varlen batch; `compute_logits(hidden [n, D]) -> [n, V] float32`.
-    """
+    """A causal LM over a hybrid layer pattern, on a packed varlen batch."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -139,10 +116,8 @@ class HybridModel(nn.Module):
         batch: ForwardBatch,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids [T] int64, positions [T] int64 -> final-normed hidden states [T, D] in the
-        model dtype. Linear layers update their state slots and attention-like layers write
-        their paged cache in place (`batch.caches`, see `hyla.forward_batch`). `inputs_embeds`
-        [T, D], when given, replaces the token embeddings (image placeholders filled in)."""
+        """input_ids, positions [T] int64 -> final-normed hidden [T, D]; layers update
+        `batch.caches` in place; `inputs_embeds` [T, D] replaces the token embeddings."""
         batch.per_pass.clear()  # a new pass: nothing computed for an earlier one is reused
         batch.per_pass[INPUT_IDS] = input_ids
         embeds = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -168,12 +143,8 @@ class HybridModel(nn.Module):
 
     @torch.no_grad()
     def stack_projections(self) -> None:
-        """Store the weights of each group of projections that read one input (a module's
-        `stacked_projections()`: KDA's six input projections, an MLP's gate and up) as row blocks
-        of one tensor, so `stacked_linear` runs each group as one matmul
-        (`hyla.ops.linear.stacked`); likewise KDA's q, k, v short-conv weights
-        (`stacked_convolutions()`: no concatenation per forward). Values, names and the state
-        dict are unchanged."""
+        """Store each group of projections reading one input (`stacked_projections()`, KDA's
+        `stacked_convolutions()`) as row blocks of one tensor (one matmul; same state dict)."""
         for module in self.modules():
             for name in ("stacked_projections", "stacked_convolutions"):
                 group = getattr(module, name, None)
@@ -186,8 +157,7 @@ class HybridModel(nn.Module):
 
 
 def stack_group(modules: tuple[nn.Module, ...]) -> None:
-    """Re-home the weights of `modules` as row blocks of one tensor, unless they already are
-    (`hyla.ops.linear.stacked`; conv weights [C, 1, W] are compared as [C, W])."""
+    """Re-home `modules`' weights as row blocks of one tensor unless they already are."""
     weights = [m.weight.flatten(1) for m in modules]
     if adjacent_rows(weights) is None:
         stack_rows(modules)

@@ -1,9 +1,5 @@
-"""`hyla inspect PATH`: what a model is and what it costs, without loading any weight.
-
-Works on a checkpoint directory, a directory with only config.json, or a config.json file (any
-supported HF family or hyla's layout). Parameters are counted on a model built on the meta
-device (no memory, the modules' real shapes); cache costs come from `hyla.cache.spec`.
-"""
+"""`hyla inspect PATH`: what a model is and costs without loading weights: parameters counted on
+a meta-device model, cache costs from `hyla.cache.spec`."""
 
 from __future__ import annotations
 
@@ -24,14 +20,8 @@ from hyla.models.quantization import choose_fp8, convert_modules
 
 @dataclass(frozen=True)
 class InspectReport:
-    """Summary of one model.
-
-    `num_active_params` counts every weight a token touches: all non-expert weights (embedding
-    and head included), the shared experts and `num_experts_per_tok` routed experts per MoE
-    layer. `cache_bytes_per_token` is the paged cache of all attention-like layers (mla, gqa,
-    dsa) per token; `state_bytes_per_seq` the recurrent + conv state of all linear layers (kda,
-    gdn) per sequence, whatever its length.
-    """
+    """`num_active_params`: non-expert weights, shared and `num_experts_per_tok` routed experts;
+    `cache_bytes_per_token`: attention-like layers; `state_bytes_per_seq`: linear layers."""
 
     path: str
     config: ModelConfig
@@ -49,12 +39,8 @@ class InspectReport:
 
 
 def compact_pattern(kinds: Sequence[str]) -> str:
-    """Shortest run-length form of a per-layer list, e.g. `[kda, kda, kda, mla] x 8`.
-
-    Dynamic programme over positions: each step emits one item, or a block repeated >= 2 times
-    (a block costs its length + 1.5, so `kda, kda` beats `[kda] x 2`). Among equally short forms
-    the one whose first block starts earliest wins.
-    """
+    """Shortest run-length form of a per-layer list, e.g. `[kda, kda, kda, mla] x 8`: a DP where
+    a repeated block costs its length + 1.5; ties go to the earliest first block."""
     n = len(kinds)
     # best[i] = (cost, index of the first block relative to i, rendered parts) for kinds[i:]
     best: list[tuple[float, float, list[str]]] = [(0.0, float("inf"), [])] * (n + 1)
@@ -91,10 +77,8 @@ def count_params(config: ModelConfig) -> tuple[int, int]:
 
 def stored_model(config: ModelConfig, path: Path | None, quantize_floats: bool | None = None
                  ) -> nn.Module:  # fmt: skip
-    """The model on the meta device with the weights as the loader keeps them: the modules
-    the checkpoint stores in fp8 (from the safetensors headers) as their fp8 forms with float32
-    block scales, the rest in `config.dtype`. `quantize_floats` (default: when there is no
-    checkpoint to read) makes every fp8 candidate fp8, as `--quantization fp8` does."""
+    """The meta-device model with weights as the loader keeps them (fp8 where stored so, else
+    `config.dtype`); `quantize_floats` (default: no checkpoint) makes every candidate fp8."""
     model = build_empty_model(config, "meta")
     if config.quantization is not None:
         files = list(path.glob("*.safetensors")) if path is not None and path.is_dir() else []
@@ -110,7 +94,6 @@ def stored_model(config: ModelConfig, path: Path | None, quantize_floats: bool |
 
 
 def stored_weight_bytes(config: ModelConfig, path: Path) -> int:
-    """Bytes of the weights as the loader keeps them (`stored_model`)."""
     return sum(p.numel() * p.element_size() for p in stored_model(config, path).parameters())
 
 
@@ -127,11 +110,8 @@ def _checkpoint_size(path: Path) -> tuple[int, int]:
 
 
 def inspect_model(path: str | Path, serve_dtype: str | None = None) -> InspectReport:
-    """Inspect a checkpoint directory or config.json without allocating weights; the cache
-    figures in `serve_dtype` (the dtype the model is served in; None: the checkpoint's).
-
-    Raises: ConfigError (bad or unsupported config.json), FileNotFoundError.
-    """
+    """Inspect a checkpoint directory or config.json without allocating weights; cache figures in
+    `serve_dtype` (None: the checkpoint's). Raises ConfigError, FileNotFoundError."""
     path = Path(path)
     config = load_config(path)
     served = config if serve_dtype is None else config.replace(dtype=serve_dtype)
@@ -178,7 +158,6 @@ def _precision(config: ModelConfig) -> str:
 
 
 def format_report(report: InspectReport) -> str:
-    """Human-readable multi-line summary of an InspectReport."""
     c = report.config
     counts = ", ".join(f"{kind} {n}" for kind, n in report.layer_counts)
     ffn = report.ffn_pattern

@@ -1,21 +1,5 @@
-"""Kimi-Linear adapter (transformers `kimi_linear`; moonshotai/Kimi-Linear-48B-A3B).
-
-Layers: KDA linear attention (`linear_attention`) and NoPE MLA (`full_attention`); FFN: dense for
-the first `first_k_dense_replace` layers, then sigmoid-routed MoE with one shared expert.
-
-Config fields come in two spellings: the original release (`linear_attn_config`, `num_experts`,
-`num_experts_per_token`, `moe_renormalize`, `num_expert_group`, `model_max_length`, ...) and the
-transformers attribute names (`linear_num_heads`, `num_local_experts`, `num_experts_per_tok`,
-`norm_topk_prob`, `n_group`, `max_position_embeddings`, ...). Both are read; missing optional
-fields take the `KimiLinearConfig` defaults.
-
-Tensor names: `model.layers.{i}.self_attn.*` -> `layers.{i}.mixer.*`;
-`block_sparse_moe.*` (original) -> `mlp.*`; per-expert `experts.{e}.w1/w3/w2` (original) or
-fused `experts.gate_up_proj / down_proj` (transformers 5). hyla's KDA keeps the original
-release's names (`f_a_proj, f_b_proj, dt_bias, A_log`, `q/k/v_conv1d`); transformers 5 stores
-the first four under `forget_gate.` (dropped here) and the convs as one `conv1d.weight`, split
-here along dim 0 into q, k, v.
-"""
+"""Kimi-Linear adapter (transformers `kimi_linear`): KDA and NoPE MLA, sigmoid MoE with a shared
+expert; reads the original release's and transformers' config and tensor names."""
 
 from __future__ import annotations
 
@@ -23,7 +7,7 @@ import re
 from typing import Any
 
 from hyla.config import ConfigError, LinearAttentionConfig, MLAConfig, ModelConfig, MoEConfig
-from hyla.models.hf_fields import (
+from hyla.hf_fields import (
     HFFields,
     eos_ids,
     layer_list,
@@ -97,7 +81,6 @@ def _moe(f: HFFields) -> MoEConfig:
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a Kimi-Linear `config.json` dict. Raises ConfigError naming the field."""
     f = HFFields(d)
     require_silu(f)
     num_layers = f.integer("num_hidden_layers")
@@ -153,7 +136,6 @@ _FUSED_CONV_RE = re.compile(r"^(layers\.\d+\.mixer)\.conv1d\.weight$")
 
 
 def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes in hyla's state dict (empty tuple: skip it)."""
     if is_rotary_buffer(name):
         return ()
     name = strip_model_prefix(name)
@@ -166,7 +148,7 @@ def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placemen
 
 
 def hf_to_hyla_name(name: str, config: ModelConfig | None = None) -> str | None:
-    """hyla state-dict name for checkpoint tensor `name` (for a fused expert piece the fused
-    target; for transformers' fused `conv1d.weight` the first of q/k/v_conv1d); None = skipped."""
+    """hyla name of checkpoint tensor `name` (fused target of an expert piece; q_conv1d for a
+    fused `conv1d.weight`); None = skipped."""
     placements = hf_placement(name, config)
     return placements[0].target if placements else None

@@ -1,13 +1,5 @@
-"""Load a checkpoint directory (config.json + safetensors) into a HybridModel.
-
-    config.json --registry--> ModelConfig --> HybridModel (allocated, not initialised)
-    *.safetensors --adapter placements--> checked (names, shapes) --> copied shard by shard
-
-All names and shapes are checked from the safetensors headers before any weight is read, so a
-wrong checkpoint fails in seconds with every problem listed. Tensors are read one at a time and
-copied straight into their destination (a parameter, or a slice of a fused one), so peak memory
-is the model plus one tensor.
-"""
+"""Load a checkpoint directory into a HybridModel: names and shapes are checked from the headers
+first, then tensors copied one at a time (peak memory: the model plus one tensor)."""
 
 from __future__ import annotations
 
@@ -62,18 +54,13 @@ _INIT_FNS = (
 
 
 def config_path(path: str | Path) -> Path:
-    """`path/config.json` for a directory, else `path` itself."""
     path = Path(path)
     return path / "config.json" if path.is_dir() else path
 
 
 def load_config(path: str | Path) -> ModelConfig:
-    """ModelConfig of a checkpoint directory or a config.json (HF family or hyla layout).
-
-    End-of-sequence ids listed in a sibling `generation_config.json` are added to
-    `eos_token_ids` (chat models often stop on more ids than config.json names).
-    Raises: ConfigError naming the field; FileNotFoundError when there is no config.json.
-    """
+    """ModelConfig of a checkpoint directory or config.json, plus the eos ids of a sibling
+    generation_config.json (chat models stop on more). Raises ConfigError, FileNotFoundError."""
     file = config_path(path)
     if not file.is_file():
         raise FileNotFoundError(f"no config.json at {file}")
@@ -99,11 +86,8 @@ def _read_json(file: Path) -> dict:
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory: the shards named by
-    `model.safetensors.index.json`, else `model.safetensors`, else every `*.safetensors`.
-
-    Raises: CheckpointError when there is none (or a listed shard is absent).
-    """
+    """The shards named by `model.safetensors.index.json`, else `model.safetensors`, else every
+    `*.safetensors`. Raises CheckpointError when there is none (or a listed shard is absent)."""
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -123,11 +107,8 @@ def checkpoint_files(path: str | Path) -> list[Path]:
 
 @contextmanager
 def _allocate_only(dtype: torch.dtype, defer_fp8: bool = False) -> Iterator[None]:
-    """While building modules: allocate every floating parameter empty in `dtype` (float32 for
-    names a module lists in `keep_fp32`; fp8 stays fp8) and skip `torch.nn.init`. Buffers keep
-    their dtype and values (rotary tables, the float32 router bias). `defer_fp8`: weights that
-    may be stored in fp8 stay on the meta device (`quantization.defers`) until the loader
-    knows their storage."""
+    """While building: floating parameters empty in `dtype` (float32 for `keep_fp32` names; fp8
+    stays), no init; buffers keep dtype and values. `defer_fp8`: fp8 candidates stay on meta."""
 
     def cast(module: nn.Module, name: str, param: nn.Parameter | None) -> nn.Parameter | None:
         if param is None or getattr(param, "_hyla_allocated", False):
@@ -154,9 +135,8 @@ def _allocate_only(dtype: torch.dtype, defer_fp8: bool = False) -> Iterator[None
 
 
 def build_empty_model(config: ModelConfig, device: str | torch.device = "cpu") -> HybridModel:
-    """HybridModel with parameters allocated in `config.dtype` on `device`, left uninitialised.
-    With `config.quantization`, the weights that may be fp8 stay unallocated (meta) until
-    `load_weights` decides their storage."""
+    """HybridModel with uninitialised parameters in `config.dtype` on `device` (fp8 candidates
+    stay on meta until `load_weights` decides their storage)."""
     defer = config.quantization is not None
     with torch.device(device), _allocate_only(DTYPES[config.dtype], defer):
         return HybridModel(config)
@@ -195,13 +175,8 @@ def _copy_entry(
 def load_weights(
     model: HybridModel, path: str | Path, progress: bool = True, quantize_floats: bool = False
 ) -> None:
-    """Copy a checkpoint directory's tensors into `model` (names mapped by its config's adapter).
-
-    With `model.config.quantization`, modules whose weights the checkpoint stores in fp8 (all
-    candidates with `quantize_floats`) become `Fp8Linear` / `Fp8Experts` first
-    (`hyla.models.quantization`); stored fp8 tensors of other modules are dequantized.
-    Raises: CheckpointError (see `plan_checkpoint`) before any weight is read.
-    """
+    """Copy a checkpoint's tensors into `model`; with `config.quantization`, fp8-stored modules
+    (all candidates with `quantize_floats`) become fp8 first. Raises CheckpointError."""
     files = checkpoint_files(path)
     targets, aliases = targets_of(model)
     entries = plan_checkpoint(model.config, targets, aliases, files)
@@ -243,19 +218,8 @@ def load_model(
     kv_cache_dtype: str | None = None,
     mamba_ssm_cache_dtype: str | None = None,
 ) -> HybridModel:
-    """Build the HybridModel of a checkpoint directory and load its weights.
-
-    Args:
-        path: directory with config.json (HF family or hyla layout) and safetensors files.
-        dtype: "float32" | "bfloat16" | "float16"; None keeps the checkpoint's dtype.
-        device: where the parameters live.
-        progress: show a tqdm progress bar.
-        quantization: "fp8" quantizes a float checkpoint's weights at load (128x128 blocks);
-            None keeps them as stored (an fp8 checkpoint stays fp8 either way).
-        kv_cache_dtype, mamba_ssm_cache_dtype: override the config's cache dtypes.
-    Returns: the model in eval mode, `model.config.dtype == dtype`.
-    Raises: ConfigError (bad config or dtype), CheckpointError (tensors do not fit the model).
-    """
+    """Build a checkpoint's HybridModel and load it (eval); `dtype` None keeps the checkpoint's,
+    `quantization` "fp8" quantizes float weights. Raises ConfigError, CheckpointError."""
     config = load_config(path)
     if dtype is not None:
         if dtype not in DTYPES:

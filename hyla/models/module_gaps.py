@@ -1,15 +1,5 @@
-"""`hyla inspect PATH --gaps`: which modules of a (possibly unsupported) architecture map onto
-hyla's ops and layers, and which are missing, from config.json alone.
-
-The `transformers` model of the config's `model_type` is built on the meta device (no memory,
-no weights) and its modules are grouped by class; each class is matched by its name (and, for
-attention, by the config's layer kinds) against what hyla implements. Config fields that change
-the maths without a module of their own (clamped SwiGLU, hyper-connections, sliding windows, an
-unknown router scoring or rope type, a vision tower) are checked separately. Each "ok" row names
-the hyla module that runs it (and "PyTorch only" where it has no GPU kernel yet); the family's
-adapter (hyla.models.registry) decides the family-specific rows (vision towers). This is the one
-gap list: docs/model_gaps.md describes the same rows for glm5_next and qwen3_5.
-"""
+"""`hyla inspect PATH --gaps`: which modules of a transformers architecture (built on meta from
+config.json) and maths-changing fields map onto hyla; docs/model_gaps.md has the same rows."""
 
 from __future__ import annotations
 
@@ -23,8 +13,7 @@ from typing import Any
 from hyla.models.loader import config_path
 
 OK, MISSING, CHECK, SKIPPED = "ok", "missing", "check", "skipped"
-# Every OK target starts with the hyla module (`layers/x.Name`, `ops/x.fn`) that runs it;
-# tests/models/test_module_gaps.py checks each one exists.
+# Every OK target starts with the hyla module that runs it (tests/models/test_module_gaps.py)
 _HC = "layers/hyper_connection.HyperConnection (ops/hyper_connection; Triton on CUDA)"
 _CLAMPED_MLP = "ops/activation.silu_and_mul_clamped (layers/mlp.GatedMLP; Triton on CUDA)"
 _VISION_TOWERS = {  # family -> hyla tower (hyla.models.vision_loader.TOWERS)
@@ -37,8 +26,7 @@ IMAGES_IN_ENGINE = "multimodal/runtime.MultimodalRuntime (images through LLM.gen
 IMAGES_IN_ENGINE += "LLM.chat / the server: encoder cache, image hash in prefix keys, "
 IMAGES_IN_ENGINE += "per-request M-RoPE positions)"
 
-# (class-name pattern, status, hyla target); first match wins; names are lowercased with the
-# model prefix kept, so patterns match the class's tail
+# (class-name pattern, status, hyla target), first match wins, on lowercased prefixed names
 _MODULE_RULES: tuple[tuple[str, str, str], ...] = (
     (r"hyperconnection|hyperhead", OK, _HC),
     (r"compressor", MISSING, "compressed-KV attention (CSA/HCA compressors)"),
@@ -60,8 +48,7 @@ _MODULE_RULES: tuple[tuple[str, str, str], ...] = (
     (r"^conv1d$", OK, "ops/short_conv.causal_conv1d"),
 )
 _V4_ATTN = "layers/compressed_attention.DeepseekV4Attention"
-# family -> (class-name pattern, hyla target), checked before the generic rules: modules whose
-# names other families share with another meaning (a sliding window, an indexer, a hyper head)
+# family -> (pattern, target), before the generic rules: names other families use otherwise
 _FAMILY_RULES: dict[str, tuple[tuple[str, str], ...]] = {
     "deepseek_v4": (
         (r"compressor$", "layers/compressed_attention.Compressor (ops/kv_compress; PyTorch only)"),
@@ -145,7 +132,6 @@ def _attention_target(path: str, text: dict[str, Any]) -> tuple[str, str]:
 
 
 def _variant(name: str, path: str, text: dict[str, Any]) -> tuple[str, str] | None:
-    """Classes whose hyla counterpart depends on where they sit or on a config field."""
     if name.endswith("unweightedrmsnorm"):
         if "_hc." in path or "hc_head" in path:  # the streams' norm inside mHC
             return OK, "ops/hyper_connection.hc_weights (RMS of the streams; PyTorch only)"
@@ -174,8 +160,7 @@ def _variant(name: str, path: str, text: dict[str, Any]) -> tuple[str, str] | No
 def classify_module(
     cls: str, path: str, text: dict[str, Any], fam: str | None = None
 ) -> tuple[str, str] | None:
-    """(status, hyla target) of one module of a model of hyla family `fam`, or None for a
-    container."""
+    """(status, hyla target) of one module of family `fam`, None for a container."""
     name = cls.lower()
     if _VISION.search(cls) or _VISION.search(path):
         if fam in _VISION_TOWERS:
@@ -234,8 +219,11 @@ _FIELDS: tuple[tuple[str, str, str], ...] = (
     ("swiglu_limit", OK, _CLAMPED_MLP + ", ops/moe_clamped (clamped SwiGLU)"),
     ("hc_mult", OK, _HC + ", hc_mult residual streams"),
     ("index_kpool", OK, "ops/kpool_indexer.kpool_indexer_topk (pooled indexer; Triton on CUDA)"),
-    ("linear_lower_bound", OK,
-     "ops/gates.kda_gates_bounded (KDA gate lower bound; Triton on CUDA)"),
+    (
+        "linear_lower_bound",
+        OK,
+        "ops/gates.kda_gates_bounded (KDA gate lower bound; Triton on CUDA)",
+    ),
     ("compress_rates", MISSING, "compressed-KV attention"),
     ("o_lora_rank", MISSING, "low-rank grouped output projection"),
 )
@@ -276,7 +264,6 @@ _FAMILY_FIELDS = {
 
 
 def _field_checks(config: dict[str, Any]) -> list[tuple[str, Any, str, str]]:
-    """(field, value, status, note) for config fields that change the maths."""
     rows = _generic_field_checks(config)
     served = _FAMILY_FIELDS.get(family(config) or "", {})
     return [(n, v, OK, served[n]) if st == MISSING and n in served else (n, v, st, note)
@@ -314,10 +301,7 @@ def _generic_field_checks(config: dict[str, Any]) -> list[tuple[str, Any, str, s
 
 
 def gap_report(path: str | Path) -> GapReport:
-    """Gap list of the model at `path` (checkpoint dir or config.json).
-
-    Raises: FileNotFoundError; ValueError when config.json has no `model_type`.
-    """
+    """Gap list of the model at `path`. Raises FileNotFoundError, ValueError (no `model_type`)."""
     file = config_path(path)
     if not file.is_file():
         raise FileNotFoundError(f"no config.json at {file}")
@@ -337,7 +321,6 @@ def gap_report(path: str | Path) -> GapReport:
 
 
 def format_gaps(report: GapReport) -> str:
-    """One line per module class and per field, missing ones first."""
     order = {MISSING: 0, CHECK: 1, SKIPPED: 2, OK: 3}
     lines = [f"gaps for model_type {report.model_type!r} (modules from {report.built_with}): "
              f"{report.num_missing} missing"]  # fmt: skip

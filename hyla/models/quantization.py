@@ -1,21 +1,7 @@
-"""FP8 weights at load: which modules keep their weights in float8_e4m3fn, and how a stored
-tensor (fp8 with its scales, or float) fills an fp8 destination.
-
-    config.json quantization_config ---> ModelConfig.quantization (QuantizationConfig)
-    build: the weights of `Linear` / `Experts` modules are left on the meta device
-    plan:  a candidate module becomes fp8 when its stored weight is fp8 (a checkpoint's
-           choice), or every candidate when a float checkpoint is quantized at load
-           (`--quantization fp8`); the rest get float storage
-    copy:  fp8 + scale -> fp8 as stored (scales re-blocked only when the layouts differ);
-           float -> quantized block-wise here; fp8 -> float targets dequantized
-
-Candidates are the `Linear` modules and routed experts (block-scaled only) whose weights
-only their forward reads: not `lm_head` (kept in the model dtype as fp8 releases do), not
-`kv_b_proj` (MLA reads its weight to absorb queries), DeepSeek-V4's grouped `o_a_proj` (read
-as [G, Dout, Din] blocks) or the indexer's `weights_proj`, nor any
-module named by `modules_to_not_convert` (a substring of the hyla or the checkpoint name, as
-transformers matches them).
-"""
+"""FP8 weights at load: a candidate module is fp8 when the checkpoint stores it so (or always
+with `--quantization fp8`). Candidates: `Linear`s and block-scaled experts whose weight only
+their forward reads: not `lm_head`, `kv_b_proj` (MLA absorbs it), DeepSeek-V4's grouped
+`o_a_proj`, `weights_proj`, nor `modules_to_not_convert` (substrings, as transformers matches)."""
 
 from __future__ import annotations
 
@@ -39,13 +25,8 @@ QUANTIZABLE = (Linear, Experts, ExpertParallelExperts)
 
 
 def quantization_from_hf(raw: dict[str, Any]) -> QuantizationConfig | None:
-    """QuantizationConfig of a config.json's `quantization_config` (None without one).
-
-    fp8 only: `weight_block_size` (absent: per-channel or per-tensor scales),
-    `modules_to_not_convert` or vLLM's `ignored_layers`. A static `activation_scheme` is
-    served with dynamic activation scales (its `input_scale` tensors are skipped).
-    Raises: ConfigError naming `quantization_config.<field>`.
-    """
+    """QuantizationConfig of `quantization_config` (fp8 only; None without one); a static
+    `activation_scheme` is served with dynamic scales. ConfigError names the field."""
     quant = raw.get("quantization_config")
     if quant is None:
         return None
@@ -98,8 +79,7 @@ def fp8_candidates(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def defers(module: nn.Module, name: str) -> bool:
-    """Whether the loader leaves parameter `name` of `module` unallocated (meta) until it
-    knows the weight's storage dtype."""
+    """The loader leaves parameter `name` of `module` on meta until it knows the storage dtype."""
     return isinstance(module, QUANTIZABLE) and name in ("weight", "gate_up_proj", "down_proj")
 
 
@@ -118,8 +98,7 @@ def _fp8_module(module: nn.Module, block: tuple[int, int] | None, device) -> nn.
 def convert_modules(
     model: nn.Module, names: set[str], dtype: torch.dtype, device: torch.device | str
 ) -> None:
-    """Replace the modules `names` by their fp8 forms (`Fp8Linear`, `Fp8Experts`, empty) and
-    give every other deferred (meta) parameter empty `dtype` storage on `device`."""
+    """Replace modules `names` by empty fp8 forms; other deferred parameters get `dtype` storage."""
     block = model.config.quantization.weight_block_size if model.config.quantization else None
     for name in sorted(names):
         parent, _, child = name.rpartition(".")
@@ -135,8 +114,7 @@ def convert_modules(
 
 
 def choose_fp8(model: nn.Module, stored_fp8: set[str], quantize_floats: bool) -> set[str]:
-    """Names of the candidate modules to store in fp8: those whose weight the checkpoint stores
-    in fp8 (`stored_fp8`: hyla target names), or all of them with `quantize_floats`."""
+    """Candidates stored in fp8 (`stored_fp8`: hyla names), or all with `quantize_floats`."""
     chosen = set()
     for name, module in fp8_candidates(model).items():
         leaf = "weight" if isinstance(module, Linear) else "gate_up_proj"
@@ -161,10 +139,8 @@ def fill_fp8(
     num_parts: int,
     src_block: tuple[int, int] | None,
 ) -> None:
-    """Fill an fp8 destination (dst [..., R, C], dst_scale its block scales) from a stored
-    tensor: fp8 with a scale of the same layout is copied as stored, fp8 with one scale for the
-    whole tensor keeps its values (the scale broadcast), anything else is dequantized (fp8,
-    with `src_block`) and quantized block-wise here. Leading dims (experts) are walked."""
+    """Fill an fp8 dst [..., R, C] and its block scales: fp8 of the same layout is copied, a
+    per-tensor scale broadcast; anything else is dequantized and re-quantized block-wise."""
     if src.dim() > 2:
         for i in range(src.shape[0]):
             s = None if src_scale is None or src_scale.numel() == 1 else src_scale[i]
@@ -188,10 +164,8 @@ def fill_fp8(
 def dequantize_stored(
     q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, num_parts: int = 1
 ) -> torch.Tensor:
-    """A stored fp8 matrix [R, C] as float32: one scale for all (per-tensor), one per row
-    ([R] or [R, 1], per-channel), or one per `block` (the checkpoint's `weight_block_size`;
-    without one, the block is inferred from the shapes, exact when R and C are multiples of
-    it)."""
+    """A stored fp8 matrix [R, C] as float32: scale per tensor, per row ([R] or [R, 1]) or per
+    `block` (without one, inferred from the shapes: exact for multiples of it)."""
     scale = scale.float()
     if scale.numel() == 1:
         return q.float() * scale.reshape(())

@@ -1,17 +1,5 @@
-"""Qwen3.5 adapter (transformers `qwen3_5`; Qwen/Qwen3.5-27B), text model.
-
-Layers: Gated DeltaNet with flat input projections (`linear_attention`; `in_proj_qkv`,
-`in_proj_z`, `in_proj_b`, `in_proj_a`) and gated GQA with q/k RMSNorm and partial RoPE
-(`full_attention`); FFN: dense SwiGLU. All RMSNorms are zero-centred (`norm_offset = 1.0`).
-The text rotary is multimodal (`mrope_section`: t, h, w position rows); for text every row is
-the token's position, which is 1-D RoPE, so the text model needs no more. A config without
-`mrope_section` gets transformers' default, (11, 11, 10) pairs (its M-RoPE is unconditional).
-
-Config: a multimodal `config.json` keeps the text fields under `text_config`; a text-only one
-(`qwen3_5_text`) has them at the top level. Tensor names: `model.language_model.` or `model.`
-prefix, then as Qwen3-Next (`linear_attn.*`, `self_attn.*` -> `mixer.*`); the vision tower
-(`model.visual.*`) and `mtp.*` are skipped (see docs/model_gaps.md).
-"""
+"""Qwen3.5 adapter (transformers `qwen3_5`), text model: flat Gated DeltaNet, gated GQA, dense
+SwiGLU, zero-centred norms; its M-RoPE's text rows all hold the position (1-D RoPE)."""
 
 from __future__ import annotations
 
@@ -20,8 +8,8 @@ import re
 from typing import Any
 
 from hyla.config import GQAConfig, LinearAttentionConfig, ModelConfig, RopeConfig
+from hyla.hf_fields import HFFields, eos_ids, model_dtype, require_silu, rope_config
 from hyla.models.glm5_next import text_fields
-from hyla.models.hf_fields import HFFields, eos_ids, model_dtype, require_silu, rope_config
 from hyla.models.qwen3_next import _layer_pattern
 from hyla.models.qwen3_next import hf_placement as qwen3_next_placement
 from hyla.models.weights import Placement
@@ -39,8 +27,6 @@ def _with_mrope_section(rope: RopeConfig) -> RopeConfig:
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a Qwen3.5 `config.json` dict (multimodal or text-only).
-    Raises ConfigError naming the field."""
     top = HFFields(d)
     f = HFFields(text_fields(d))
     require_silu(f)
@@ -84,13 +70,11 @@ _PREFIX_RE = re.compile(r"^model\.(language_model\.)?")
 
 
 def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes in hyla's state dict (empty tuple: skip it)."""
     if name.startswith(("model.visual.", "visual.", "mtp.")):
         return ()
     return qwen3_next_placement(_PREFIX_RE.sub("", name), config)
 
 
 def hf_to_hyla_name(name: str, config: ModelConfig | None = None) -> str | None:
-    """hyla state-dict name for checkpoint tensor `name`; None = not loaded."""
     placements = hf_placement(name, config)
     return placements[0].target if placements else None

@@ -1,23 +1,14 @@
-"""Qwen3.5-MoE adapter (transformers `qwen3_5_moe`; Qwen/Qwen3.5-35B-A3B), text model.
-
-The Qwen3.5 text model (`hyla.models.qwen3_5`: flat Gated DeltaNet, gated GQA, zero-centred
-norms, M-RoPE whose text rows are 1-D RoPE) with every FFN Qwen3-Next's MoE: softmax top-k
-(always renormalised: the config has no `norm_topk_prob`) plus one sigmoid-gated shared expert.
-The vision tower is Qwen3.5's (`hyla.models.vision_loader`).
-
-Tensor names: as Qwen3.5 (`model.language_model.` or `model.` prefix) with Qwen3-Next's MoE
-names (`mlp.gate`, fused or per-expert `mlp.experts.*`, `mlp.shared_expert.*`,
-`mlp.shared_expert_gate`); `model.visual.*` and `mtp.*` are skipped here.
-"""
+"""Qwen3.5-MoE adapter (transformers `qwen3_5_moe`), text model: Qwen3.5's with every FFN
+Qwen3-Next's MoE (softmax top-k, always renormalised, plus a sigmoid-gated shared expert)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hyla.config import ConfigError, ModelConfig, MoEConfig
+from hyla.hf_fields import HFFields
 from hyla.models import qwen3_5
 from hyla.models.glm5_next import text_fields
-from hyla.models.hf_fields import HFFields
 from hyla.models.weights import Placement
 
 MODEL_TYPE = "qwen3_5_moe"
@@ -43,8 +34,6 @@ _DEFAULTS = {"hidden_size": 2048, "num_hidden_layers": 40, "num_key_value_heads"
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a Qwen3.5-MoE `config.json` dict (multimodal or text-only).
-    Raises ConfigError naming the field."""
     f = HFFields(text_fields(d))
     if f.raw("norm_topk_prob", True) is not True:
         raise ConfigError("norm_topk_prob: Qwen3.5-MoE always renormalises its top-k weights")
@@ -57,11 +46,9 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
 
 
 def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes in hyla's state dict (empty tuple: skip it)."""
     return qwen3_5.hf_placement(name, config)
 
 
 def hf_to_hyla_name(name: str, config: ModelConfig | None = None) -> str | None:
-    """hyla state-dict name for checkpoint tensor `name`; None = not loaded."""
     placements = hf_placement(name, config)
     return placements[0].target if placements else None

@@ -1,21 +1,12 @@
-"""Qwen3-Next adapter (transformers `qwen3_next`; Qwen/Qwen3-Next-80B-A3B).
-
-Layers: Gated DeltaNet (`linear_attention`) and gated GQA with q/k RMSNorm and partial RoPE
-(`full_attention`, every `full_attention_interval`-th layer); FFN: softmax-routed MoE with one
-sigmoid-gated shared expert (dense where `mlp_only_layers` / `decoder_sparse_step` say so).
-All RMSNorms are zero-centred (`x * (1 + w)`): `norm_offset = 1.0`.
-
-Tensor names: `model.layers.{i}.linear_attn.*` and `.self_attn.*` -> `layers.{i}.mixer.*`;
-`mlp.shared_expert.*` -> `mlp.shared_experts.*`; per-expert or fused experts; `mtp.*` (the
-multi-token-prediction head) is skipped.
-"""
+"""Qwen3-Next adapter (transformers `qwen3_next`): Gated DeltaNet and gated GQA, softmax MoE with
+a sigmoid-gated shared expert, zero-centred norms; `mtp.*` is skipped."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hyla.config import GQAConfig, LinearAttentionConfig, ModelConfig, MoEConfig
-from hyla.models.hf_fields import (
+from hyla.hf_fields import (
     HFFields,
     eos_ids,
     layer_list,
@@ -69,7 +60,6 @@ def _moe(f: HFFields) -> MoEConfig:
 
 
 def config_from_hf(d: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a Qwen3-Next `config.json` dict. Raises ConfigError naming the field."""
     f = HFFields(d)
     require_silu(f)
     num_layers = f.integer("num_hidden_layers")
@@ -112,8 +102,6 @@ def config_from_hf(d: dict[str, Any]) -> ModelConfig:
 
 
 def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes in hyla's state dict; None to skip it (rotary caches,
-    the `mtp.*` multi-token-prediction head): an empty tuple."""
     if is_rotary_buffer(name) or name.startswith("mtp."):
         return ()
     name = strip_model_prefix(name)
@@ -123,6 +111,5 @@ def hf_placement(name: str, config: ModelConfig | None = None) -> tuple[Placemen
 
 
 def hf_to_hyla_name(name: str, config: ModelConfig | None = None) -> str | None:
-    """hyla state-dict name for checkpoint tensor `name`; None = not loaded."""
     placements = hf_placement(name, config)
     return placements[0].target if placements else None

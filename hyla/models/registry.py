@@ -1,9 +1,6 @@
-"""Model-family registry: which adapter turns a `config.json` into a ModelConfig and which
-checkpoint tensor goes where.
-
-Dispatch is on `model_type`, falling back to `architectures[0]`. `model_type: "hyla"` is hyla's
-own layout (`ModelConfig.to_dict`), whose tensor names are hyla's state-dict names.
-"""
+"""Model-family registry: `model_type` (else `architectures[0]`) -> adapter: `config_from_hf`
+(ConfigError names the field), `hf_placement` (() skips), `hf_to_hyla_name` (None: not
+loaded). `model_type: "hyla"` is hyla's own layout."""
 
 from __future__ import annotations
 
@@ -42,10 +39,7 @@ _TEXT_ONLY = ("glm5_next_text", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 def family_of(hf_config: dict[str, Any]) -> str:
-    """The adapter family of a config dict: "hyla" or a key of ADAPTERS.
-
-    Raises: ConfigError naming `model_type` for an unsupported architecture.
-    """
+    """The family, "hyla" or a key of ADAPTERS; ConfigError names `model_type` if unsupported."""
     if not isinstance(hf_config, dict):
         raise ConfigError(f"config: expected a JSON object, got {type(hf_config).__name__}")
     model_type = hf_config.get("model_type")
@@ -64,17 +58,13 @@ def family_of(hf_config: dict[str, Any]) -> str:
 
 
 def adapter(family: str) -> ModuleType:
-    """The adapter module of `family` (a key of ADAPTERS)."""
     if family not in ADAPTERS:
         raise ConfigError(f"model_type: no adapter for {family!r}")
     return importlib.import_module(ADAPTERS[family])
 
 
 def config_from_hf(hf_config: dict[str, Any]) -> ModelConfig:
-    """ModelConfig from a parsed `config.json` (any supported family, or hyla's layout).
-
-    Raises: ConfigError naming the offending field (`model_type` for unknown architectures).
-    """
+    """ModelConfig from a parsed `config.json` (any supported family, or hyla's layout)."""
     family = family_of(hf_config)
     if family == NATIVE:
         config = ModelConfig.from_dict(hf_config)
@@ -89,8 +79,7 @@ def config_from_hf(hf_config: dict[str, Any]) -> ModelConfig:
 
 
 def placement_for(config: ModelConfig, name: str) -> tuple[Placement, ...]:
-    """Where checkpoint tensor `name` goes for a model of `config.architecture` (see
-    `hyla.models.weights`); an empty tuple means the tensor is known and skipped."""
+    """Where checkpoint tensor `name` goes for `config.architecture` (() = known and skipped)."""
     if config.architecture == NATIVE:
         return (Placement(name),)
     return adapter(config.architecture).hf_placement(name, config)

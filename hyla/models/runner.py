@@ -1,9 +1,5 @@
-"""A minimal stateful runner over a fixed set of sequences, for tests and parity checks.
-
-Each sequence owns a private, deliberately non-contiguous set of blocks and one state slot, so
-paged reads and slot indexing are exercised exactly as the engine exercises them. The engine's
-`ModelRunner` does the same over shared pools; this one needs no scheduler.
-"""
+"""A minimal stateful runner over fixed sequences for tests and parity checks: each sequence owns
+private, non-contiguous blocks and a state slot, as the engine's `ModelRunner` over shared pools."""
 
 from __future__ import annotations
 
@@ -16,16 +12,8 @@ from hyla.models.hybrid import HybridModel
 
 
 class SequenceRunner:
-    """Feed chunks of tokens to N sequences and get their logits.
-
-    Args:
-        model: the model (any device; caches follow its parameters' device).
-        num_seqs: N sequences, ids 0..N-1.
-        max_len: most tokens any sequence will hold.
-        block_size: paged-cache block size B.
-        poison: fill caches with NaN first, so a read of an unwritten entry shows up as NaN.
-        seed: shuffles the block ids and state slots handed to sequences.
-    """
+    """Feed chunks of tokens to `num_seqs` sequences (ids 0..N-1) and get their logits. `poison`:
+    caches start NaN so a read of an unwritten entry shows; `seed` shuffles blocks and slots."""
 
     def __init__(
         self,
@@ -64,14 +52,9 @@ class SequenceRunner:
         embeds: dict[int, torch.Tensor] | None = None,
         mrope_positions: dict[int, torch.Tensor] | None = None,
     ) -> dict[int, torch.Tensor]:
-        """Append `chunks[seq_id]` (token ids) to each listed sequence in one packed forward;
-        `embeds[seq_id]` [q, D], where given, replaces that chunk's token embeddings;
-        `mrope_positions` (every listed sequence's [3, q]) replaces the positions (M-RoPE).
-
-        Returns: per seq id, logits float32 `[V]` of its last new token, or `[q, V]` of all
-        its new tokens when `all_logits`.
-        Raises: ValueError when a sequence would exceed `max_len` or a chunk is empty.
-        """
+        """Append `chunks[seq_id]` to each listed sequence in one packed forward; `embeds`
+        [q, D] and `mrope_positions` [3, q] replace its embeddings and positions. Returns float32
+        logits [V] of each last token ([q, V] with `all_logits`)."""
         ids = list(chunks)
         for i in ids:
             if not chunks[i]:
@@ -110,5 +93,4 @@ class SequenceRunner:
         return out
 
     def reset(self, seq_id: int) -> None:
-        """Forget sequence `seq_id` (its next chunk starts from an empty context)."""
         self.lens[seq_id] = 0

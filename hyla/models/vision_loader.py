@@ -1,6 +1,4 @@
-"""Load the vision tower of a multimodal checkpoint (`vision_config` + the `model.visual.*`
-tensors): GLM-5.3-Flash's or Qwen3.5's; the text model loads through `hyla.models.loader` as
-before (docs/model_gaps.md)."""
+"""Load the vision tower of a multimodal checkpoint (`vision_config` + `model.visual.*` tensors)."""
 
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ from hyla.models.checkpoint import CheckpointError
 from hyla.models.loader import DTYPES, checkpoint_files
 
 PREFIXES = ("model.visual.", "visual.")
-# model_type -> (tower, its config)
 TOWERS = {
     "glm5_next": (Glm5NextVisionTower, VisionConfig),
     "qwen3_5": (Qwen35VisionTower, Qwen35VisionConfig),
@@ -26,11 +23,8 @@ TOWERS = {
 
 
 def load_vision_tower(path: str | Path, dtype: str = "float32") -> torch.nn.Module:
-    """The vision tower of checkpoint directory `path` (eval mode, `dtype` weights).
-
-    Raises: ConfigError when config.json has no `vision_config` or names another family;
-        CheckpointError listing missing, unexpected or mis-shaped tower tensors.
-    """
+    """The vision tower of checkpoint directory `path` (eval mode). Raises ConfigError (no or
+    another `vision_config`), CheckpointError (tower tensors do not fit)."""
     config = json.loads((Path(path) / "config.json").read_text())
     family = config.get("model_type")
     if family not in TOWERS or "vision_config" not in config:

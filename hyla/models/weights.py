@@ -1,17 +1,5 @@
-"""Checkpoint tensor placement: where one stored tensor lands in hyla's state dict.
-
-Most tensors map one-to-one onto a hyla parameter. The rest come in two shapes:
-  - several stored tensors fill one hyla tensor: per-expert weights of original releases fill one
-    slice of the fused `experts.gate_up_proj [E, 2I, D]` / `experts.down_proj [E, D, I]`;
-  - one stored tensor feeds several hyla tensors: transformers' fused Kimi `conv1d.weight`
-    [3*H*K, 1, W] is split (dim 0, in order) into hyla's `q_conv1d` / `k_conv1d` / `v_conv1d`.
-An adapter returns a tuple of `Placement`s per stored tensor (empty: skip it; more than one: split
-the tensor along dim 0 into consecutive chunks sized by each destination). The loader copies each
-chunk straight into its destination slice, so nothing is stacked in memory.
-
-    destination = target[expert][part * rows : (part + 1) * rows]
-    rows = target[expert].shape[0] // num_parts
-"""
+"""Checkpoint tensor placement in hyla's state dict: one-to-one, a slice of fused experts, or
+split along dim 0 over several placements (Kimi's fused `conv1d.weight`); () skips it."""
 
 from __future__ import annotations
 
@@ -23,11 +11,7 @@ import torch
 
 @dataclass(frozen=True)
 class Placement:
-    """Destination of one checkpoint tensor.
-
-    `target` is a hyla state-dict name; `expert` selects `target[expert]` (fused experts) or is
-    None; the tensor fills part `part` of `num_parts` equal row blocks of that (dim 0).
-    """
+    """Part `part` of `num_parts` dim-0 row blocks of `target[expert]` (`expert` None: `target`)."""
 
     target: str
     expert: int | None = None
@@ -48,7 +32,6 @@ class Placement:
         return shape
 
     def view(self, target: torch.Tensor) -> torch.Tensor:
-        """The slice of `target` this tensor fills (a view; copy into it)."""
         dst = target if self.expert is None else target[self.expert]
         if self.num_parts == 1:
             return dst
@@ -57,7 +40,6 @@ class Placement:
 
     @property
     def key(self) -> tuple[str, int | None, int]:
-        """(target, expert, part): which slice of which hyla tensor this placement fills."""
         return (self.target, self.expert, self.part)
 
 
@@ -80,7 +62,6 @@ def strip_model_prefix(name: str) -> str:
 
 
 def layer_index(name: str) -> int | None:
-    """The decoder-layer index of a (prefix-stripped) name, or None."""
     m = _LAYER_RE.match(name)
     return int(m.group(1)) if m else None
 
@@ -102,7 +83,6 @@ def expert_placement(name: str) -> Placement | None:
 
 
 def default_placement(name: str) -> tuple[Placement, ...]:
-    """A per-expert slice of a fused expert tensor, else the same name one-to-one."""
     return (expert_placement(name) or Placement(name),)
 
 

@@ -1,11 +1,5 @@
-"""The images of a chat conversation (OpenAI content parts) for the server and `LLM.chat`.
-
-{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}
-    -> the image decoded (`media`), and its placeholder text in the message where the part
-       was (`<|vision_start|><|image_pad|><|vision_end|>` for Qwen3.5), which the
-       tokenizer turns into the family's image tokens; `prepare` then expands each into
-       the image's rows.
-"""
+"""The images of a chat conversation (OpenAI `image_url` content parts) for the server and
+`LLM.chat`: each decoded and replaced by its placeholder text, expanded into rows by `prepare`."""
 
 from __future__ import annotations
 
@@ -21,13 +15,7 @@ _IMAGE_URL_KEYS = {"url", "detail"}
 
 
 class ChatImages:
-    """Collects a conversation's images while its messages are rendered.
-
-    Args:
-        runtime: the engine's image side (processor, limits, placeholder tokens).
-        tokenizer: the model's tokenizer (the placeholder text).
-        options: URL and size limits.
-    """
+    """Collects a conversation's images while its messages are rendered."""
 
     def __init__(self, runtime: MultimodalRuntime, tokenizer: Any, options: MediaOptions) -> None:
         self.runtime = runtime
@@ -37,9 +25,7 @@ class ChatImages:
         self.fields: list[str] = []
 
     def add(self, part: dict[str, Any], field: str) -> str:
-        """Decode the image of content part `part` (at `field`); returns its placeholder text.
-
-        Raises: InvalidRequestError naming the field and the limit."""
+        """Decode `part`'s image (at `field`); returns its placeholder text."""
         spec = part.get("image_url")
         if not isinstance(spec, dict) or "url" not in spec:
             raise InvalidRequestError(f"{field}.image_url", 'expected {"url": "data:..."}')
@@ -82,8 +68,7 @@ class ChatImages:
 
 
 def chat_images(engine: Any, tokenizer: Any) -> ChatImages | None:
-    """A collector for one conversation to `engine` (an `LLMEngine`), or None when the model
-    takes no images (or has no tokenizer to render them)."""
+    """A collector for one conversation to `engine`, or None when the model takes no images."""
     runtime = getattr(engine, "multimodal", None)
     if runtime is None or tokenizer is None:
         return None
@@ -120,11 +105,8 @@ def _message(i: int, message: Any, images: ChatImages | None) -> dict[str, str]:
 def chat_prompt(
     engine: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True
 ) -> list[int] | PreparedPrompt:
-    """`LLM.chat`'s prompt: `messages` rendered with the tokenizer's chat template, or without
-    one the server's plain fallback (`Role: content` lines, then `Assistant:`); images decoded
-    and processed.
-
-    Raises: InvalidRequestError naming the field."""
+    """`LLM.chat`'s prompt: `messages` through the chat template (without one, `Role: content`
+    lines then `Assistant:`), images processed. Raises InvalidRequestError naming the field."""
     tokenizer = engine.tokenizer
     if tokenizer is None:
         raise InvalidRequestError("messages", "this model has no tokenizer; use token ids")

@@ -1,12 +1,5 @@
-"""The encoder cache: a vision tower's output rows by image content hash, held while a request
-still has placeholders of that image to compute.
-
-A request takes a reference on an image when a step first computes one of its placeholders and
-drops it once every placeholder of the image is computed, or when it ends (finish, abort,
-error). An entry goes when its last reference does, so the cache is empty whenever no request
-is inside an image; a request preempted after an image re-encodes it on recompute. Two requests
-with the same image share one entry (one encode).
-"""
+"""The encoder cache: vision tower rows by image hash, referenced by each request from its first
+computed placeholder of the image until all are (or it ends); shared by equal images."""
 
 from __future__ import annotations
 
@@ -17,8 +10,6 @@ import torch
 
 @dataclass
 class EncoderCacheStats:
-    """Counters since start: images encoded, image uses served from the cache."""
-
     num_encoded_images: int = 0
     num_encoded_tokens: int = 0
     num_hits: int = 0

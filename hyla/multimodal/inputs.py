@@ -1,13 +1,5 @@
-"""Images -> model inputs: the checkpoint's own `transformers` image processor (no hand-written
-resizing), one content hash per processed image, and placeholder expansion.
-
-    prompt ids   a b <s> I <e> c         one image token per image (as chat templates render it)
-    expanded     a b <s> I I I I I I <e> c    rows = t * h * w / m^2 of the image's patch grid
-
-Limits are checked before any pixel is processed: images per prompt, pixels per image (and
-zero-sized images); a processor that refuses an image (an aspect ratio over its limit) is an
-`InvalidRequestError` naming the image.
-"""
+"""Images -> model inputs: the checkpoint's transformers processor, a content hash per image, and
+placeholder expansion (one image token -> t * h * w / m^2 rows), limits checked first."""
 
 from __future__ import annotations
 
@@ -20,8 +12,8 @@ from typing import Any
 
 import torch
 
+from hyla.cache.mm_spans import ImageSpan
 from hyla.config import ConfigError
-from hyla.multimodal.spans import ImageSpan
 from hyla.request import InvalidRequestError
 
 IMAGE_FIELD = "multi_modal_data.image"
@@ -39,8 +31,7 @@ class VisionSpec:
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> VisionSpec:
-        """From a multimodal config.json (Qwen3.5's `vision_start_token_id` or GLM's
-        `image_start_token_id` names). Raises ConfigError naming a missing field."""
+        """From a multimodal config.json (Qwen3.5's or GLM's names). Raises ConfigError."""
         if "image_token_id" not in config or "vision_config" not in config:
             raise ConfigError("image_token_id: config.json has no image token / vision_config")
         start = config.get("vision_start_token_id", config.get("image_start_token_id"))
@@ -78,9 +69,7 @@ class ProcessedImage:
 
 
 def load_image_processor(path: str | Path) -> Any:
-    """The checkpoint's `transformers` image processor (preprocessor_config.json, local files).
-
-    Raises: ConfigError when the directory has no preprocessor_config.json."""
+    """The checkpoint's transformers image processor. Raises ConfigError without one."""
     directory = Path(path)
     if not (directory / "preprocessor_config.json").exists():
         raise ConfigError(
@@ -96,8 +85,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
 
 
 def image_hash(pixel_values: torch.Tensor, grid_thw: Sequence[int]) -> str:
-    """Content hash of a processed image (blake2b of its pixels and grid): equal images share
-    encoder cache entries and prefix-cache blocks, different ones never do."""
+    """blake2b of a processed image's pixels and grid: equal images share caches and blocks."""
     digest = hashlib.blake2b(repr(tuple(grid_thw)).encode(), digest_size=16)
     digest.update(pixel_values.contiguous().numpy().tobytes())
     return digest.hexdigest()
@@ -129,9 +117,7 @@ def check_images(images: Sequence[Any], limits: ImageLimits) -> None:
 
 
 def process_images(processor: Any, images: Sequence[Any], merge: int) -> list[ProcessedImage]:
-    """Each image through `processor` alone (its own pixel rows, hash and grid).
-
-    Raises: InvalidRequestError naming the image the processor refused."""
+    """Each image through `processor` alone. Raises InvalidRequestError naming a refused image."""
     out = []
     for i, image in enumerate(images):
         try:
@@ -150,11 +136,8 @@ def process_images(processor: Any, images: Sequence[Any], merge: int) -> list[Pr
 def expand_placeholders(
     ids: Sequence[int], image_token_id: int, images: Sequence[ProcessedImage]
 ) -> tuple[list[int], tuple[ImageSpan, ...]]:
-    """Each of the prompt's image tokens (one per image, in order) -> its image's rows of
-    placeholders. Returns the expanded ids and the spans.
-
-    Raises: InvalidRequestError("prompt") when the prompt holds another number of image
-        tokens than there are images."""
+    """Each image token of the prompt (one per image) -> its image's placeholder rows; returns
+    the ids and spans. Raises InvalidRequestError("prompt") when the counts differ."""
     positions = [i for i, t in enumerate(ids) if t == image_token_id]
     if len(positions) != len(images):
         raise InvalidRequestError(

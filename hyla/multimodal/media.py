@@ -1,12 +1,5 @@
-"""Image URLs of OpenAI content parts -> PIL images; no network access unless allowed.
-
-    data:image/png;base64,....   decoded here (size checked before decoding)
-    file:///dir/cat.png          only under `allowed_local_media_path` (off by default)
-    http(s)://host/...           only from `allowed_media_domains` (off by default; remote.py)
-
-Errors name the field (`messages[0].content[1].image_url`) and the limit; an encoded image over
-`max_image_bytes` is a `MediaTooLargeError` (HTTP 413).
-"""
+"""Image URLs of OpenAI content parts -> PIL images: data: URLs; file:// only under
+`allowed_local_media_path`, http(s) only from `allowed_media_domains` (both off by default)."""
 
 from __future__ import annotations
 
@@ -18,11 +11,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from hyla.multimodal.remote import MediaTooLargeError, fetch_image_bytes
 from hyla.request import InvalidRequestError
-
-
-class MediaTooLargeError(InvalidRequestError):
-    """An encoded image is larger than `max_image_bytes`."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +25,7 @@ class MediaOptions:
 
 
 def load_image_url(url: str, field: str, options: MediaOptions) -> Any:
-    """The PIL image at `url` (data:, an allowed file:// or http(s) URL), decoded and checked.
-
-    Raises: InvalidRequestError(field) for another scheme, a malformed URL or an undecodable
-        image; MediaTooLargeError over `max_image_bytes`."""
+    """The PIL image at `url`, decoded and checked (InvalidRequestError, MediaTooLargeError)."""
     if not isinstance(url, str):
         raise InvalidRequestError(field, "url: expected a string")
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
@@ -47,8 +34,6 @@ def load_image_url(url: str, field: str, options: MediaOptions) -> Any:
     elif scheme == "file":
         raw = _local_file_bytes(url, field, options)
     elif scheme in ("http", "https"):
-        from hyla.multimodal.remote import fetch_image_bytes
-
         raw = fetch_image_bytes(url, field, options.allowed_media_domains,
                                 options.max_image_bytes, options.media_fetch_timeout)  # fmt: skip
     else:

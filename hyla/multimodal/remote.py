@@ -1,11 +1,6 @@
-"""http(s) image URLs, fetched only from the hosts the operator listed (`--allowed-media-domains`,
-vLLM's flag): exact host names, no wildcards, each redirect hop checked the same way. The body is
-streamed and cut at `max_image_bytes` (413); the whole fetch, redirects included, must finish in
-`media_fetch_timeout` seconds (a body still arriving then is cut: each read's own timeout alone
-would let a server drip a byte per read for ever). Any failure is a 400 naming the field: the
-request fails, the server does not. Bodies are fetched uncompressed (`Accept-Encoding: identity`,
-a `Content-Encoding` refused): a few KB of nested gzip decode to gigabytes before any size check.
-"""
+"""http(s) image URLs, only from `--allowed-media-domains` hosts (exact; each redirect checked),
+cut at `max_image_bytes` and at `media_fetch_timeout` for the whole fetch (per-read timeouts let
+a server drip bytes for ever); fetched uncompressed (nested gzip bombs)."""
 
 from __future__ import annotations
 
@@ -17,6 +12,10 @@ from urllib.parse import urljoin, urlparse
 from hyla.request import InvalidRequestError
 
 MAX_REDIRECTS = 3
+
+
+class MediaTooLargeError(InvalidRequestError):
+    """An encoded image is larger than `max_image_bytes`."""
 
 
 class _Limits:
@@ -87,7 +86,6 @@ def fetch_image_bytes(
 
 
 def _read_body(response, limits: _Limits) -> bytes:
-    from hyla.multimodal.media import MediaTooLargeError
 
     encoding = response.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity"):

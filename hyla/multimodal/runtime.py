@@ -1,12 +1,5 @@
-"""The engine's image side: request preparation (processor, hash, placeholder expansion, M-RoPE
-positions) and each step's model inputs (placeholder embeddings from the encoder cache, the
-positions of image requests).
-
-    add_request:  images --processor--> pixels, grid, hash --expand--> ids, spans, positions
-    each step:    rows of scheduled placeholders <- encoder cache (encode on a miss) <- tower
-                  positions: [3, T] when a step holds an M-RoPE prompt row, else [T] + delta
-    after a step: references on fully computed images dropped; on finish, all of them
-"""
+"""The engine's image side: request preparation (processor, hash, placeholders, M-RoPE positions)
+and each step's inputs (placeholder rows from the encoder cache, positions)."""
 
 from __future__ import annotations
 
@@ -18,6 +11,7 @@ from typing import Any
 
 import torch
 
+from hyla.cache.mm_spans import ImageSpan, spans_in
 from hyla.multimodal.encoder_cache import EncoderCache
 from hyla.multimodal.inputs import (
     IMAGE_FIELD,
@@ -30,7 +24,6 @@ from hyla.multimodal.inputs import (
     process_images,
     read_config,
 )
-from hyla.multimodal.spans import ImageSpan, spans_in
 from hyla.ops.rotary.mrope import mrope_positions
 from hyla.request import InvalidRequestError, Request
 
@@ -50,21 +43,15 @@ class MultimodalPrompt:
 
 @dataclass(frozen=True)
 class PreparedPrompt:
-    """Token ids with the images' placeholders expanded, and the images processed: what
-    `LLMEngine.add_request` takes from a worker thread (`MultimodalRuntime.prepare` is pure)."""
+    """Expanded ids and processed images: what `LLMEngine.add_request` takes off-thread."""
 
     prompt_token_ids: list[int]
     mm: MultimodalPrompt
 
 
 class MultimodalRuntime:
-    """Args:
-    tower: the vision tower (`forward(pixel_values, grids) -> rows`), on the engine's device.
-    processor: the checkpoint's transformers image processor.
-    spec: image token ids and merge size.
-    uses_mrope: the text model's rotary is M-RoPE (Qwen3.5): image rows take grid positions.
-    limits: images per prompt, pixels per image.
-    """
+    """`tower`: `forward(pixel_values, grids) -> rows` on the engine's device; `uses_mrope`:
+    image rows take grid positions (Qwen3.5)."""
 
     def __init__(
         self,
@@ -87,9 +74,8 @@ class MultimodalRuntime:
     def from_path(
         cls, path: str | Path, model: torch.nn.Module, limits: ImageLimits
     ) -> MultimodalRuntime | None:
-        """The runtime of checkpoint `path` (tower in `model`'s dtype and device), or None when
-        its config.json has no `vision_config` (a text-only model), or (logged) when the
-        directory has no preprocessor_config.json or no vision tower tensors."""
+        """The runtime of checkpoint `path`, or None for a text-only model (also, logged, without
+        preprocessor_config.json or vision tower tensors)."""
         from hyla.models.checkpoint import CheckpointError
         from hyla.models.vision_loader import load_vision_tower
 
@@ -113,13 +99,8 @@ class MultimodalRuntime:
         return cls(tower, load_image_processor(path), VisionSpec.from_hf(config),
                    section is not None, limits)  # fmt: skip
 
-    # -- requests --------------------------------------------------------------------------------
-
     def prepare(self, ids: Sequence[int], images: Sequence[Any]) -> PreparedPrompt:
-        """Process `images` and expand their placeholders in `ids` (no side effects: safe in
-        a worker thread).
-
-        Raises: InvalidRequestError naming the image or the prompt."""
+        """Process `images`, expand their placeholders in `ids` (pure: safe in a worker thread)."""
         check_images(images, self.limits)
         processed = process_images(self.processor, images, self.spec.merge_size)
         self._check_budget(processed)
@@ -134,7 +115,6 @@ class MultimodalRuntime:
         return PreparedPrompt(expanded, MultimodalPrompt(tuple(processed), spans, positions, delta))
 
     def _check_budget(self, images: Sequence[ProcessedImage]) -> None:
-        """An image larger than the step's encoder budget could never be scheduled."""
         limit = self.max_encoder_tokens
         for i, image in enumerate(images):
             if limit is not None and image.num_tokens > limit:
@@ -145,9 +125,7 @@ class MultimodalRuntime:
                 )
 
     def check_no_placeholders(self, ids: Sequence[int]) -> None:
-        """A prompt without images must not hold the image token.
-
-        Raises: InvalidRequestError("prompt")."""
+        """A prompt without images must not hold the image token (InvalidRequestError("prompt"))."""
         if self.spec.image_token_id in ids:
             raise InvalidRequestError(
                 "prompt",
@@ -156,8 +134,7 @@ class MultimodalRuntime:
             )
 
     def placeholder_text(self, tokenizer: Any) -> str:
-        """The text of one image in a prompt: the family's start, image and end tokens
-        (`<|vision_start|><|image_pad|><|vision_end|>` for Qwen3.5)."""
+        """One image's text in a prompt: the family's start, image and end tokens."""
         spec = self.spec
         ids = [
             t
@@ -170,7 +147,6 @@ class MultimodalRuntime:
         self.prompts[request_id] = prompt
 
     def release(self, request_id: str) -> None:
-        """`request_id` ended: its prompt and encoder references go."""
         self.prompts.pop(request_id, None)
         self.cache.release(request_id)
 
@@ -183,8 +159,6 @@ class MultimodalRuntime:
             for span in prompt.spans:
                 if span.end <= req.num_computed_tokens:
                     self.cache.release(req.request_id, span.hash)
-
-    # -- step inputs -----------------------------------------------------------------------------
 
     def _rows(self, request_id: str, prompt: MultimodalPrompt, index: int) -> torch.Tensor:
         image = prompt.images[index]

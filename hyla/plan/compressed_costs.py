@@ -1,8 +1,5 @@
-"""DeepSeek-V4's layers ("swa", "csa", "hca") in the planner's terms, as hyla's reference path
-runs them (`hyla.layers.compressed_attention`): per token the cache holds the roped kv and the
-compressor inputs (`hyla.cache.spec.compressed_specs`); a step reads every cached token of the
-sequence and pools its windows again; each query attends to the window, the CSA top-k entries
-or every HCA entry. A paged cache of the entries themselves would read ~1/m of this."""
+"""DeepSeek-V4's "swa", "csa", "hca" layers in the planner's terms, as the reference path runs them:
+a step reads every cached token (roped kv + compressor inputs) and pools the windows again."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ from hyla.config import COMPRESSED_KINDS, ModelConfig
 
 
 def layer_bytes_per_token(config: ModelConfig, kind: str) -> int:
-    """Cache bytes one token costs in one layer of `kind` (every rank holds them whole)."""
+    """Cache bytes of one token in one layer of `kind` (every rank holds them whole)."""
     specs = compressed_specs(config, kind, kv_dtype(config))
     return sum(DTYPE_BYTES[s.dtype] * _numel(s.shape) for s in specs)
 
@@ -24,13 +21,11 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def read_bytes(config: ModelConfig, kind: str, context: float) -> float:
-    """Cache bytes one decode token reads in one layer at `context` (the whole sequence)."""
     return context * layer_bytes_per_token(config, kind)
 
 
 def flops_per_token(config: ModelConfig, kind: str, context: float) -> float:
-    """Attention FLOPs of one token at `context` in one layer: scores and values over the
-    window plus the entries it reads, the CSA indexer over every entry, the pooling."""
+    """Attention FLOPs of one token at `context` in one layer (window, entries, CSA indexer)."""
     c = config.compressed
     window = min(context, c.sliding_window)
     if kind == "swa":

@@ -1,12 +1,5 @@
-"""What a model costs per token and per sequence, split the way parallelism splits it.
-
-    weights  = embedding (embed_tokens + lm_head)  + routed experts  + the rest ("dense")
-    cache    = per token, per attention-like layer (mla/dsa latent, dsa index keys, gqa k/v)
-    state    = per sequence, per linear layer (recurrent fp32 + conv)
-
-Parameter counts come from a model built on the meta device (`hyla.models.inspect`), byte sizes
-from `hyla.cache.spec`; FLOPs are the matmul count (2 per multiply-add) of the forward.
-"""
+"""Per-token and per-sequence model costs, split as parallelism splits them (weights, paged cache
+per token, linear state per sequence). FLOPs count 2 per multiply-add."""
 
 from __future__ import annotations
 
@@ -27,15 +20,9 @@ LINEAR_CHUNK = 64  # tokens per chunk of the chunked delta rule (intra-chunk FLO
 
 @dataclass(frozen=True)
 class ParamSplit:
-    """Parameter counts: `embedding` (input table + output head; one table when tied),
-    `experts` (routed experts of every MoE layer), `dense` (everything else).
-
-    The `*_bytes` fields are the same groups as the loader stores them (`stored_model`: fp8
-    modules at one byte a weight plus their float32 block scales, the rest in the model dtype);
-    `head_bytes` is the output head's (read whole every decode step), `replicated_bytes` the
-    part of `dense_bytes` every tensor-parallel rank holds whole (the sharding code's rules:
-    norms, routers, MLA's q_a/kv_a, the DSA indexer, ...), `vision_bytes` a vision tower's
-    (held by rank 0, which runs it: the busiest rank's bytes; not in the parameters above)."""
+    """Parameter counts: `embedding` (one table when tied), routed `experts`, `dense` (the rest);
+    `*_bytes` as stored (fp8 + block scales); `replicated_bytes`: the part of `dense_bytes` every
+    TP rank holds whole; `vision_bytes`: rank 0's vision tower (not in the counts)."""
 
     embedding: int
     experts: int
@@ -53,8 +40,7 @@ class ParamSplit:
         return self.embedding + self.experts + self.dense
 
     def rank_weight_bytes(self, tp: int, ep: int) -> int:
-        """Weight bytes one rank of a TP group of `tp` holds (`ep` > 1: whole experts split
-        over `ep` ranks, else every expert split by TP)."""
+        """Weight bytes of one rank of a TP group of `tp` (`ep` > 1: experts over `ep` ranks)."""
         split = self.embedding_bytes + self.dense_bytes - self.replicated_bytes
         whole = self.replicated_bytes + self.vision_bytes
         return whole + split // tp + self.experts_bytes // (ep if ep > 1 else tp)
@@ -72,10 +58,7 @@ def param_split(
     quantize_floats: bool | None = None,
     vision_bytes: int = 0,
 ) -> ParamSplit:
-    """Split the weights of the model `config` describes: parameters and persistent buffers
-    (e.g. a router's correction bias), built on the meta device (nothing allocated); bytes as
-    `hyla inspect` counts them (`hyla.models.inspect.stored_model` of the checkpoint at
-    `path`, fp8 per its `quantization` and `quantize_floats`)."""
+    """Split `config`'s weights (built on meta); bytes as `hyla inspect` counts the checkpoint's."""
     counts = {"embedding": 0, "experts": 0, "dense": 0}
     model = build_empty_model(config.replace(dtype="float32"), "meta")
     for name, p in model.state_dict(keep_vars=True).items():
@@ -99,8 +82,7 @@ def param_split(
 
 
 def vision_tower_bytes(raw: dict, dtype: str) -> int:
-    """Bytes of the vision tower a multimodal config.json (`raw`) describes, in `dtype`
-    (built on the meta device; 0 without a `vision_config` hyla loads)."""
+    """Bytes in `dtype` of the vision tower a config.json `raw` describes (0 without one)."""
     from hyla.models.vision_loader import TOWERS
 
     family = raw.get("model_type")
@@ -113,25 +95,17 @@ def vision_tower_bytes(raw: dict, dtype: str) -> int:
 
 
 def cache_bytes_per_token(config: ModelConfig, tp: int = 1, ep: bool = False) -> int:
-    """Paged-cache bytes one token costs on one GPU of a tensor-parallel group of `tp`: the
-    engine's own allocation (`hyla.cache.spec` tables of the rank's config, fp8 scales and
-    GLM-5.3-Flash's pooled-indexer caches included).
-
-    MLA/DSA latents and index keys are shared by all heads, so every rank holds them whole;
-    GQA k/v are split by kv head (replicated once tp exceeds them).
-    """
+    """Paged-cache bytes of one token on one GPU of a TP group of `tp`, as allocated."""
     return bytes_per_token(rank_config(config, tp, ep))
 
 
 def state_bytes_per_seq(config: ModelConfig, tp: int = 1, ep: bool = False) -> int:
-    """Linear-layer state bytes of one sequence on one GPU of a TP group of `tp` (recurrent
-    state in `mamba_ssm_cache_dtype` and conv state, each rank its own heads), as allocated."""
+    """Linear-layer state bytes of one sequence on one GPU of a TP group of `tp`."""
     return bytes_per_state_slot(rank_config(config, tp, ep))
 
 
 def attention_read_bytes(config: ModelConfig, context: int, tp: int = 1) -> float:
-    """Cache bytes one decode token reads at `context` on one GPU: every cached tensor of every
-    token, but only `index_topk` tokens' latents in dsa layers (the indexer picks them)."""
+    """Cache bytes a decode token reads at `context` on one GPU (dsa: `index_topk` latents)."""
     own = rank_config(config, tp, False)
     total = 0.0
     for i, kind in enumerate(own.layer_pattern):
@@ -144,9 +118,7 @@ def attention_read_bytes(config: ModelConfig, context: int, tp: int = 1) -> floa
 
 
 def _mixer_flops_per_token(config: ModelConfig, kind: str, context: float, prefill: bool) -> float:
-    """Attention FLOPs of one token attending to `context` earlier tokens (whole model, one
-    layer of `kind`). Prefill MLA runs the expanded form (per head qk + v dims); decode and DSA
-    run the absorbed form over the latent."""
+    """Per-token FLOPs of one `kind` layer; prefill MLA runs expanded, decode and DSA absorbed."""
     if kind in ("kda", "gdn"):
         lin = config.linear
         state = 4 * lin.num_v_heads * lin.head_k_dim * lin.head_v_dim
@@ -169,14 +141,11 @@ def _mixer_flops_per_token(config: ModelConfig, kind: str, context: float, prefi
 
 
 def attention_flops(config: ModelConfig, context: float, prefill: bool = False) -> float:
-    """Attention/recurrence FLOPs of one token at `context`, summed over all layers."""
     return sum(_mixer_flops_per_token(config, k, context, prefill) for k in config.layer_pattern)
 
 
 def prefill_attention_flops(config: ModelConfig, num_tokens: int) -> float:
-    """Attention FLOPs of a causal prefill of `num_tokens` (token t attends to t tokens),
-    integrated in closed form per layer kind: quadratic terms T^2/2, DSA's sparse part
-    capped at index_topk."""
+    """Attention FLOPs of a causal prefill of `num_tokens`, in closed form (T^2/2; DSA capped)."""
     t = float(num_tokens)
     total = 0.0
     for kind in config.layer_pattern:
@@ -184,7 +153,7 @@ def prefill_attention_flops(config: ModelConfig, num_tokens: int) -> float:
             total += t * _mixer_flops_per_token(config, kind, 0, True)
         elif kind in ("gqa", "mla"):
             total += _mixer_flops_per_token(config, kind, 1.0, True) * t * t / 2
-        elif v4.is_compressed(kind):  # linear in context past the window: sum over half of it
+        elif v4.is_compressed(kind):  # linear past the window
             total += t * v4.flops_per_token(config, kind, t / 2)
         else:
             m, k = config.mla, config.dsa.index_topk

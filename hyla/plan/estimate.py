@@ -1,14 +1,5 @@
-"""Roofline estimates for one parallel layout: memory per GPU, sequences that fit, TTFT, TPOT.
-
-A layout is `tp` (tensor parallel: attention, dense MLP, embedding split over tp ranks: one
-`hyla serve --tensor-parallel-size tp`), `dp = num_gpus / tp` (that many separate servers,
-each holding its own sequences) and `ep` (1: routed experts split by tensor parallelism;
-tp: `--enable-expert-parallel`, whole experts spread over the group's ranks). Weight bytes
-per rank follow the sharding code's rules (replicated tensors whole on every rank).
-
-A step's time is max(bytes / HBM bandwidth, FLOPs / peak) plus its collectives
-(`COLLECTIVE_LATENCY_S` each, plus bytes over one link direction).
-"""
+"""Roofline estimates of one layout (`tp` ranks per server, `dp` servers, `ep` 1 or tp): memory
+per GPU, sequences that fit, TTFT, TPOT; a step is max(bytes / HBM bw, FLOPs / peak) + comm."""
 
 from __future__ import annotations
 
@@ -32,10 +23,6 @@ COLLECTIVE_LATENCY_S = 8e-6  # one NVLink all-reduce / all-to-all of a decode-si
 
 @dataclass(frozen=True)
 class Workload:
-    """What to plan for: `num_gpus`, `context` tokens per sequence, `concurrency` sequences at
-    once, weights stored in `weight_dtype`, `memory_fraction` of each GPU usable and
-    `reserve_bytes` of it kept for activations and workspace."""
-
     num_gpus: int
     context: int
     concurrency: int
@@ -55,9 +42,7 @@ class Workload:
 
 @dataclass(frozen=True)
 class Estimate:
-    """One layout's numbers, per GPU unless named otherwise. `max_seqs` counts all replicas;
-    `batch_per_replica` is the decode batch the TPOT is estimated at (the concurrency, capped by
-    what fits); `binding` names the constraint that limits this layout."""
+    """Per GPU unless named; `max_seqs` counts all replicas; `binding`: the limiting constraint."""
 
     tp: int
     dp: int
@@ -95,7 +80,6 @@ def _expert_step_bytes(cfg: ModelConfig, split: ParamSplit, tokens: float, shard
 
 
 def _rank_dense_bytes(split: ParamSplit, tp: int) -> float:
-    """Non-expert, non-embedding bytes one rank reads per step (replicated ones whole)."""
     return split.replicated_bytes + (split.dense_bytes - split.replicated_bytes) / tp
 
 
@@ -108,8 +92,7 @@ def _active_matmul_params(cfg: ModelConfig, split: ParamSplit) -> float:
 
 
 def _comm_s(cfg: ModelConfig, gpu: GPUSpec, tokens: float, tp: int, ep: int, n: int) -> float:
-    """Collectives of one forward over `tokens` tokens of one replica: two all-reduces per
-    layer inside the TP group, and an all-to-all dispatch + combine per MoE layer under EP."""
+    """One replica's forward's collectives: 2 TP all-reduces per layer, EP all-to-all per MoE."""
     act = tokens * cfg.hidden_size * 2
     time = 0.0
     if tp > 1:
@@ -124,8 +107,7 @@ def _comm_s(cfg: ModelConfig, gpu: GPUSpec, tokens: float, tp: int, ep: int, n: 
 def tpot_terms(
     cfg: ModelConfig, split: ParamSplit, gpu: GPUSpec, work: Workload, tp: int, ep: int, batch: int
 ) -> dict[str, float]:
-    """Seconds of one decode step of `batch` sequences per replica at `work.context`:
-    `memory` (bytes / bandwidth), `compute` (FLOPs / peak), `comm` (collectives)."""
+    """Seconds of one decode step of `batch` per replica: `memory`, `compute`, `comm`."""
     head = _rank_dense_bytes(split, tp) + split.head_bytes / tp
     experts = _expert_step_bytes(cfg, split, batch, ep if ep > 1 else tp)
     cache = batch * attention_read_bytes(cfg, work.context, tp)
@@ -141,8 +123,7 @@ def tpot_terms(
 def ttft_s(
     cfg: ModelConfig, split: ParamSplit, gpu: GPUSpec, work: Workload, tp: int, ep: int
 ) -> float:
-    """Seconds to prefill one prompt of `work.context` tokens on one replica (compute or weight
-    reads, whichever is slower, plus the collectives)."""
+    """Seconds to prefill one `work.context` prompt on one replica."""
     t = work.context
     flops = 2 * _active_matmul_params(cfg, split) * t + prefill_attention_flops(cfg, t)
     reads = _rank_dense_bytes(split, tp) + split.embedding_bytes / tp
@@ -154,7 +135,6 @@ def ttft_s(
 def estimate(
     cfg: ModelConfig, split: ParamSplit, gpu: GPUSpec, work: Workload, tp: int, ep: int
 ) -> Estimate:
-    """The numbers of layout (tp, ep) for `work` on `gpu`."""
     dp = work.num_gpus // tp
     weights = split.rank_weight_bytes(tp, ep)
     per_token, state = cache_bytes_per_token(cfg, tp), state_bytes_per_seq(cfg, tp)

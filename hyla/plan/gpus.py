@@ -1,10 +1,5 @@
-"""Known accelerators for `hyla plan`: memory, HBM bandwidth, dense tensor-core FLOPs, link.
-
-Figures are the vendors' datasheet numbers for the SXM/OAM parts, dense (no 2:4 sparsity);
-memory is what the driver reports (nvidia-smi / rocm-smi), not the marketing GB. `link_bw` is
-one direction of the GPU-to-GPU fabric (NVLink / Infinity Fabric), used for the all-reduce and
-all-to-all terms. Every field can be overridden from the command line (`GPUSpec.replace`).
-"""
+"""Known accelerators for `hyla plan`: datasheet dense figures of the SXM/OAM parts; memory as the
+driver reports it; `link_bw` one direction of the GPU-to-GPU fabric."""
 
 from __future__ import annotations
 
@@ -17,9 +12,7 @@ TB = 1e12
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator: `memory` bytes, `memory_bw` bytes/s, `bf16_flops` and `fp8_flops` dense
-    FLOP/s (`fp8_flops` None: no fp8 tensor cores, fp8 weights run at the bf16 rate),
-    `link_bw` bytes/s per direction to a peer."""
+    """One accelerator; `fp8_flops` None: no fp8 tensor cores (fp8 weights run at the bf16 rate)."""
 
     name: str
     memory: int
@@ -37,16 +30,14 @@ class GPUSpec:
             raise ValueError(f"gpu.fp8_flops: must be positive, got {self.fp8_flops!r}")
 
     def flops(self, dtype: str) -> float:
-        """Dense matmul FLOP/s for weights stored in `dtype`."""
         return self.fp8_flops if self.peak_name(dtype) == "fp8" else self.bf16_flops
 
     def peak_name(self, dtype: str) -> str:
-        """Which peak `flops(dtype)` is: "fp8", else "bf16" (float16 and float32 weights are
-        timed at the bf16 tensor-core rate too, which is optimistic for float32)."""
+        """Which peak: "fp8", else "bf16" (float32 is timed at the bf16 rate too: optimistic)."""
         return "fp8" if dtype == "fp8" and self.fp8_flops is not None else "bf16"
 
     def replace(self, **changes: object) -> GPUSpec:
-        """A copy with the given fields changed (None values are ignored)."""
+        """A copy with the given fields changed (None values ignored)."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -76,7 +67,7 @@ GPUS: dict[str, GPUSpec] = {
 
 
 def gpu_spec(name: str) -> GPUSpec:
-    """The spec of a known GPU (case-insensitive). Raises ValueError listing the known ones."""
+    """A known GPU's spec (case-insensitive). Raises ValueError listing the known ones."""
     for key, spec in GPUS.items():
         if key.lower() == name.lower():
             return spec

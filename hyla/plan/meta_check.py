@@ -1,16 +1,5 @@
-"""The full-size check of `hyla plan` without the hardware: build a model's real config on the
-meta device (no memory), shard it for a layout with the engine's own sharding code, and
-compare one rank's weight, cache and state bytes with the plan's.
-
-    rank model   `build_rank_model` (the TP loader's: rank_config, vocab-parallel embedding and
-                 head, EP experts) on the meta device; fp8 as the loader converts it
-                 (`choose_fp8` + `convert_modules`), plus a vision tower (on rank 0, which runs it)
-    cache        the engine's allocator (`allocate_caches`) for that rank's config, on meta:
-                 bytes of one token's paged tensors and of one state slot
-
-A layout the engine refuses today is still measured (the sharding code builds it) and
-reported with the refusal, so the table shows what lifting it would cost.
-"""
+"""`hyla plan` checked at full size on the meta device: build a layout's rank model and caches with
+the engine's own sharding and compare one rank's bytes with the plan's (refused layouts too)."""
 
 from __future__ import annotations
 
@@ -32,19 +21,15 @@ from hyla.plan.planner import plan
 
 @dataclass(frozen=True)
 class RankBytes:
-    """One rank's bytes as built: weights (parameters and buffers), paged cache per token,
-    linear state per sequence."""
-
     weight_bytes: int
     cache_bytes_per_token: int
     state_bytes_per_seq: int
 
 
 def meta_rank_bytes(config, tp: int, ep: bool, vision_bytes: int = 0) -> RankBytes:  # noqa: ANN001
-    """Rank 0's bytes of `config` (a ModelConfig; dtype, cache dtype and quantization as it
-    will be served) under TP `tp` (+ EP), built on the meta device."""
+    """Rank 0's bytes of `config` (as served) under TP `tp` (+ EP), built on the meta device."""
     model = build_rank_model(config, TPGroup(0, tp), ep, "meta")
-    if config.quantization is not None:  # no checkpoint: every fp8 candidate, as released
+    if config.quantization is not None:  # no checkpoint: every fp8 candidate
         chosen = choose_fp8(model, set(), quantize_floats=True)
         convert_modules(model, chosen, DTYPES[config.dtype], "meta")
     weights = sum(t.numel() * t.element_size() for t in model.state_dict(keep_vars=True).values())
@@ -74,8 +59,7 @@ def check_layout(
     path: str | Path, gpu: GPUSpec, work: Workload, tp: int, ep: int,
     kv_cache_dtype: str | None = None,
 ) -> dict:  # fmt: skip
-    """Plan the model at `path` and compare layout (tp, ep)'s per-rank bytes with the meta
-    build's. Returns one JSON-ready row."""
+    """Layout (tp, ep)'s planned per-rank bytes against the meta build's, as a JSON row."""
     report = plan(path, gpu, work, kv_cache_dtype=kv_cache_dtype)
     cfg, split = report.config, report.split
     try:
@@ -98,7 +82,6 @@ def check_layout(
 
 
 def write_config(raw: dict, directory: Path) -> Path:
-    """Write `raw` as `directory`/config.json (the plan reads config.json alone)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(raw))
     return directory
@@ -107,8 +90,7 @@ def write_config(raw: dict, directory: Path) -> Path:
 FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
        "weight_block_size": [128, 128]}  # fmt: skip
 
-# (name, transformers config class, extra config.json fields ("text_only": the text config
-#  alone, no vision tower), weight dtype, cache dtype, layouts (tp, ep))
+# (name, transformers class, extra config.json fields, weight dtype, cache dtype, (tp, ep)s)
 CASES = (
     ("Kimi-Linear-48B", "KimiLinearConfig", {}, "bfloat16", None, ((1, 1), (8, 8))),
     ("DeepSeek-V3.2 fp8", "DeepseekV32Config", {"quantization_config": FP8}, "fp8", "fp8",
@@ -123,14 +105,13 @@ CASES = (
 
 
 def default_config(class_name: str, extra: dict) -> dict:
-    """config.json of transformers' `class_name` at its defaults, with `architectures` named
-    as a release does."""
+    """config.json of transformers' `class_name` at defaults, named as a release names it."""
     import transformers
 
     cls = getattr(transformers, class_name)
     raw, extra = cls().to_dict(), dict(extra)
     family = raw["model_type"]
-    if extra.pop("text_only", False):  # a text-only release: the text fields at the top level
+    if extra.pop("text_only", False):
         raw = {**raw["text_config"], "model_type": family}
     raw["architectures"] = [_architecture(family)]
     return {**raw, "torch_dtype": "bfloat16", **extra}

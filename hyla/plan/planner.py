@@ -1,9 +1,5 @@
-"""`hyla plan MODEL_OR_CONFIG`: which parallel layouts of `num_gpus` GPUs serve a model at a
-context and concurrency, ranked, with what binds each one. Reads config.json only.
-
-Ranking: layouts where every requested sequence fits come first, by estimated output tokens/s;
-then those that fit fewer sequences, by how many; then those that do not fit at all.
-"""
+"""`hyla plan MODEL_OR_CONFIG`: the parallel layouts of `num_gpus` GPUs for a context and
+concurrency from config.json alone, ranked: all sequences fit (by tokens/s), fewer fit, none."""
 
 from __future__ import annotations
 
@@ -42,9 +38,7 @@ class PlanReport:
 
 
 def candidate_layouts(cfg: ModelConfig, num_gpus: int) -> tuple[list[tuple[int, int]], list]:
-    """(tp, ep) pairs to estimate, and (layout, reason) pairs refused: tp divides num_gpus, ep
-    is 1 or tp (expert parallelism runs inside the TP group), and the engine's own check
-    (`check_parallel`, which `hyla serve` runs before loading weights) accepts the pair."""
+    """(tp, ep) pairs `check_parallel` accepts (tp | num_gpus, ep 1 or tp), and refused ones."""
     layouts, refused = [], []
     for tp in (d for d in range(1, num_gpus + 1) if num_gpus % d == 0):
         for ep in [1] if cfg.moe is None or tp == 1 else [1, tp]:
@@ -59,7 +53,6 @@ def candidate_layouts(cfg: ModelConfig, num_gpus: int) -> tuple[list[tuple[int, 
 
 
 def serve_command(e: Estimate) -> str:
-    """The `hyla serve` options of layout `e` (one of its `dp` servers)."""
     flags = f" --tensor-parallel-size {e.tp}" if e.tp > 1 else ""
     return "hyla serve MODEL" + flags + (" --enable-expert-parallel" if e.ep > 1 else "")
 
@@ -81,21 +74,15 @@ def plan(
     kv_cache_dtype: str | None = None,
     config: ModelConfig | None = None,
 ) -> PlanReport:
-    """Plan `work` on `gpu` for the model at `path` (checkpoint dir or config.json). A float
-    `work.weight_dtype` is the model's dtype too, so the cache follows it unless
-    `kv_cache_dtype` says otherwise (as the engine's `--dtype` does). Weights are fp8 as the
-    loader makes them: the checkpoint's `quantization_config` (whatever `work.weight_dtype`),
-    or `work.weight_dtype` "fp8" on a float checkpoint (`--quantization fp8`).
-
-    Raises: ConfigError (bad config.json), FileNotFoundError, ValueError (bad workload).
-    """
+    """Plan `work` on `gpu` for the model at `path`; a float `weight_dtype` is the model's (and the
+    cache's unless `kv_cache_dtype`). Raises ConfigError, FileNotFoundError, ValueError."""
     cfg = config if config is not None else load_config(path)
     if work.weight_dtype in ("float32", "bfloat16", "float16"):
         cfg = cfg.replace(dtype=work.weight_dtype)
     quantize_floats = None
     if work.weight_dtype == "fp8" and cfg.quantization is None:  # as --quantization fp8
         cfg, quantize_floats = cfg.replace(quantization=QuantizationConfig()), True
-    if cfg.quantization is not None:  # the loader keeps the checkpoint's fp8 weights
+    if cfg.quantization is not None:
         work = dataclasses.replace(work, weight_dtype="fp8")
     if kv_cache_dtype is not None:
         cfg = cfg.replace(kv_cache_dtype=kv_cache_dtype)

@@ -76,7 +76,6 @@ def format_plan(report: PlanReport) -> str:
 
 
 def plan_to_json(report: PlanReport) -> dict[str, Any]:
-    """The plan as plain JSON types."""
     return {
         "path": report.path,
         "architecture": report.config.architecture,

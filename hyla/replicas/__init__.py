@@ -7,8 +7,7 @@ from typing import Any
 
 def serve_replicas(model: str | None, options: dict[str, Any], num_replicas: int,
                    ray_address: str | None = None) -> Any:  # fmt: skip
-    """A `ReplicaClient` over `num_replicas` freshly started replicas, which it ends on
-    shutdown (`hyla serve --data-parallel-size N`)."""
+    """A `ReplicaClient` over new replicas that it ends on shutdown (`--data-parallel-size N`)."""
     from hyla.replicas.client import ReplicaClient
     from hyla.replicas.launch import start_replicas
 

@@ -1,15 +1,6 @@
-"""The front end of N replicas, with the interface the server uses of an `AsyncEngine`.
-
-    server -- add_request --> ReplicaClient: tokenize, hash blocks, Router.route -> actor.add
-           <-- RequestStream  (OutputQueue per request, fed by one poll loop per replica)
-    poll loop i: Report = await actor.poll() -> events to the queues, load + cache keys to
-                 the router; the actor died -> its streams get EngineDeadError, the router
-                 skips it until `ready` answers again (Ray restarted it), then it rejoins empty
-
-Prompts are tokenized here, with replica 0's tokenizer, so that the router can hash their
-blocks the way the replicas' prefix caches do (`hyla.cache.prefix.extend_block_hashes`); the
-replicas get token ids (with the hashes, which they take instead of hashing again).
-"""
+"""The front end of N replicas, with the interface the server uses of an `AsyncEngine`. Prompts
+are tokenized and block-hashed here (as the replicas' prefix caches hash them) for the router;
+one poll loop per replica feeds the requests' queues, and a dead replica rejoins empty."""
 
 from __future__ import annotations
 
@@ -46,12 +37,12 @@ RESTART_POLL = 0.5  # seconds between two `ready` calls to a replica that died
 @dataclass(frozen=True)
 class CacheInfo:
     block_size: int
-    prefix: bool | None  # None: prefix caching off (the server hashes no prompt blocks then)
+    prefix: bool | None  # None: prefix caching off (the server hashes no prompt blocks)
 
 
 @dataclass(frozen=True)
 class EngineInfo:
-    """What the server reads of an engine (`getattr(async_engine, "engine")`), from replica 0."""
+    """What the server reads of `async_engine.engine`, from replica 0."""
 
     config: Any
     model_config: Any
@@ -77,7 +68,7 @@ class ReplicaClient:
         if info.get("is_multimodal"):
             raise ValueError("data_parallel_size: replicas serve text-only models for now")
         self.replicas = replicas
-        self.close_replicas = close_replicas  # on shutdown: kill the actors (and a local Ray)
+        self.close_replicas = close_replicas
         self.actors = replicas.actors
         self.block_size = info["block_size"]
         self.is_prefix_caching = info["is_prefix_caching"]
@@ -96,8 +87,6 @@ class ReplicaClient:
         self._is_draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
-
-    # -- attributes the server reads --------------------------------------------------------
 
     @property
     def tokenizer(self) -> Any:
@@ -123,7 +112,6 @@ class ReplicaClient:
         return len(self._open) + self._num_pending_adds
 
     def replica_health(self) -> list[dict[str, Any]]:
-        """Per replica: index, whether it serves, open requests, restarts seen."""
         return [
             dict(replica=i, status="ok" if v.is_alive else "down", num_open=v.num_open,
                  restarts=self.restarts[i])
@@ -131,21 +119,16 @@ class ReplicaClient:
         ]  # fmt: skip
 
     def health(self) -> tuple[int, dict[str, Any]]:
-        """/health's status and body (`hyla.replicas.metrics.health`)."""
         return health(self.replica_health())
 
     def metric_collector(self) -> ReplicaCollector:
-        """The per-replica series of /metrics."""
         return ReplicaCollector(self)
 
     def get_stats(self) -> Any:
-        """The replicas' `EngineStats` summed (hit rate recomputed), or None before a report."""
         return sum_stats([s for s in self.stats if s is not None])
 
-    # -- lifecycle --------------------------------------------------------------------------
-
     def start(self) -> None:
-        """Start one poll loop per replica (idempotent). Call from inside the event loop."""
+        """Start one poll loop per replica (idempotent), from inside the event loop."""
         if self.is_running:
             return
         self._loop = asyncio.get_running_loop()
@@ -163,8 +146,7 @@ class ReplicaClient:
             actor.abort_all.remote()
 
     async def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Drain (up to `timeout` seconds), abort the rest, stop the replicas' engines and the
-        poll loops; then, with `close_replicas`, the actors (else `ReplicaSet.close` does)."""
+        """Drain up to `timeout` s, abort, stop the engines (and the actors if `close_replicas`)."""
         self.begin_drain()
         start = time.monotonic()
         while (
@@ -175,7 +157,7 @@ class ReplicaClient:
             await asyncio.sleep(0.02)
         self.abort_all()
         deadline = time.monotonic() + 5.0
-        while self._open and time.monotonic() < deadline:  # their final "abort" outputs
+        while self._open and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         calls = [a.shutdown.remote(False, 5.0) for a in self.actors]
         await asyncio.wait([asyncio.ensure_future(_quiet(c)) for c in calls], timeout=10.0)
@@ -184,8 +166,7 @@ class ReplicaClient:
             self.replicas.close()
 
     async def detach(self) -> None:
-        """Stop this front end only: abort its open requests on their replicas and stop the
-        poll loops; the replicas go on serving (another client may attach)."""
+        """Stop this front end only (abort its requests); the replicas go on serving."""
         for request_id, open_ in list(self._open.items()):
             self.abort(request_id)
             open_.queue.put_nowait(EngineDeadError("the server shut down"))
@@ -194,16 +175,11 @@ class ReplicaClient:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
-    # -- requests ---------------------------------------------------------------------------
-
     async def add_request(
         self, prompt: str | list[int], params: Any, request_id: str | None = None
     ) -> RequestStream:
-        """Route and submit a request; returns once a replica admitted it.
-
-        Raises: InvalidRequestError (bad prompt, lengths; or from the replica), QueueFullError,
-        EngineDrainingError, EngineDeadError (no replica serving).
-        """
+        """Route and submit a request; returns once a replica admitted it. Raises:
+        InvalidRequestError, QueueFullError, EngineDrainingError, EngineDeadError (none serving)."""
         request_id = request_id or uuid.uuid4().hex
         if self._is_draining:
             raise EngineDrainingError("the server is shutting down")
@@ -221,7 +197,6 @@ class ReplicaClient:
         return RequestStream(self, request_id, queue)
 
     def _prepare(self, prompt: Any, params: Any) -> tuple[list[int], list[int]]:
-        """Checked token ids and their block hashes (worker thread)."""
         ids = prompt_token_ids(prompt, self.tokenizer, self.engine.model_config.vocab_size)
         if isinstance(params, SamplingParams):
             validate_lengths(len(ids), params, self.max_model_len)
@@ -237,7 +212,7 @@ class ReplicaClient:
 
     async def _submit(self, request_id: str, ids: list[int], hashes: list[int], params: Any,
                       queue: OutputQueue, text: str | None) -> None:  # fmt: skip
-        """Route and add; a replica that dies before admitting it is routed around once."""
+        """A replica that dies before admitting the request is routed around once."""
         for attempt in range(2):
             if request_id in self._open:  # another request took the id while this one tokenized
                 raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
@@ -269,7 +244,7 @@ class ReplicaClient:
     async def generate(
         self, prompt: str | list[int], params: Any, request_id: str | None = None
     ) -> AsyncIterator[Any]:
-        """Submit a request and yield its outputs; closing the iterator aborts it."""
+        """Yield a request's outputs; closing the iterator aborts it."""
         stream = await self.add_request(prompt, params, request_id)
         try:
             async for output in stream:
@@ -290,8 +265,6 @@ class ReplicaClient:
     def _close(self, request_id: str) -> _Open | None:
         self.router.finish(request_id)
         return self._open.pop(request_id, None)
-
-    # -- poll loops -------------------------------------------------------------------------
 
     async def _poll_loop(self, i: int) -> None:
         actor = self.actors[i]
@@ -339,7 +312,6 @@ class ReplicaClient:
                 open_.queue.put_nowait(error)
 
     async def _wait_restart(self, i: int) -> None:
-        """Until Ray restarted replica i (its `ready` answers); then it takes requests again."""
         while True:
             await asyncio.sleep(RESTART_POLL)
             try:

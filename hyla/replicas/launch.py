@@ -1,10 +1,5 @@
-"""Start N replica actors on Ray: a local Ray started here, or a cluster at `ray_address`.
-
-On a local Ray each replica of a CPU engine is pinned to its own share of this machine's
-cores (replica i: cores [i k, (i+1) k), k = cores // N); on a GPU each asks Ray for
-`tensor_parallel_size` GPUs. Ray restarts a replica that dies (`REPLICA_MAX_RESTARTS` times);
-the front end fails its requests and routes around it until it answers again.
-"""
+"""Start N replica actors on a local Ray or the cluster at `ray_address`; on a local Ray each
+CPU replica is pinned to its own share of the cores, and Ray restarts a replica that dies."""
 
 from __future__ import annotations
 
@@ -12,8 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-# Restarts Ray grants one replica over the server's life.
-REPLICA_MAX_RESTARTS = 8
+REPLICA_MAX_RESTARTS = 8  # per replica, over the server's life
 
 
 @dataclass
@@ -30,7 +24,6 @@ class ReplicaSet:
         return len(self.actors)
 
     def close(self) -> None:
-        """Kill the actors (without restart), and the local Ray when this set started it."""
         import ray
 
         for actor in self.actors:
@@ -43,8 +36,7 @@ class ReplicaSet:
 
 
 def init_ray(num_cpus: int, ray_address: str | None = None) -> bool:
-    """Join the cluster at `ray_address`, or start a local Ray of `num_cpus` CPUs (no dashboard,
-    worker logs not echoed here). Returns whether a local Ray was started."""
+    """Join the cluster at `ray_address`, or start a local Ray; whether a local one was started."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -60,8 +52,7 @@ def init_ray(num_cpus: int, ray_address: str | None = None) -> bool:
 
 def cpu_core_sets(num_replicas: int, per_replica: int | None = None
                   ) -> list[tuple[int, ...]] | None:  # fmt: skip
-    """Disjoint cores for each replica from this process's affinity, `per_replica` each (None:
-    an even share). None: fewer cores than that; the replicas share them."""
+    """Disjoint cores per replica (`per_replica` each, None: an even share); None when too few."""
     cores = sorted(os.sched_getaffinity(0))
     k = per_replica or len(cores) // num_replicas
     if k * num_replicas > len(cores):
@@ -79,8 +70,8 @@ def start_replicas(
     pin_cpus: bool = True,
     cores_per_replica: int | None = None,
 ) -> ReplicaSet:
-    """Start `num_replicas` replicas of `model` (each `LLMEngine.from_path(model, **options)`)
-    and wait until all have loaded. Raises the first replica's load error."""
+    """Start replicas of `LLMEngine.from_path(model, **options)` and wait until all loaded.
+    Raises: the first replica's load error."""
     import ray
 
     from hyla.replicas.replica import Replica

@@ -26,8 +26,6 @@ _REPLICA_COUNTERS = {
 
 
 class ReplicaCollector:
-    """Reads a `ReplicaClient`'s router and last reports at scrape time."""
-
     def __init__(self, client: Any) -> None:
         self.client = client
 
@@ -76,8 +74,7 @@ def _counters(name: str, doc: str, values: list[float]) -> CounterMetricFamily:
 
 
 def health(replicas: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, body): 200 "ok" when every replica serves, 200 "degraded" when some are
-    down, 503 "unavailable" when none serves."""
+    """(HTTP status, body): 200 "ok", 200 "degraded" (some down), 503 "unavailable" (all down)."""
     up = sum(r["status"] == "ok" for r in replicas)
     status = "ok" if up == len(replicas) else "degraded" if up else "unavailable"
     return (200 if up else 503), {"status": status, "replicas": replicas}

@@ -1,15 +1,5 @@
-"""One engine replica: an `AsyncEngine` over its own `LLMEngine`, run as a Ray actor.
-
-The front end talks to it through a few calls: `add` admits a request (an error comes back
-as a value, `wire.to_wire`), `abort`, and `poll`, a long poll that returns every stream event
-since the last one (outputs, errors, ends) with the replica's load and prefix-cache keys, so a
-step's outputs of all requests cross in one message instead of one per request and token.
-Each admitted request's stream is read by a task of the actor's event loop into the outbox.
-
-The actor is the unit Ray places and restarts: on a GPU it asks for `tensor_parallel_size`
-GPUs (Ray sets CUDA_VISIBLE_DEVICES, the ranks inside it use torch.distributed); on the CPU it
-is its own process, pinned to `cpu_cores` when given.
-"""
+"""One engine replica, an `AsyncEngine` run as a Ray actor (the unit Ray places and restarts).
+Its long `poll` returns all stream events since the last one in one message, not one per token."""
 
 from __future__ import annotations
 
@@ -22,14 +12,10 @@ from hyla.replicas.router import CacheDelta
 from hyla.replicas.wire import Report, to_wire
 from hyla.request import RequestOutputKind
 
-# Seconds between two prefix-cache reports of a replica (each costs a set difference over its
-# cached block hashes).
-CACHE_REPORT_INTERVAL = 0.1
+CACHE_REPORT_INTERVAL = 0.1  # seconds; each report diffs the set of cached block hashes
 
 
 class Replica:
-    """Loads `model` with `options` (EngineConfig fields, as `LLMEngine.from_path`)."""
-
     def __init__(self, index: int, model: str | None, options: dict[str, Any],
                  cpu_cores: tuple[int, ...] | None = None) -> None:  # fmt: skip
         if cpu_cores:
@@ -62,7 +48,6 @@ class Replica:
         return os.getpid()
 
     async def describe(self) -> dict[str, Any]:
-        """What the front end needs to tokenize, hash and route like this engine."""
         e = self.engine
         prefix = e.cache.prefix
         return dict(
@@ -72,14 +57,12 @@ class Replica:
             is_multimodal=e.multimodal is not None, device=str(e.device), pid=os.getpid(),
         )  # fmt: skip
 
-    # -- requests ---------------------------------------------------------------------------
-
     async def add(self, request_id: str, prompt: Any, params: Any) -> tuple[str, Any]:
         """("ok", admission number) or ("error", wire error)."""
         self.async_engine.start()
         try:
             stream = await self.async_engine.add_request(prompt, params, request_id)
-        except Exception as e:  # the engine's admission errors, for the front end to raise
+        except Exception as e:
             return "error", to_wire(e)
         self._admit_seq += 1
         is_delta = getattr(params, "output_kind", None) is RequestOutputKind.DELTA
@@ -97,7 +80,7 @@ class Replica:
                 self._emit(("out", request_id, last))
             if last is None or not last.finished:
                 self._emit(("done", request_id, None))
-        except Exception as e:  # a failed step: the stream's error, for its client
+        except Exception as e:
             self._emit(("error", request_id, to_wire(e)))
         finally:
             self._open.pop(request_id, None)
@@ -116,12 +99,9 @@ class Replica:
     async def abort(self, request_id: str) -> None:
         self.async_engine.abort(request_id)
 
-    # -- reports ----------------------------------------------------------------------------
-
     async def poll(self, have_version: int, timeout: float, poller: str | None = None) -> Report:
-        """Events since the last poll (waits up to `timeout` seconds for one), the load, and a
-        change of the prefix-cache keys from `have_version` (a full set when it is not the
-        version last sent)."""
+        """Events since the last poll (waiting up to `timeout` s for one), the load, and the prefix
+        cache keys' change from `have_version` (a full set if it is not the last one sent)."""
         if self._wake is None:
             self._wake = asyncio.Event()
         if poller is not None:
@@ -131,7 +111,7 @@ class Replica:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 pass
-        await asyncio.sleep(0)  # let the other streams of the same step put their outputs
+        await asyncio.sleep(0)  # let the step's other streams put their outputs
         if poller is not None and poller != self._poller:  # a detached client's last long poll
             return Report([], 0, self._admit_seq, self.async_engine.get_stats(), None)
         events, self._events = self._events, []
@@ -147,7 +127,7 @@ class Replica:
         if prefix is None or (is_current and now - self._last_cache_report < CACHE_REPORT_INTERVAL):
             return None
         self._last_cache_report = now
-        # Copies of dicts the engine thread writes: one C-level pass each under the GIL.
+        # the engine thread writes these dicts: set() copies them in one pass under the GIL
         blocks = set(prefix.block_pool.cached)
         checkpoints = set(prefix.checkpoints.cached)
         base = self._sent_version if is_current else None
@@ -165,8 +145,6 @@ class Replica:
     async def get_stats(self) -> Any:
         return self.async_engine.get_stats()
 
-    # -- lifecycle --------------------------------------------------------------------------
-
     async def begin_drain(self) -> None:
         self.async_engine.begin_drain()
 
@@ -179,11 +157,9 @@ class Replica:
 
 
 def pin_process(cores: tuple[int, ...]) -> None:
-    """Pin every thread of this process to `cores` (threads started later inherit it). Not
-    just the calling one: Ray runs the actor's event loop, which starts the engine thread, on
-    a thread of its own."""
+    """Pin every thread, not just this one: Ray runs the actor's event loop on its own thread."""
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cores)
-        except OSError:  # a thread that just ended
+        except OSError:
             pass

@@ -1,24 +1,7 @@
 """Which replica serves a request: prefix-aware, least-loaded, with a load cap. Plain Python.
-
-Each replica reports its load (tokens of its running and waiting requests) and the keys of its
-prefix cache: the hashes of its cached blocks and, for a model with linear layers, the block
-hashes its state checkpoints are keyed by (`hyla.cache.prefix`). A request's predicted hit on
-a replica is what `PrefixCache.match` would find there: the deepest block boundary j with
-blocks h0..h_{j-1} cached AND a checkpoint keyed h_{j-1} (any boundary without linear layers),
-leaving >= 1 token to compute. Requests routed but not finished count too (their blocks and
-the stride boundaries they will checkpoint), so a burst sharing a prefix lands together and the
-replica's engine lets the later ones wait for the first one's prefill.
-
-    prefix rule   the replica with the most predicted hit tokens (>= one block), unless it is
-                  over the load cap: load - m > balance_abs_tokens and load > balance_rel * m,
-                  m = the least load + the prefill the hit saves (both: a small absolute gap
-                  is no imbalance; a deeper hit is worth a larger one, and no more)
-    least_loaded  otherwise the replica with the least load (then fewest open requests)
-    round_robin   the baseline policy: alive replicas in turn
-
-A replica's load is its last report plus the prompt tokens of the requests routed to it that the
-report did not count yet (admitted after it, by the replica's admission counter).
-"""
+Predicted hits count requests routed but not finished, so a burst sharing a prefix lands together
+and waits for the first one's prefill. A small load gap (`balance_abs_tokens`) is no imbalance;
+a deeper hit is worth a larger one (the cap's least load adds the prefill the hit saves)."""
 
 from __future__ import annotations
 
@@ -31,14 +14,12 @@ RoutingPolicy = Literal["prefix", "least_loaded", "round_robin"]
 ROUTING_POLICIES = ("prefix", "least_loaded", "round_robin")
 
 
-class NoReplicaError(RuntimeError):
-    """Every replica is down: nothing can serve the request now."""
+class NoReplicaError(RuntimeError): ...
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """`policy`: "prefix" (the rules above), "least_loaded" (no prefix rule) or "round_robin".
-    The prefix rule yields to the least-loaded one when its pick is over the load cap."""
+    """`policy`: "prefix" (least-loaded when over the load cap), "least_loaded" or "round_robin"."""
 
     policy: RoutingPolicy = "prefix"
     balance_abs_tokens: int = 8192
@@ -55,8 +36,7 @@ class RouterConfig:
 
 @dataclass(frozen=True)
 class Route:
-    """The decision for one request: `replica`, why (`reason`: prefix, least_loaded, capped,
-    round_robin) and the hit tokens predicted there."""
+    """`reason`: prefix, least_loaded, capped or round_robin."""
 
     replica: int
     reason: str
@@ -65,8 +45,7 @@ class Route:
 
 @dataclass(frozen=True)
 class CacheDelta:
-    """A change of a replica's prefix-cache keys since `base_version` (None: a full snapshot,
-    replacing what the router knew) up to `version`."""
+    """A replica's prefix-cache keys' change since `base_version` (None: a full snapshot)."""
 
     version: int
     base_version: int | None
@@ -82,20 +61,18 @@ class _Pending:
     num_tokens: int
     block_keys: list[int]
     checkpoint_keys: list[int]
-    admit_seq: int | None = None  # the replica's admission counter, once it admitted it
+    admit_seq: int | None = None
 
 
 @dataclass
 class ReplicaView:
-    """What the router knows of one replica."""
-
     is_alive: bool = True
     reported_tokens: int = 0
     report_seq: int = 0  # admissions the last report counted
     cache_version: int = 0
     blocks: set[int] = field(default_factory=set)
     checkpoints: set[int] = field(default_factory=set)
-    routed_blocks: Counter = field(default_factory=Counter)  # of open requests routed here
+    routed_blocks: Counter = field(default_factory=Counter)
     routed_checkpoints: Counter = field(default_factory=Counter)
     num_open: int = 0
 
@@ -104,8 +81,7 @@ class ReplicaView:
 
 
 class Router:
-    """Routes requests over `num_replicas` replicas whose caches use blocks of `block_size`
-    tokens and checkpoints every `checkpoint_stride` tokens (0: no linear layers)."""
+    """Routes over replicas whose caches checkpoint every `checkpoint_stride` tokens (0: none)."""
 
     def __init__(
         self, num_replicas: int, block_size: int, checkpoint_stride: int, config: RouterConfig
@@ -116,17 +92,13 @@ class Router:
         self.block_size = block_size
         self.stride = checkpoint_stride
         self.views = [ReplicaView() for _ in range(num_replicas)]
-        self.decisions: Counter = Counter()  # (replica, reason) -> count
+        self.decisions: Counter = Counter()
         self.predicted_hit_tokens = [0] * num_replicas
         self._pending: dict[str, _Pending] = {}
         self._turn = itertools.count()
 
-    # -- decisions -----------------------------------------------------------------------
-
     def route(self, request_id: str, block_hashes: list[int], num_tokens: int) -> Route:
-        """Choose a replica for a request of `num_tokens` prompt tokens whose full blocks hash
-        to `block_hashes`, and count it there until `finish(request_id)`.
-        Raises: NoReplicaError when no replica is alive."""
+        """Choose a replica; the request counts there until `finish`. Raises: NoReplicaError."""
         alive = [i for i, v in enumerate(self.views) if v.is_alive]
         if not alive:
             raise NoReplicaError("no replica is serving (all are down or restarting)")
@@ -155,8 +127,8 @@ class Router:
         return load - min_load > c.balance_abs_tokens and load > c.balance_rel * min_load
 
     def predicted_hit(self, replica: int, hashes: list[int], num_tokens: int) -> int:
-        """Tokens `replica`'s prefix cache would serve (what `PrefixCache.match` finds), its
-        routed open requests' blocks and checkpoints included."""
+        """Tokens `replica`'s prefix cache would serve, its open routed requests included: the
+        deepest boundary with the blocks cached and a checkpoint there, >= 1 token left."""
         v = self.views[replica]
         limit = min(len(hashes), max(0, num_tokens - 1) // self.block_size)
         m = 0
@@ -183,8 +155,7 @@ class Router:
         self.predicted_hit_tokens[route.replica] += route.predicted_hit_tokens
 
     def _checkpoint_ends(self, num_blocks: int, num_tokens: int) -> list[int]:
-        """Block counts j whose boundary the replica checkpoints while computing the prompt:
-        stride multiples and the last full block before the last token."""
+        """Stride multiples and the last full block before the last token."""
         if not self.stride:
             return []
         step = self.stride // self.block_size
@@ -194,16 +165,12 @@ class Router:
             ends.add(last)
         return sorted(ends)
 
-    # -- what the replicas and the front end report --------------------------------------
-
     def admitted(self, request_id: str, admit_seq: int) -> None:
-        """The replica admitted `request_id` as its admission number `admit_seq`."""
         pending = self._pending.get(request_id)
         if pending is not None:
             pending.admit_seq = admit_seq
 
     def finish(self, request_id: str) -> None:
-        """`request_id` ended (or was never admitted): it no longer counts anywhere."""
         p = self._pending.pop(request_id, None)
         if p is None:
             return
@@ -216,8 +183,7 @@ class Router:
 
     def report(self, replica: int, load_tokens: int, admit_seq: int,
                delta: CacheDelta | None = None) -> None:  # fmt: skip
-        """A replica's report: its load in tokens counting its first `admit_seq` admissions,
-        and what changed in its prefix cache."""
+        """`load_tokens` counts the replica's first `admit_seq` admissions."""
         v = self.views[replica]
         v.reported_tokens, v.report_seq = load_tokens, admit_seq
         if delta is None:
@@ -245,7 +211,7 @@ class Router:
         return v.reported_tokens + unreported
 
     def set_alive(self, replica: int, is_alive: bool) -> None:
-        """A replica went down (its cache is gone: forgotten) or came back (empty)."""
+        """A replica went down or came back: either way its cache is empty."""
         v = self.views[replica]
         v.is_alive = is_alive
         v.forget_cache()

@@ -1,9 +1,5 @@
-"""What crosses between the front end and a replica actor, besides plain values.
-
-Exceptions whose `__init__` takes other arguments than their message (InvalidRequestError,
-QueueFullError) do not survive pickling, so errors travel as (class, message, attributes) and
-are rebuilt on the front end as the same class with the same fields.
-"""
+"""What crosses between the front end and a replica actor. Errors travel as (class, message,
+attributes): exceptions whose `__init__` takes more than a message do not survive pickling."""
 
 from __future__ import annotations
 
@@ -29,10 +25,8 @@ def from_wire(wire: WireError) -> BaseException:
 
 @dataclass(frozen=True)
 class Report:
-    """One poll's answer: stream events [(kind, request_id, payload)] with kind "out" (a
-    RequestOutput), "error" (a WireError) or "done" (no payload: ended without a final
-    output); the replica's load in tokens of running and waiting requests as of its first
-    `admit_seq` admissions; its engine stats; a change of its prefix-cache keys."""
+    """`events`: (kind, request_id, payload), kind "out" (RequestOutput), "error" (WireError) or
+    "done" (no final output); `load_tokens`: as of the first `admit_seq` admissions."""
 
     events: list[tuple[str, str, Any]]
     load_tokens: int

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hyla.engine.async_engine import EngineDeadError, EngineDrainingError
-from hyla.multimodal.media import MediaTooLargeError
+from hyla.multimodal.remote import MediaTooLargeError
 from hyla.request import InvalidRequestError, QueueFullError
 from hyla.server.protocol import UNSUPPORTED_FIELDS, ErrorInfo, ErrorResponse
 

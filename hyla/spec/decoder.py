@@ -1,25 +1,7 @@
-"""Speculative decoding around the engine's step (plain Python over the engine's objects).
-
-One verify step per drafting sequence: its last token and k drafts are scheduled like a short
-prefill chunk, every row gets logits, and every row is sampled as an ordinary row would be:
-
-    chunk   | t_c | d1 | d2 | d3 |        positions c .. c+k, computed c before the step
-    sample  | s0  | s1 | s2 | s3 |        s_j ~ target at row j
-    accept  d1 == s0, d2 == s1, d3 != s2  -> emit s0 s1 s2 (2 drafts accepted + 1 more)
-
-With a point-mass draft (n-gram), "accept d_{j+1} iff s_j == d_{j+1}, else emit s_j" is
-rejection sampling: accepted with probability p(d), and a rejected row's s_j is distributed as p
-without d, the residual max(0, p - q) normalized. Greedy rows are the argmax case.
-
-Rollback (why per-position states, not a replay): the linear layers already write the state at
-any token count inside a chunk (`state_boundaries`, the prefix cache's mechanism), so a verify
-step asks for the states after c+1 .. c+k tokens in k scratch rows (after the checkpoint rows);
-after acceptance the row at the last accepted token is copied into the slot (nothing when every
-draft was accepted: the slot is there already). No token is computed twice and
-`num_computed_tokens` lands on the last accepted token; blocks past the request's tokens are
-freed; prefix-cache saves are planned from the real tokens only (`Scheduler`), and blocks are
-filed from accepted tokens only (`CacheManager.commit` after the rollback).
-"""
+"""Speculative decoding around the engine's step: a verify step runs a sequence's last token and
+k drafts as one chunk and accepts d_{j+1} iff sample s_j == d_{j+1}, else emits s_j (exact
+rejection sampling for n-gram drafts). Rollback: the linear layers write the states after
+c+1 .. c+k tokens into k scratch rows; the one at the last accepted token is copied to the slot."""
 
 from __future__ import annotations
 
@@ -49,14 +31,8 @@ class SpecStats:
 
 
 class SpecDecoder:
-    """Drafts for the running sequences, plans their per-position states, accepts and rolls
-    back after the step.
-
-    Args:
-        config: the speculative config.
-        has_state: the model has linear layers (states to roll back).
-        first_row: the first state row after the slots and checkpoints (scratch rows follow).
-    """
+    """Drafts for the running sequences, plans their per-position states, accepts and rolls back.
+    `first_row`: the first state row after the slots and checkpoints (scratch rows follow)."""
 
     def __init__(self, config: SpeculativeConfig, has_state: bool, first_row: int) -> None:
         self.config = config
@@ -66,7 +42,6 @@ class SpecDecoder:
 
     @property
     def num_state_rows(self) -> int:
-        """Scratch state rows: k per sequence of a drafting batch."""
         c = self.config
         return c.disable_by_batch_size * c.num_speculative_tokens if self.has_state else 0
 
@@ -99,9 +74,8 @@ class SpecDecoder:
         return propose_ngram(req.all_token_ids, k, c.prompt_lookup_min, c.prompt_lookup_max)
 
     def plan_states(self, out: SchedulerOutput, requests: dict[str, Request]) -> None:
-        """Add the scratch rows of the per-position states to `out.state_boundaries`
-        after c+1 .. c+k tokens of each drafting sequence, sharing a row
-        where a prefix-cache save already asks for that point."""
+        """Add the scratch rows of the states after c+1 .. c+k tokens of each drafting sequence
+        to `out.state_boundaries` (sharing a row a prefix-cache save already asks for)."""
         if not self.has_state:
             return
         k_max = self.config.num_speculative_tokens
@@ -117,9 +91,8 @@ class SpecDecoder:
     def token_rows(
         self, out: SchedulerOutput, rid: str, row: int, tokens: list[int], num_sampled: int
     ) -> list[int]:
-        """Sample rows of the tokens `rid` emits: its own row, then its verify rows up to the
-        first rejected draft (that row's token replaces the draft). `tokens`: every sampled
-        row's token; verify rows follow the `num_sampled` ordinary rows in scheduling order."""
+        """Sample rows of the tokens `rid` emits: its own, then its verify rows up to the first
+        rejected draft; `tokens` of all rows, verify rows after the `num_sampled` ordinary ones."""
         drafts = out.spec_token_ids.get(rid)
         if not drafts:
             return [row]
@@ -146,8 +119,7 @@ class SpecDecoder:
         state_copy: Callable[[list[tuple[int, int]]], None],
     ) -> None:
         """After `req` took `num_emitted` tokens of its verify step: its state, computed count
-        and blocks at the last accepted token (nothing when it ended meanwhile).
-        `state_copy([(src row, dst row)])` copies state rows on the device."""
+        and blocks at the last accepted token (`state_copy` copies state rows on the device)."""
         drafts = out.spec_token_ids.get(req.request_id)
         if not drafts or req.status is not RequestStatus.RUNNING:
             return
@@ -161,13 +133,13 @@ class SpecDecoder:
         cache.commit(req)
 
 
-def spec_decoder(config: EngineConfig, plan: Any, executor: Any) -> SpecDecoder | None:
+def spec_decoder(config: EngineConfig, plan: Any, distributed: bool) -> SpecDecoder | None:
     """The engine's decoder for `config.speculative_config` (EngineConfig), or None when off.
     Raises ConfigError under tensor parallelism (the runner proxy has no state copies yet)."""
     spec = config.speculative_config
     if spec is None:
         return None
-    if executor is not None:
+    if distributed:
         raise ConfigError("speculative_config: not supported with tensor_parallel_size > 1 or "
                           "distributed_executor_backend mp yet")  # fmt: skip
     return SpecDecoder(spec, plan.bytes_per_slot > 0, plan.num_slots + plan.num_checkpoints)

@@ -1,9 +1,5 @@
 """N-gram prompt lookup (plain Python): propose the tokens that followed the latest earlier
-occurrence of the sequence's last n tokens, trying the longest n first.
-
-    tokens  ... a b c d e ... x a b c    n = 3: "a b c" occurred before, followed by "d e"
-                  ^^^^^ ^^^                     -> drafts [d, e, ...] (up to k)
-"""
+occurrence of the sequence's last n tokens, longest n first."""
 
 from __future__ import annotations
 
@@ -11,8 +7,7 @@ from collections.abc import Sequence
 
 
 def propose_ngram(token_ids: Sequence[int], num_drafts: int, min_n: int, max_n: int) -> list[int]:
-    """Up to `num_drafts` draft tokens for `token_ids` (empty when no n-gram of length
-    `min_n`..`max_n` ending the sequence occurred earlier in it)."""
+    """Up to `num_drafts` drafts from the longest `min_n`..`max_n`-gram seen before, or none."""
     total = len(token_ids)
     if num_drafts <= 0:
         return []
@@ -25,8 +20,7 @@ def propose_ngram(token_ids: Sequence[int], num_drafts: int, min_n: int, max_n: 
 
 
 def _latest_match(token_ids: Sequence[int], reverse: list[int], n: int) -> int | None:
-    """Start of the latest occurrence of the last `n` tokens that ends before the last token
-    (candidates found by `list.index` on the reversed list: C speed, not a Python loop)."""
+    """Start of the latest earlier occurrence of the last `n` tokens (`list.index`: C speed)."""
     total = len(token_ids)
     tail = list(token_ids[total - n :])
     r = 0

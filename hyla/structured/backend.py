@@ -1,10 +1,4 @@
-"""xgrammar behind a small interface: compile a request's constraint, one matcher per sequence.
-
-xgrammar was chosen over llguidance by measured per-step mask cost on the CPU: ~3 us against
-~20 us per `fill_next_token_bitmask` on the embedded model's 8K vocabulary
-(bench/grammar_mask_cost.py, bench/results/grammar_mask_cost_cpu.json). Its compiler caches
-compiled grammars by content.
-"""
+"""xgrammar behind a small interface: compile a request's constraint, one matcher per sequence."""
 
 from __future__ import annotations
 
@@ -25,11 +19,8 @@ def _reason(error: Exception) -> str:
 
 
 def build_grammar(params: StructuredOutputsParams) -> Any:
-    """The xgrammar `Grammar` of `params` (no tokenizer needed: the server checks requests with
-    it before they reach the engine).
-
-    Raises: StructuredOutputsError naming `params.field` for a schema or regex xgrammar refuses.
-    """
+    """The xgrammar `Grammar` of `params` (no tokenizer: the server checks requests with it).
+    Raises StructuredOutputsError naming `params.field`."""
     import xgrammar as xgr
 
     try:
@@ -47,9 +38,8 @@ def build_grammar(params: StructuredOutputsParams) -> Any:
         raise StructuredOutputsError(params.field, f"invalid: {_reason(e)}") from e
 
 
-# xgrammar (0.2.9) lets a string with minLength/maxLength hold raw control characters, which
-# RFC 8259 forbids (json.loads rejects them; found on the H200, 17 of 200 sampled answers):
-# its length-bounded character class excludes only the quote, backslash, CR and LF.
+# xgrammar (0.2.9) lets a length-bounded string hold raw control characters, which RFC 8259
+# forbids (json.loads rejects them; seen on the H200): it excludes only quote, \, CR and LF.
 _BOUNDED_CHAR = r'[^\"\\\r\n]'
 _JSON_CHAR = r'[^\0-\x1f\"\\]'
 
@@ -64,13 +54,8 @@ def _no_raw_controls(grammar: Any) -> Any:
 
 
 class GrammarBackend:
-    """Compiles constraints against one tokenizer and vocabulary (the logits' width).
-
-    Args:
-        tokenizer: a transformers tokenizer.
-        vocab_size: the model's vocabulary (logit columns; may exceed the tokenizer's).
-        stop_token_ids: the tokens that end a sequence (a finished grammar allows only these).
-    """
+    """Compiles constraints for one tokenizer; `vocab_size`: logit columns (may exceed the
+    tokenizer's); a finished grammar allows only `stop_token_ids`."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
         import xgrammar as xgr

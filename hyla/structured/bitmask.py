@@ -15,9 +15,8 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def apply_token_bitmask(
     logits: torch.Tensor, bitmask: torch.Tensor, row_indices: torch.Tensor | None
 ) -> torch.Tensor:
-    """`logits: [n, V]` with the rows `row_indices: [m]` (None: all n, in order) restricted to
-    `bitmask: [m, W]` (a disallowed token's logit becomes -inf). Returns a new tensor; `logits`
-    is left as it is."""
+    """`logits: [n, V]` with rows `row_indices: [m]` (None: all) restricted to `bitmask: [m, W]`
+    (disallowed: -inf); returns a new tensor."""
     allowed = unpack_bitmask(bitmask, logits.shape[1])
     if row_indices is None:
         return torch.where(allowed, logits, float("-inf"))

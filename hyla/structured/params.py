@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hyla.request import InvalidRequestError
+from hyla.errors import InvalidRequestError
 
 
 class StructuredOutputsError(InvalidRequestError):
@@ -15,13 +15,9 @@ class StructuredOutputsError(InvalidRequestError):
 
 @dataclass(frozen=True)
 class StructuredOutputsParams:
-    """Exactly one of: `json` (a JSON schema, as a dict or its JSON text), `json_object` (any
-    JSON object), `regex`, `choice` (one of these strings). `strict`: JSON schemas allow no
-    properties or items beyond the ones they declare (OpenAI's `strict: true`). `field` is the
-    request field the constraint came from, for error messages.
-
-    Raises: StructuredOutputsError when none or several are set, or a value has a wrong type.
-    """
+    """Exactly one of `json` (a schema, dict or text), `json_object`, `regex`, `choice`.
+    `strict`: no properties or items beyond those declared (OpenAI's `strict: true`); `field`:
+    the request field, for errors. Raises StructuredOutputsError."""
 
     json: str | dict[str, Any] | None = None
     json_object: bool = False
@@ -31,8 +27,12 @@ class StructuredOutputsParams:
     field: str = "structured_outputs"
 
     def __post_init__(self) -> None:
-        given = [self.json is not None, self.json_object, self.regex is not None,
-                 self.choice is not None]
+        given = [
+            self.json is not None,
+            self.json_object,
+            self.regex is not None,
+            self.choice is not None,
+        ]
         if sum(given) != 1:
             raise StructuredOutputsError(
                 self.field, "set exactly one of json, json_object, regex, choice"
@@ -47,7 +47,6 @@ class StructuredOutputsParams:
 
     @property
     def schema_text(self) -> str | None:
-        """The JSON schema as text (None for the other kinds)."""
         if self.json is None:
             return None
         return self.json if isinstance(self.json, str) else json.dumps(self.json)

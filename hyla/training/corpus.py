@@ -1,11 +1,5 @@
-"""Token data for the default model: tokenized stdlib splits, packed windows, retrieval documents.
-
-Documents are `<|endoftext|> + module source`, concatenated into one uint16 stream per split with
-the start offset of each document. Training draws windows of L + 1 tokens from the train stream
-(`sample_windows`) and mixes in synthetic long-range retrieval documents
-(`RetrievalDocs.make`): a few constants defined near the top of a long file of real stdlib code,
-asked for by `assert NAME == VALUE` lines in its second half. Everything is seeded.
-"""
+"""Token data for the default model: tokenized stdlib splits (`<|endoftext|>` + module source, one
+uint16 stream per split), random windows, and seeded synthetic retrieval documents."""
 
 from __future__ import annotations
 
@@ -26,12 +20,7 @@ NAME_WORDS = (
 
 
 def tokenize_split(tokenizer, split: str, root: Path | None = None) -> tuple[np.ndarray, list]:
-    """Tokenize every module of `split` ("train" | "heldout").
-
-    Args:
-        tokenizer: a `tokenizers.Tokenizer` whose post-processor prepends `<|endoftext|>`.
-    Returns: (tokens [total] uint16, [(module name, start offset, length in tokens, bytes)]).
-    """
+    """Tokenize `split`. Returns (tokens [total] uint16, [(name, start, tokens, bytes)])."""
     names, texts = [], []
     for name, path in iter_modules(root, split=split):
         text = read_source(path)
@@ -61,20 +50,18 @@ def load_split(data_dir: Path, split: str) -> tuple[np.ndarray, list]:
 
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-    """`tokens[s : s + length]` for each of `starts` [n]. Returns [n, length] int64."""
     return tokens[starts[:, None] + np.arange(length)].astype(np.int64)
 
 
 def sample_windows(tokens: np.ndarray, n: int, length: int, rng: np.random.Generator) -> np.ndarray:
-    """`n` random windows of `length` tokens from the stream. Returns [n, length] int64."""
+    """`n` random windows of `length` tokens. Returns [n, length] int64."""
     return _windows(tokens, rng.integers(0, len(tokens) - length, size=n), length)
 
 
 def doc_start_windows(
     tokens: np.ndarray, docs: list, n: int, length: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """`n` windows of `length` tokens that each start at a random document's leading <eos>
-    (docs: the split's [name, start, size, ...] rows). Returns [n, length] int64."""
+    """`n` windows [n, length] int64, each starting at a random document's leading <eos>."""
     picks = rng.integers(0, len(docs), size=n)
     starts = [min(int(docs[i][1]), len(tokens) - length) for i in picks]
     return _windows(tokens, np.asarray(starts, dtype=np.int64), length)
@@ -82,23 +69,13 @@ def doc_start_windows(
 
 @dataclass
 class RetrievalDoc:
-    """A synthetic document: `ids` plus where each asked value starts and ends (token indices)."""
-
     ids: list[int]
     answer_spans: list[tuple[int, int]]
 
 
 class RetrievalDocs:
-    """Builds key-value retrieval documents over real code.
-
-    Layout (token level, `length` tokens in all):
-
-        <eos> [a few lines of code] NAME_A = 48213\\n NAME_B = 907\\n ... <code ... code>
-              \\nassert NAME_B == 907\\n <code> \\nassert NAME_A == 48213\\n <code ...>
-
-    The definitions sit within the first ~64 tokens; the asserts fall in the second half, so
-    the answer is always hundreds of tokens back, past any local pattern.
-    """
+    """Key-value retrieval documents over real code: `NAME = 48213` within the first ~64 tokens,
+    `assert NAME == 48213` in the second half."""
 
     def __init__(self, tokenizer, tokens: np.ndarray, docs: list, eos_id: int) -> None:
         self.tokenizer = tokenizer
@@ -110,7 +87,6 @@ class RetrievalDocs:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def _code(self, rng: random.Random, n: int) -> list[int]:
-        """About `n` tokens of real code: whole modules (their leading <eos> dropped)."""
         out: list[int] = []
         while len(out) < n:
             _, start, size, _ = self.docs[rng.randrange(len(self.docs))]
@@ -128,10 +104,7 @@ class RetrievalDocs:
     def make(
         self, rng: random.Random, length: int, num_keys: int, spread: bool = False
     ) -> RetrievalDoc:
-        """One document of exactly `length` tokens with `num_keys` constants, each asked once.
-
-        Asks fall in the second half of the document, or with `spread` anywhere after the
-        definitions (short and long distances alike)."""
+        """`length` tokens asking each of `num_keys` constants once (`spread`: anywhere after)."""
         pairs: dict[str, str] = {}
         while len(pairs) < num_keys:
             name, value = self.random_pair(rng)
@@ -161,8 +134,7 @@ class RetrievalDocs:
         return RetrievalDoc(ids[:length], spans)
 
     def eval_prompt(self, rng: random.Random, length: int) -> tuple[list[int], str]:
-        """A prompt of about `length` tokens: one constant at the top, real code, then
-        `assert NAME ==` at the end. Returns (prompt ids, the expected value text)."""
+        """A ~`length`-token prompt: constant, code, `assert NAME ==`. Returns (ids, value)."""
         name, value = self.random_pair(rng)
         head = [self.eos_id] + self._encode(f"{name} = {value}\n\n")
         tail = self._encode(f"\nassert {name} ==")

@@ -1,15 +1,5 @@
-"""Evaluation of the default model: held-out bits per byte and long-range retrieval accuracy.
-
-Two interchangeable ways to get logits, both over the same model weights:
-  - `runner_logits`: hyla's inference path (`SequenceRunner`: paged caches, state slots, chunked
-    prefill, the DSA indexer's top-k at inference), on any device;
-  - `batch_logits`: the training forward (`hyla.training.forward.train_forward`), much faster on a
-    GPU; tested equal to the inference path.
-
-Retrieval cases: `SECRET_X_17 = 48213` at the top of a prompt of `length` tokens filled with
-*held-out* stdlib code, ending in `assert SECRET_X_17 ==`. A case counts as correct when greedy
-decoding yields exactly the value's tokens and then a token that does not continue the number.
-"""
+"""Held-out bits per byte and retrieval accuracy (exact value, then a non-digit) of the default
+model, via the inference path (`runner_logits`) or the faster, equal training forward."""
 
 from __future__ import annotations
 
@@ -28,7 +18,7 @@ from hyla.training.metrics import bits_per_byte
 def retrieval_cases(
     tokenizer, tokens: np.ndarray, docs: list, eos_id: int, length: int, n: int, seed: int
 ) -> list[tuple[list[int], list[int]]]:
-    """`n` (prompt ids, answer ids) pairs with prompts of about `length` tokens (seeded)."""
+    """`n` seeded (prompt ids, answer ids) pairs with prompts of about `length` tokens."""
     maker = RetrievalDocs(tokenizer, tokens, docs, eos_id)
     rng = random.Random(seed * 1_000_003 + length)
     cases = []
@@ -39,7 +29,7 @@ def retrieval_cases(
 
 
 def digit_start_mask(tokenizer) -> torch.Tensor:
-    """[V] bool: tokens whose text starts with a digit (would continue a number)."""
+    """[V] bool: tokens whose text starts with a digit."""
     vocab = tokenizer.get_vocab_size()
     return torch.tensor([tokenizer.decode([i])[:1].isdigit() for i in range(vocab)])
 
@@ -54,9 +44,8 @@ def retrieval_correct(
 
 @torch.no_grad()
 def batch_logits(model: HybridModel, ids: list[list[int]], chunk_size: int = 16) -> torch.Tensor:
-    """Logits [M, T, V] float32 of M equal-length sequences through the training forward (bf16
-    autocast on CUDA, fp32 on the CPU). Rows are padded to a multiple of `chunk_size` at the
-    end, which causality makes invisible to the real positions."""
+    """Logits [M, T, V] float32 of M equal-length sequences via the training forward (end padding
+    to `chunk_size` is invisible to real positions: causal)."""
     device = next(model.parameters()).device
     length = len(ids[0])
     pad = (-length) % chunk_size
@@ -71,8 +60,7 @@ def batch_logits(model: HybridModel, ids: list[list[int]], chunk_size: int = 16)
 def runner_logits(
     model: HybridModel, prompt: list[int], tail: list[int], prefill_chunk: int = 2048
 ) -> torch.Tensor:
-    """Logits [len(tail) + 1, V] predicting `tail` and the token after it, after a chunked
-    prefill of `prompt` through `SequenceRunner` (hyla's inference path)."""
+    """Logits [len(tail) + 1, V] for `tail` and the next token, after prefilling `prompt`."""
     runner = SequenceRunner(model, 1, len(prompt) + len(tail) + 1, poison=False)
     last = None
     for start in range(0, len(prompt), prefill_chunk):
@@ -84,7 +72,6 @@ def runner_logits(
 
 
 def retrieval_accuracy(model, cases, digit_start, backend: str = "runner") -> float:
-    """Fraction of `cases` answered exactly (see module docstring)."""
     hits = 0
     for prompt, answer in cases:
         if backend == "runner":
@@ -98,7 +85,7 @@ def retrieval_accuracy(model, cases, digit_start, backend: str = "runner") -> fl
 def heldout_bpb(
     model, windows: torch.Tensor, byte_lengths: torch.Tensor, backend: str, batch: int = 16
 ) -> float:
-    """Bits per byte over windows [M, L + 1] (each a fresh sequence; all L targets scored)."""
+    """Bits per byte over windows [M, L + 1] (each a fresh sequence)."""
     bits = nbytes = 0
     rows = windows.tolist()
     step = batch if backend == "batch" else 1

@@ -1,29 +1,6 @@
-"""A training forward for HybridModel: fixed-length batches, no caches, autograd everywhere.
-
-The inference forward (`HybridModel.forward`) packs varlen sequences and reads and writes paged
-caches and state slots; training wants `[N, L]` batches of equal-length windows, gradients, and
-the DSA indexer's auxiliary loss. This module runs the *same modules and weights* over such a
-batch: embeddings, norms, FFNs and projections are the model's own submodules called directly;
-only these pieces are re-expressed for a batch (the cache-bound ones, and MoE for speed):
-
-  - KDA core: the chunked WY form of `hyla.ops.kda.chunk_kda` (same math, `_chunk_step`'s
-    formulas) with sequences batched and everything within a chunk done for all chunks at once;
-    only the state hand-off between chunks (one matmul-add per chunk) is sequential.
-  - MoE: the layer's router, then all experts on all tokens weighted by the router's (sparse)
-    top-k weights: the same sum as `moe_experts`, without its data-dependent loop.
-  - short conv: `F.conv1d` with left zero padding (a fresh conv state), as `causal_conv1d`.
-  - DSA: dense MLA scores in the expanded form, masked to the lightning indexer's causal top-k
-    (`DSAttention`'s sparse path; dense while `sparse=False`, the warm-up).
-
-`tests/training/test_train_forward.py` checks `train_forward` against the inference forward
-(`SequenceRunner`) on the same weights.
-
-DSA indexer training (DeepSeek-V3.2-Exp report, section 2.1): the indexer gets no gradient
-through the top-k, so it learns from an auxiliary loss: KL(p_t || softmax(I_t)) where p_t is the
-main attention distribution of query t summed over heads and L1-normalised (detached), and I_t the
-indexer scores of query t over its causal context. The indexer's inputs are detached, so the
-auxiliary loss trains the indexer alone and the LM loss never reaches it.
-"""
+"""A training forward for HybridModel over `[N, L]` windows: the inference modules and weights, no
+caches, autograd; KDA, MoE, conv and DSA re-expressed for batches. The DSA indexer gets no
+gradient through top-k: it learns KL(p_t || softmax(I_t)), p_t the detached attention."""
 
 from __future__ import annotations
 
@@ -40,8 +17,6 @@ from hyla.models.hybrid import HybridModel
 
 @dataclass
 class AuxLosses:
-    """Per-layer auxiliary terms of one forward (scalars, averaged over tokens)."""
-
     indexer_kl: list[torch.Tensor] = field(default_factory=list)
     moe_balance: list[torch.Tensor] = field(default_factory=list)
 
@@ -58,18 +33,12 @@ def chunked_kda_batched(
     beta: torch.Tensor,
     chunk_size: int = 16,
 ) -> torch.Tensor:
-    """KDA over N equal-length sequences from a zero state (fp32; differentiable).
-
-    Args:
-        q, k: [N, L, H, K] (already L2-normalised; q already scaled).
-        v: [N, L, H, V]; g: [N, L, H, K] log decays (<= 0); beta: [N, L, H].
-        chunk_size: C; L must be a multiple of C.
-    Returns: o [N, L, H, V] float32. Equal to `hyla.ops.kda.recurrent_kda` per sequence.
-    Raises: ValueError when L % C != 0.
-    """
+    """KDA from a zero state (fp32, differentiable), equal to `recurrent_kda` per sequence. q, k:
+    [N, L, H, K] (L2-normalised; q scaled); v: [N, L, H, V]; g: [N, L, H, K] log decays; beta:
+    [N, L, H]. Returns [N, L, H, V] float32. Raises ValueError when L % chunk_size != 0."""
     if L_rem := q.shape[1] % chunk_size:
         raise ValueError(f"chunked_kda_batched: L={q.shape[1]} leaves {L_rem} past chunk_size")
-    # fp32 throughout (states never pass through bf16), also under an outer autocast
+    # states must not pass through bf16, even under an outer autocast
     with torch.autocast(device_type=q.device.type, enabled=False):
         return _chunked_kda(q, k, v, g, beta, chunk_size)
 
@@ -99,8 +68,7 @@ def _chunked_kda(q, k, v, g, beta, chunk_size: int) -> torch.Tensor:
     U = torch.linalg.solve_triangular(M, bv, upper=False)
     last = G[:, :, :, -1:, :]  # [N, H, nc, 1, K]
     k_to_end = (k * (last - G).exp()).transpose(-1, -2)  # [N, H, nc, K, C]
-    # s' = diag(exp(G_last)) s + k_to_end (U - W s) = T s + X, with T and X known per chunk,
-    # so the sequential part is one batched matmul-add per chunk.
+    # s' = diag(exp(G_last)) s + k_to_end (U - W s) = T s + X: one matmul-add per chunk
     T = torch.diag_embed(last.squeeze(3).exp()) - k_to_end @ W  # [N, H, nc, K, K]
     X = k_to_end @ U  # [N, H, nc, K, V]
     s = q.new_zeros(N, H, K, V)
@@ -142,8 +110,7 @@ def kda_forward(layer: KimiDeltaAttention, x: torch.Tensor, chunk_size: int) -> 
 def indexer_scores_batched(
     layer: DSAttention, x: torch.Tensor, q_resid: torch.Tensor
 ) -> torch.Tensor:
-    """Lightning-indexer scores [N, L, L] float32 (unmasked), as `indexer_scores` per sequence.
-    x: [N, L, D]; q_resid: [N, L, Rq]."""
+    """Lightning-indexer scores [N, L, L] float32 (unmasked); x: [N, L, D], q_resid: [N, L, Rq]."""
     N, L, D = x.shape
     idx = layer.indexer
     q, w, k = idx(x.reshape(N * L, D), q_resid.reshape(N * L, -1), None)
@@ -155,11 +122,8 @@ def indexer_scores_batched(
 
 
 def dsa_forward(layer: DSAttention, x: torch.Tensor, sparse: bool, aux: AuxLosses) -> torch.Tensor:
-    """`DSAttention.forward` for fresh sequences: x [N, L, D] -> [N, L, D].
-
-    With `sparse`, query t attends to the indexer's top-k of tokens 0..t (all of them while
-    t < k), as the inference path; else to all of 0..t (warm-up). Appends the indexer KL to `aux`.
-    """
+    """`DSAttention.forward` over x [N, L, D]: top-k if `sparse`, else dense; indexer KL to
+    `aux`."""
     N, L, D = x.shape
     H, Dn, Dv = layer.num_heads, layer.qk_nope_head_dim, layer.v_head_dim
     positions = torch.arange(L, device=x.device).repeat(N)
@@ -180,7 +144,7 @@ def dsa_forward(layer: DSAttention, x: torch.Tensor, sparse: bool, aux: AuxLosse
     kl = target * (torch.log(target.clamp_min(1e-20)) - log_index.clamp_min(-1e4))
     aux.indexer_kl.append(kl.masked_fill(~causal, 0.0).sum(-1).mean())
     if sparse and L > layer.index_topk:
-        # stable descending sort: ties go to the lower index, as `select_topk` at inference
+        # stable: ties go to the lower index, as `select_topk` at inference
         order = torch.sort(index.detach(), dim=-1, descending=True, stable=True).indices
         top = order[..., : layer.index_topk]  # [N, L, k]
         selected = torch.zeros(N, L, L, dtype=torch.bool, device=x.device)
@@ -193,14 +157,12 @@ def dsa_forward(layer: DSAttention, x: torch.Tensor, sparse: bool, aux: AuxLosse
 
 
 def moe_forward(mlp: MoE, x: torch.Tensor, aux: AuxLosses) -> torch.Tensor:
-    """`MoE.forward` over x [N, L, D]; appends the Switch load-balancing loss to `aux`
-    (Fedus et al. 2021, eq. 4: E * sum_e f_e P_e, 1.0 when perfectly balanced)."""
+    """`MoE.forward` over x [N, L, D]; appends the Switch balance loss E * sum f_e P_e to `aux`."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     weights, ids = mlp.gate(flat)
     E = mlp.gate.weight.shape[0]
-    # Every expert on every token, combined with the router's sparse weights: the same sum as
-    # `moe_experts` (unselected experts weigh 0) without its data-dependent loops and syncs.
+    # Every expert on every token: `moe_experts`'s sum without its data-dependent loops and syncs.
     dense_w = torch.zeros(flat.shape[0], E, dtype=weights.dtype, device=flat.device)
     dense_w = dense_w.scatter(1, ids, weights)  # [T, E]
     gate_up = torch.einsum("td,efd->etf", flat, mlp.experts.gate_up_proj)  # [E, T, 2I]
@@ -223,12 +185,7 @@ def moe_forward(mlp: MoE, x: torch.Tensor, aux: AuxLosses) -> torch.Tensor:
 def train_forward(
     model: HybridModel, input_ids: torch.Tensor, sparse: bool = True, chunk_size: int = 16
 ) -> tuple[torch.Tensor, AuxLosses]:
-    """The model over `input_ids` [N, L] (each row a fresh sequence).
-
-    Returns: (hidden [N, L, D] after the final norm, auxiliary losses). Logits:
-    `model.compute_logits(hidden)`.
-    Raises: ValueError for a layer kind or FFN this forward does not cover.
-    """
+    """The model over `input_ids` [N, L]. Returns (final-norm hidden [N, L, D], aux losses)."""
     aux = AuxLosses()
     h = model.embed_tokens(input_ids)
     for layer in model.layers:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 
 def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: the printable character standing for each byte."""
+    """Inverse of GPT-2's bytes_to_unicode."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("¡"), ord("¬") + 1))
@@ -27,7 +27,7 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def token_byte_lengths(tokenizer_json: Path) -> torch.Tensor:
-    """UTF-8 bytes each token id stands for ([V] int64; 0 for special tokens)."""
+    """UTF-8 bytes of each token id ([V] int64; 0 for special tokens)."""
     data = json.loads(Path(tokenizer_json).read_text())
     decoder = _byte_decoder()
     vocab: dict[str, int] = data["model"]["vocab"]
@@ -41,12 +41,7 @@ def token_byte_lengths(tokenizer_json: Path) -> torch.Tensor:
 def bits_per_byte(
     logits: torch.Tensor, targets: torch.Tensor, byte_lengths: torch.Tensor
 ) -> tuple[float, int]:
-    """Summed cross-entropy in bits over target tokens that stand for text, and their bytes.
-
-    Args:
-        logits: [T, V] float; targets: [T] int64; byte_lengths: [V] from `token_byte_lengths`.
-    Returns: (bits, bytes) over targets with a nonzero byte length (special tokens excluded).
-    """
+    """(bits, bytes) of CE over text targets; logits [T, V], targets [T], byte_lengths [V]."""
     nbytes = byte_lengths.to(targets.device)[targets]
     keep = nbytes > 0
     nats = F.cross_entropy(logits.float()[keep], targets[keep], reduction="sum")
@@ -54,8 +49,6 @@ def bits_per_byte(
 
 
 def answer_correct(logits: torch.Tensor, answer_ids: list[int]) -> bool:
-    """Greedy decoding reproduces `answer_ids` exactly, given logits [len(answer_ids), V] of the
-    positions that predict them under teacher forcing (token j is predicted from the prompt plus
-    answer tokens before j, as greedy decoding of a correct prefix would see)."""
+    """Greedy decoding reproduces `answer_ids`, given teacher-forced logits [len(answer_ids), V]."""
     predicted = logits.argmax(dim=-1).tolist()
     return predicted == list(answer_ids)

@@ -1,10 +1,5 @@
-"""The default model's architecture, initialisation and checkpoint format.
-
-A KDA + DSA + MoE decoder in hyla's own layout: `["kda", "kda", "dsa", "kda"] * 2`, a dense
-SwiGLU FFN in layer 0 and MoE FFNs after it. No positional encoding anywhere (NoPE MLA, NoPE
-indexer): position comes from the KDA layers' short convolutions and decays, and nothing in the
-model depends on absolute positions, which is what lets it run past its training length.
-"""
+"""The default model's architecture, init and checkpoint format: KDA + DSA + MoE with no positional
+encoding (position from KDA convs and decays), so it runs past its training length."""
 
 from __future__ import annotations
 
@@ -64,12 +59,8 @@ def default_model_config(vocab_size: int, eos_id: int, max_context_len: int = 32
 
 
 def init_weights(model: HybridModel, seed: int, std: float = 0.02) -> None:
-    """Initialise every parameter deterministically (GPT-2 style).
-
-    Matrices ~ N(0, std), output projections (`o_proj`, `down_proj`) scaled by
-    1/sqrt(2 * num_layers); norms and the KDA gate parameters keep their module defaults
-    (the KDA `A_log` / `dt_bias` ranges of fla), redrawn under `seed`.
-    """
+    """GPT-2-style seeded init: N(0, std), `o_proj`/`down_proj` scaled by 1/sqrt(2 * num_layers);
+    norms and KDA gate parameters (fla's `A_log` / `dt_bias` ranges) redrawn under `seed`."""
     gen = torch.Generator().manual_seed(seed)
     out_std = std / math.sqrt(2 * model.config.num_layers)
     with torch.no_grad():
@@ -90,7 +81,6 @@ def init_weights(model: HybridModel, seed: int, std: float = 0.02) -> None:
 
 
 def build_model(config: ModelConfig, seed: int) -> HybridModel:
-    """A freshly initialised fp32 HybridModel."""
     torch.manual_seed(seed)
     model = HybridModel(config)
     init_weights(model, seed)
@@ -108,11 +98,7 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
 
 
 def save_checkpoint(model: HybridModel, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Write `config.json` (hyla layout) and `model.safetensors` (state-dict names, `dtype`).
-
-    Returns: the safetensors file size in bytes.
-    Raises: ValueError when the weights exceed MAX_CHECKPOINT_BYTES.
-    """
+    """Write `config.json` and `model.safetensors`; returns its bytes; ValueError past the limit."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {
         name: t.detach().to("cpu", dtype).contiguous()

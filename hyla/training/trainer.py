@@ -1,11 +1,5 @@
-"""The default model's training loop: seeded batches of stdlib code + retrieval documents.
-
-Loss = weighted next-token cross-entropy (answer tokens of retrieval documents weighted
-`answer_weight`) + `indexer_weight` * sum of the DSA indexers' KL terms + `balance_weight` * mean
-MoE load-balancing term. AdamW, linear warm-up, cosine decay to 10 %, gradient clipping at 1.
-The DSA layers attend densely for the first `dense_warmup` fraction of the steps (while the
-indexers learn from the dense attention), then to the indexer's top-k, as at inference.
-"""
+"""The default model's training loop: weighted next-token CE + DSA indexer KL + MoE balance loss;
+DSA attends densely for the first `dense_warmup` of the steps."""
 
 from __future__ import annotations
 
@@ -137,8 +131,7 @@ def evaluate_heldout(model, cfg, windows, byte_lengths, batch: int = 16) -> floa
 
 
 def _steps_for_budget(cfg: TrainConfig, done: int, elapsed: float) -> int:
-    """Total steps that fit `cfg.budget_s` at the pace of the first `done` steps (the first
-    steps include warm-up costs, so the estimate errs short)."""
+    """Steps fitting `cfg.budget_s` at the first `done` steps' pace (warm-up makes it err short)."""
     return max(done + 1, int(cfg.budget_s / (elapsed / done)))
 
 
@@ -165,8 +158,7 @@ def _answer_hits(logits, ids, spans) -> float:
 
 @torch.no_grad()
 def _answer_token_hits(logits, ids, spans) -> float:
-    """Teacher-forced per-token accuracy on answer tokens (shows partial copying long before
-    exact whole-value matches, which stay at 0 until every digit token is copied)."""
+    """Teacher-forced per-token answer accuracy (shows partial copying before exact matches do)."""
     hit = total = 0
     for r, s, e in spans:
         hit += int((logits[r, s - 1 : e - 1].argmax(-1) == ids[r, s:e]).sum())

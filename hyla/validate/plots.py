@@ -27,7 +27,7 @@ def line_plot(
     hline: tuple[float, str] | None = None,
     log_x: bool = False,
 ) -> None:
-    """One line per series; zeros are drawn at the floor of a log axis."""
+    """One line per series; zeros drawn at a log axis's floor."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for name, ys in series.items():
@@ -56,7 +56,6 @@ def heatmap(
     title: str,
     label: str,
 ) -> None:
-    """A rows x cols heatmap with each cell's value written in it."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2, 0.6 * len(rows) + 1.5))
     im = ax.imshow(values, cmap="viridis", aspect="auto")

@@ -1,20 +1,6 @@
-"""Check (a): precision alignment, teacher-forced, against a reference implementation.
-
-For each sample the reference greedily continues the prompt; the whole sequence (prompt +
-continuation) is then scored by both sides at every position, so one early divergence does not
-hide the rest. hyla's side goes through the public `LLM` API (`prompt_logprobs`: the top 20
-plus the actual token). Per position j (the distribution of token j + 1):
-
-  |logprob diff|  over the actual token and the reference's top-20 tokens hyla also returned
-  KL(ref || hyla) over those tokens plus one bucket for the rest (a lower bound on the full KL)
-  top-1 agreement hyla's most likely token is the reference's (ties within the bound agree)
-  greedy text     hyla's own greedy continuation vs the reference's: first differing token
-
-Bounds: in float32, |logprob diff| <= 1e-3, KL <= 1e-5, every top-1 agrees and greedy text is
-identical. In bf16/fp16, hyla's errors (against the float32 reference) must be no worse than
-1.5x the reference's own bf16-vs-float32 errors on the same positions (the largest over all
-samples: a short sample's own maximum alone is too noisy a bound), plus 1e-3.
-"""
+"""Check (a): teacher-forced precision on the reference's greedy continuation. float32: |logprob
+diff| <= 1e-3, KL <= 1e-5, all top-1, same text; bf16/fp16: <= 1.5x the reference's own error
+pooled over all samples (one is too noisy a bound), + 1e-3."""
 
 from __future__ import annotations
 
@@ -34,8 +20,6 @@ TOP_K = 20
 
 @dataclass
 class Errors:
-    """Per-position errors of one sample against the float32 reference."""
-
     logprob: list[float]
     kl: list[float]
     top1: list[bool]
@@ -63,7 +47,6 @@ def position_errors(
 
 
 def ref_self_errors(low: torch.Tensor, ref: torch.Tensor, ids: list[int]) -> Errors:
-    """The reference's own low-precision errors, in the same measure as hyla's."""
     got = []
     for j in range(len(ids) - 1):
         top = low[j].topk(TOP_K).indices.tolist() + [ids[j + 1]]
@@ -76,7 +59,6 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 def bounds(dtype: str, own: Errors | None) -> tuple[float, float, float]:
-    """(logprob bound, KL bound, least top-1 agreement)."""
     if dtype == "float32" or own is None:
         return FP32_LOGPROB_BOUND, FP32_KL_BOUND, 1.0
     lp = LOW_PRECISION_FACTOR * max(own.logprob) + LOW_PRECISION_SLACK
@@ -86,7 +68,6 @@ def bounds(dtype: str, own: Errors | None) -> tuple[float, float, float]:
 
 
 def pooled(parts: list[Errors]) -> Errors:
-    """Every sample's positions in one `Errors` (the low-precision bound is over all samples)."""
     return Errors(*(sum((getattr(p, f) for p in parts), []) for f in ("logprob", "kl", "top1")))
 
 
@@ -110,9 +91,7 @@ def check_sample(
     dtype: str,
     tie: Tie | None = None,
 ) -> list[Any]:
-    """Score one sample; record failures on `result`; return its table row (without the
-    reference's own error, which the caller adds). A miss at or after `tie` (the first position
-    whose reference indexer top-k boundary tied: `ties.py`) is a note, not a failure."""
+    """Score one sample, record failures, return its table row; misses from `tie` on are notes."""
     lp_bound, kl_bound, agree_bound = bounds(dtype, own)
     err = position_errors(ref_lp, hyla_lp[1:], seq, tie=lp_bound)
     untied = len(err.logprob) if tie is None else min(tie.position, len(err.logprob))
@@ -163,7 +142,6 @@ def _plot(path, series: dict[str, list[float]], bound: float) -> None:
 
 
 def run_precision(ctx: Any, progress: Any) -> CheckResult:
-    """Check (a) on every sample; `ctx` is the validate run (`hyla.validate.runner.Context`)."""
     from hyla.request import SamplingParams
     from hyla.validate.references import load_reference
 
@@ -171,7 +149,7 @@ def run_precision(ctx: Any, progress: Any) -> CheckResult:
     ref = load_reference(ctx.reference, "float32", ctx.device)
     low = None if ctx.dtype == "float32" else load_reference(ctx.reference, ctx.dtype, ctx.device)
     max_tokens, num_greedy = (48, 8) if ctx.quick else (1024, 32)
-    # prompt + greedy tokens + the one scored step fit the engine's --max-model-len
+    # prompt + greedy tokens + the scored step must fit --max-model-len
     max_tokens = max(1, min(max_tokens, ctx.llm.engine.max_model_len - num_greedy - 1))
     samples = ctx.samples(max_tokens)
     seqs = [ids + ref.greedy(ids, num_greedy) for _, ids in samples]
@@ -185,7 +163,7 @@ def run_precision(ctx: Any, progress: Any) -> CheckResult:
         ref_lps.append(ref.logprobs(seq))
         ties.append(getattr(ref, "last_tie", None))
     parts, own = [], None
-    if low is not None:  # the reference's own error, pooled over every sample's positions
+    if low is not None:
         parts = [ref_self_errors(low.logprobs(q), r, q) for q, r in zip(seqs, ref_lps, strict=True)]
         own = pooled(parts)
     rows, series = [], {}

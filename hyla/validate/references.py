@@ -1,10 +1,5 @@
-"""Reference implementations the precision check compares hyla's engine against.
-
-`transformers` on the same checkpoint for a supported Hugging Face family; for hyla's own
-layout (no `transformers` twin) the model's one-shot full-sequence forward in float32
-(`SequenceRunner`, no chunking, no prefix cache, no batching), which checks the serving path
-(chunked prefill, paged cache, state slots, batching) against the plain forward.
-"""
+"""Precision references: `transformers` on the same checkpoint, or for hyla's own layout the
+one-shot float32 `SequenceRunner` forward (no chunking, prefix cache or batching)."""
 
 from __future__ import annotations
 
@@ -18,9 +13,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def transformers_class(path: str | Path):  # noqa: ANN201 - a transformers model class
-    """The transformers class the checkpoint's `architectures` names (e.g. GLM-5.3-Flash's
-    `Glm5NextForConditionalGeneration`, which AutoModelForCausalLM does not map), else
-    AutoModelForCausalLM."""
+    """The class `architectures` names (Auto misses e.g. GLM-5.3), else AutoModelForCausalLM."""
     import transformers
 
     from hyla.multimodal.inputs import read_config
@@ -33,8 +26,6 @@ def transformers_class(path: str | Path):  # noqa: ANN201 - a transformers model
 
 
 class HFReference:
-    """The checkpoint's `transformers` model (`transformers_class`), eager attention."""
-
     def __init__(self, path: str | Path, dtype: str, device: str) -> None:
         self.name = f"transformers ({dtype})"
         self.device = device
@@ -42,12 +33,11 @@ class HFReference:
             str(path), dtype=DTYPES[dtype], attn_implementation="eager"
         ).to(device).eval()  # fmt: skip
         self.probe = IndexerTieProbe(self.model)
-        self.last_tie: Tie | None = None  # of the last `logprobs` forward
+        self.last_tie: Tie | None = None
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
-        """log-softmax float32 `[T, V]`: row j is the distribution of token j + 1. Sets
-        `last_tie`: the first position whose indexer top-k boundary tied (`ties.py`)."""
+        """log-softmax float32 `[T, V]` (row j: token j + 1); sets `last_tie` (`ties.py`)."""
         self.probe.reset()
         logits = self.model(torch.tensor([ids], device=self.device)).logits[0]
         self.last_tie = self.probe.first()
@@ -62,8 +52,6 @@ class HFReference:
 
 
 class NativeReference:
-    """hyla's model of a native-layout checkpoint, one packed forward over the whole sequence."""
-
     def __init__(self, path: str | Path, dtype: str, device: str) -> None:
         from hyla.models.loader import load_model
 
@@ -85,7 +73,6 @@ class NativeReference:
 
 
 def load_reference(path: str | Path, dtype: str, device: str) -> HFReference | NativeReference:
-    """The reference of the checkpoint at `path` (see the module docstring)."""
     from hyla.models.loader import load_config
 
     if load_config(path).architecture == "hyla":
@@ -94,12 +81,8 @@ def load_reference(path: str | Path, dtype: str, device: str) -> HFReference | N
 
 
 class HFImageReference:
-    """`transformers`' image-text model of a multimodal checkpoint (AutoModelForImageTextToText,
-    eager attention) fed with the checkpoint's own AutoImageProcessor outputs.
-
-    Prompts take one image token per image, as hyla's do; `prepare` expands each into its
-    image's t*h*w / merge^2 placeholder rows from the processor's grid (not from hyla's code).
-    """
+    """`transformers`' image-text model fed by the checkpoint's own AutoImageProcessor; `prepare`
+    expands image tokens from the processor's grid (not hyla's code)."""
 
     def __init__(self, path: str | Path, dtype: str, device: str) -> None:
         from transformers import AutoModelForImageTextToText
@@ -115,8 +98,6 @@ class HFImageReference:
         ).to(device).eval()  # fmt: skip
 
     def prepare(self, ids: list[int], images: list) -> tuple[list[int], dict[str, torch.Tensor]]:
-        """(expanded ids, pixel_values / image_grid_thw) of a prompt with one image token per
-        image."""
         inputs = self.processor(images=[i.convert("RGB") for i in images], return_tensors="pt")
         grid = inputs["image_grid_thw"]
         counts = iter((grid.prod(-1) // self.spec.merge_size**2).tolist())
@@ -134,8 +115,7 @@ class HFImageReference:
         return torch.log_softmax(logits.float(), dim=-1).cpu()
 
     def greedy(self, ids: list[int], images: dict[str, torch.Tensor], num_tokens: int) -> list:
-        """Greedy continuation without an EOS stop; it ends early before an image token (a
-        prompt may not hold more image tokens than images)."""
+        """Greedy continuation without EOS stop, ended before an image token (no image for it)."""
         out = list(ids)
         for _ in range(num_tokens):
             token = int(self.logprobs(out, images)[-1].argmax())

@@ -1,5 +1,4 @@
-"""Write a validate run as `report.md`, `report.html` (PNG plots inline by file name) and
-`summary.json` in one directory."""
+"""Write a validate run as `report.md`, `report.html` and `summary.json` in one directory."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ def _fmt(value: Any) -> str:
 
 
 def summary(meta: dict[str, Any], results: list[CheckResult]) -> dict[str, Any]:
-    """The machine-readable summary: overall pass and every check's status and numbers."""
     return {
         **meta,
         "passed": all(r.passed for r in results),
@@ -99,7 +97,6 @@ def html_page(meta: dict[str, Any], results: list[CheckResult]) -> str:
 
 
 def write_report(directory: Path, meta: dict[str, Any], results: list[CheckResult]) -> None:
-    """Write report.md, report.html and summary.json into `directory` (plots already there)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "report.md").write_text(markdown(meta, results))
     (directory / "report.html").write_text(html_page(meta, results))

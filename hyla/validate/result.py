@@ -1,5 +1,4 @@
-"""What one check of `hyla validate` found: pass/fail against its stated bound, its numbers,
-its tables and plots. Plain data, written out by `hyla.validate.report`."""
+"""What one check of `hyla validate` found (plain data, written by `hyla.validate.report`)."""
 
 from __future__ import annotations
 
@@ -11,10 +10,7 @@ PASS, FAIL, SKIP = "pass", "fail", "skipped"
 
 @dataclass
 class CheckResult:
-    """One check: `status` is pass / fail / skipped; `bound` says in words what passing means;
-    `metrics` are JSON numbers; `tables` are (title, header, rows); `plots` are PNG file names
-    inside the report directory; `failures` name what broke (e.g. the first bad position);
-    `notes` what the bound left out and why (e.g. positions after a reference's indexer tie)."""
+    """`status`: pass / fail / skipped; `bound`: what passing means; `notes`: what it left out."""
 
     name: str
     title: str

@@ -1,11 +1,4 @@
-"""`hyla validate`: run the selected checks on one model and write the report directory.
-
-    checks: precision (a), long_context (b), throughput (c), service (d), vision (e)
-
-The engine is used only through its public APIs (`LLM`, `LLMEngine` stats); the reference is
-`transformers` on the same checkpoint (see `references`). Exit status 0 only when no check
-failed its bound; a skipped check says why.
-"""
+"""`hyla validate`: run the selected checks via the engine's public APIs; write the report."""
 
 from __future__ import annotations
 
@@ -24,8 +17,6 @@ CHECK_NAMES = ("precision", "long_context", "throughput", "service", "vision")
 
 @dataclass
 class Context:
-    """One validate run: where the model is, how to run it, where the report goes."""
-
     model: Path
     reference: Path
     out_dir: Path
@@ -54,9 +45,7 @@ class Context:
 
     @property
     def prompt_vocab_size(self) -> int:
-        """Random-id prompts draw below this: the vocabulary, cut before the first image /
-        video / vision special id of a multimodal checkpoint (an image token without an image
-        is refused)."""
+        """Random prompt ids stay below this (a multimodal checkpoint's first image/video id)."""
         from hyla.multimodal.inputs import read_config
 
         config = read_config(self.model) if (self.model / "config.json").exists() else {}
@@ -94,10 +83,7 @@ def _commit() -> str:
 
 
 def run_validate(ctx: Context, checks: tuple[str, ...]) -> tuple[dict[str, Any], list]:
-    """Run `checks` (names from CHECK_NAMES) in order with a progress bar; write the report.
-
-    Returns (meta, results). Raises ValueError naming an unknown check.
-    """
+    """Run `checks` in order and write the report. Returns (meta, results)."""
     from tqdm import tqdm
 
     from hyla.validate.report import write_report
@@ -107,7 +93,7 @@ def run_validate(ctx: Context, checks: tuple[str, ...]) -> tuple[dict[str, Any],
         raise ValueError(f"checks: unknown {unknown}; choose from {', '.join(CHECK_NAMES)}")
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     registry, results, start = _checks(), [], time.perf_counter()
-    # checks advance the bar by fractions: show a percentage, not "2.1666666666666665/6"
+    # fractional progress: a percentage, not "2.1666666666666665/6"
     fmt = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
     total = len(checks) + checks.count("precision")
     with tqdm(total=total, desc="validate", bar_format=fmt) as bar:

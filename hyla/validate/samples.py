@@ -1,5 +1,4 @@
-"""Prompts for the precision check: long-document QA, code completion and multi-turn chat when
-the model has a tokenizer; seeded random token ids otherwise (tiny test checkpoints)."""
+"""Precision prompts: document QA, code, chat with a tokenizer; seeded random ids otherwise."""
 
 from __future__ import annotations
 
@@ -42,7 +41,7 @@ def _chat(tokenizer: Any) -> list[int]:
 
 
 def precision_samples(tokenizer: Any, vocab_size: int, max_tokens: int) -> list[tuple[str, list]]:
-    """(name, token ids) of each sample, each cut to its last `max_tokens` tokens."""
+    """(name, token ids) of each sample, cut to its last `max_tokens` tokens."""
     if tokenizer is None:
         rng = random.Random(1234)
         lens = (max_tokens, max_tokens // 2 + 1, 7)

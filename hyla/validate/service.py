@@ -1,25 +1,5 @@
-"""Check (d): the service contract, against `--url` or a `hyla serve` this check starts.
-
-Sub-checks (each pass / fail / skipped, with what it saw):
-  stream          streamed text == non-streamed text (greedy)
-  concurrent      n identical concurrent requests == one solo request
-  cancel          a stream closed mid-way returns running requests, free blocks and free state
-                  slots to their idle values in /metrics            (needs hyla's /metrics)
-  timeout         a request past the server's timeout ends with finish_reason "timeout"
-                  (only on the server started here, with --request-timeout)
-  retry_503       a burst over the queue limit gets 503 + Retry-After; retried, it succeeds
-                  (skipped when the server never answers 503)
-  prefix          the same long prompt twice: the cached run gives the cold output; with
-                  hyla's /metrics the hit is confirmed by hyla_prefix_cache_hit_tokens
-  bad_inputs      malformed requests get 4xx (never 5xx, never 2xx)
-Any OpenAI-compatible server can run all but `cancel` (and the prefix-hit confirmation).
-
-The server started here has a short `--request-timeout` (for `timeout`), so on a loaded machine a
-12-token greedy request can end with finish_reason "timeout", its text cut short: that once
-failed `concurrent` in CI with all four texts "differing" from solo. A reference (solo, cold) run
-cut so is retried; a compared run cut so must be a prefix of the reference, and the detail says
-how many were cut.
-"""
+"""Check (d): the service contract against `--url` or a `hyla serve` started here. A greedy run
+cut by its short `--request-timeout` is retried (reference) or must be a prefix (compared)."""
 
 from __future__ import annotations
 
@@ -38,7 +18,6 @@ REFERENCE_ATTEMPTS = 3
 
 
 def _greedy(c: Client, prompt: str) -> tuple[str, str | None]:
-    """(text, finish_reason) of one non-streamed greedy completion."""
     choice = c.complete({"prompt": prompt, **GREEDY})["choices"][0]
     return choice["text"], choice["finish_reason"]
 
@@ -53,8 +32,7 @@ def _reference(c: Client, prompt: str, attempts: int = REFERENCE_ATTEMPTS) -> tu
 
 
 def _agree(ref: tuple[str, str | None], got: tuple[str, str | None]) -> bool:
-    """Two greedy runs of one request agree: equal texts, or, where the request timeout cut
-    one of them, the cut text is a prefix of the other."""
+    """Equal texts, or where the timeout cut one, a prefix of the other."""
     if ref[1] != "timeout" and got[1] != "timeout":
         return got[0] == ref[0]
     short, long = sorted((ref[0], got[0]), key=len)
@@ -189,7 +167,6 @@ def serve_args(options: dict[str, Any]) -> list[str]:
 
 
 def run_service(ctx: Any, progress: Any) -> CheckResult:
-    """Check (d) against `ctx.url`, or a `hyla serve` of `ctx.model` started for it."""
     result = CheckResult("service", "Service contract")
     proc, long_tokens = None, None
     if ctx.url is None:

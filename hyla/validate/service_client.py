@@ -14,7 +14,7 @@ import httpx
 
 
 class Client:
-    """Completions against `base` (an OpenAI-compatible server, with or without `/v1`)."""
+    """Completions against `base` (OpenAI-compatible, with or without `/v1`)."""
 
     def __init__(self, base: str, timeout: float = 120.0) -> None:
         self.root = base.rstrip("/").removesuffix("/v1")
@@ -36,9 +36,7 @@ class Client:
         return r.json()
 
     def stream_text(self, body: dict[str, Any], retries: int = 3) -> tuple[str, str | None]:
-        """(text, finish_reason) of a streamed completion. A stream that ends in a
-        "queue_timeout" error event (timed out before its first token: the streamed form of
-        the 503 `complete` retries) is retried; any other error event raises RuntimeError."""
+        """(text, finish_reason) of a stream; "queue_timeout" events are retried, others raise."""
         for _ in range(retries):
             text, reason, error = self._stream_once(body)
             if error is None:
@@ -83,10 +81,8 @@ def free_port() -> int:
 
 
 def start_server(model: Path, args: list[str], log: Path, wait_s: float = 180.0) -> tuple:
-    """Start `hyla serve MODEL ARGS` on a free port, its output to `log`; returns (process,
-    base url) once /health answers. A port taken between choosing and binding it (another
-    process racing for it) is retried on a new one. Raises RuntimeError when the server exits
-    otherwise or never answers."""
+    """Start `hyla serve MODEL ARGS` on a free port (retried if raced away); (process, base url)
+    once /health answers; RuntimeError when the server exits or never answers."""
     for _ in range(3):
         port = free_port()
         cmd = [sys.executable, "-m", "hyla.cli", "serve", str(model), "--port", str(port), *args]

@@ -1,13 +1,5 @@
-"""Check (c): throughput grid, batch size x prompt length, through the public `LLM` API.
-
-Each cell runs B random prompts of L tokens twice: with 1 output token (the prefill: prefill
-tokens/s) and with N output tokens (ignore_eos): output tokens/s = B N / time, TPOT = (time_N -
-time_1) / (N - 1). Recommendations for the cache budget the engine was given:
-  max_num_seqs           the smallest batch reaching 90% of the best output tokens/s at the
-                         longest length, capped by how many such sequences the cache holds
-  max_num_batched_tokens the smallest B x L reaching 90% of the best prefill tokens/s
-The check fails only when a cell errors (e.g. out of memory); speeds are reported, not bounded.
-"""
+"""Check (c): throughput grid (batch x prompt length): prefill and output tokens/s, TPOT, and the
+`max_num_seqs` / `max_num_batched_tokens` to use. Fails only when a cell errors."""
 
 from __future__ import annotations
 
@@ -28,8 +20,7 @@ def _timed(llm: Any, prompts: list[list[int]], max_tokens: int) -> float:
 
 
 def _cell(llm: Any, batch: int, length: int, out: int, vocab: int) -> dict[str, float]:
-    # two prompt sets: the same prompts again would hit the prefix cache, skip their prefill
-    # and make time_N - time_1 (so TPOT) too small, even negative
+    # two prompt sets: repeats would hit the prefix cache and make TPOT too small, even negative
     rng = random.Random(batch * 100003 + length)
     first, second = (
         [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(batch)] for _ in range(2)
@@ -53,7 +44,6 @@ def _recommend(grid: dict, batches: list[int], lengths: list[int], capacity: int
 
 
 def run_throughput(ctx: Any, progress: Any) -> CheckResult:
-    """Check (c) over `ctx.llm`."""
     from hyla.validate.plots import heatmap
 
     result = CheckResult("throughput", "Throughput grid")

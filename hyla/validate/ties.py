@@ -1,18 +1,5 @@
-"""Ties at the reference's DSA indexer top-k boundary (issue 41, item 3).
-
-A DSA indexer keeps the k keys (or k-pools) of highest score per query. With few indexer heads
-(4 in a tiny DeepSeek-V3.2, 8 in GLM-5.3-Flash) the ReLU of each head's dot products often
-leaves several boundary scores exactly equal (all zero, or one head's value); which of them
-is kept is then arbitrary: hyla keeps the lower index, `torch.topk` whichever its sort meets.
-From the first query row whose selection differs, the two models attend to different tokens
-and their logits part (by 0.3-0.7 in the tiny models), and every later position inherits it.
-
-`IndexerTieProbe` watches the `topk` calls made inside the reference model's indexer modules
-(classes named `*Indexer`) during one forward and records the query rows whose k-th and
-(k+1)-th scores tie: equal within `TIE_RTOL` of the row's largest score (near-ties flip with
-rounding order too). The precision check then compares positions before the first tied row
-strictly, and reports failures at or after it as tie-induced rather than as a mismatch.
-"""
+"""Ties at the reference's DSA indexer top-k boundary (issue 41): hyla (lower index) and
+`torch.topk` keep different keys; `IndexerTieProbe` finds such rows to mark later failures."""
 
 from __future__ import annotations
 
@@ -28,8 +15,7 @@ TOPK_FUNCS = (torch.topk, torch.Tensor.topk)
 
 @dataclass
 class Tie:
-    """The first tied query row of one forward: its position, indexer module and how many
-    rows tied in all."""
+    """The first tied query row of one forward: position, indexer module, total tied rows."""
 
     position: int
     module: str
@@ -37,9 +23,7 @@ class Tie:
 
 
 def tied_rows(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Query rows of `scores` `[..., S, T]` whose top-`k` boundary ties: `[S]` bool.
-
-    Masked candidates (-inf, or the dtype's lowest value as GLM's indexer writes) never tie."""
+    """`[S]` bool: rows of `scores` `[..., S, T]` whose top-`k` boundary ties (masked never do)."""
     scores = scores.detach().float()
     if scores.shape[-1] <= k or k < 1:
         return torch.zeros(scores.shape[-2], dtype=torch.bool)
@@ -65,8 +49,7 @@ class _TopkRecorder(TorchFunctionMode):
 
 @dataclass
 class IndexerTieProbe:
-    """Hooks on every `*Indexer` module of `model`; `reset()` before a forward, `first()`
-    after it."""
+    """Hooks on every `*Indexer` of `model`; `reset()` before a forward, `first()` after it."""
 
     model: Any
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -105,7 +88,6 @@ class IndexerTieProbe:
         self.rows = {}
 
     def first(self) -> Tie | None:
-        """The first tied row of the forward since `reset()` (None: no tie)."""
         found = [(int(r.nonzero()[0]), name, int(r.sum())) for name, r in self.rows.items()
                  if bool(r.any())]  # fmt: skip
         if not found:

@@ -1,21 +1,5 @@
-"""Check (e): the image path, teacher-forced against `transformers`' image-text model.
-
-Each sample (`vision_samples`: synthetic images in short prompts) is continued greedily by the
-reference (fp32, eager, the checkpoint's own image processor, placeholders expanded from its
-grid); the whole sequence is then scored by both sides at every position, images included,
-with precision's measures and bounds (`precision.check_sample`). hyla's side goes through the
-public `LLM.generate` with vLLM's {"prompt_token_ids", "multi_modal_data"} prompts. Also:
-
-  placeholders   hyla's expanded prompt == the reference's (one row per encoder output row)
-  image matters  hyla's logprobs with image B, scored against the reference's with image A on
-                 the same tokens, must break the bound: a check that passes with the image
-                 ignored is worthless (an engine ignoring images gives B's logprobs == A's)
-  repeat         the same image request twice: the second is served from the prefix cache
-                 through the end of its image (no image encoded again), same greedy tokens
-  preprocessing  the engine's image preparation (processor, hash, placeholder expansion: what
-                 the server runs in worker threads) per image, alone and from 4 threads at
-                 once; measured, not bounded
-"""
+"""Check (e): images teacher-forced against `transformers` with precision's bounds; also
+placeholders, image effect (another image must break the bound), cache repeat, preprocessing."""
 
 from __future__ import annotations
 
@@ -47,8 +31,7 @@ BOUND = ("; placeholders as the processor's grid; image B's logprobs break the b
 
 @dataclass
 class _Run:
-    """One sample on both sides: `prompt` expanded by the reference, `seq` = prompt + the
-    reference's greedy continuation, `ref_lp` [T, V] over `seq`; then hyla's outputs."""
+    """One sample: `seq` = expanded `prompt` + the reference's continuation, `ref_lp` [T, V]."""
 
     name: str
     ids: list[int]  # one image token per image, as hyla takes them
@@ -57,7 +40,7 @@ class _Run:
     seq: list[int]
     ref_lp: torch.Tensor
     own: Errors | None = None
-    scored: Any = None  # hyla's RequestOutput of `seq` with prompt_logprobs
+    scored: Any = None
     greedy: list[int] | None = None
 
     @property
@@ -111,7 +94,6 @@ def _score(result: CheckResult, runs: list[_Run], own: Errors | None, dtype: str
 
 
 def _image_effect(result: CheckResult, a: _Run, b: _Run, bound: float) -> list[float]:
-    """hyla with B's image against the reference with A's, over their shared tokens."""
     if not (a.matches and b.matches):
         return [float("nan")]
     n = next((i for i, (x, y) in enumerate(zip(a.seq, b.seq, strict=False)) if x != y),
@@ -126,7 +108,6 @@ def _image_effect(result: CheckResult, a: _Run, b: _Run, bound: float) -> list[f
 
 
 def _repeat(ctx: Any, result: CheckResult, run: _Run, num_greedy: int, image: int) -> list:
-    """The same request twice; the second must hit the prefix cache through its images."""
     from hyla.request import SamplingParams
 
     engine = ctx.llm.engine
@@ -166,7 +147,6 @@ def _preprocessing(engine: Any, runs: list[_Run], num_threads: int = 4) -> list[
 
 
 def run_vision(ctx: Any, progress: Any) -> CheckResult:
-    """Check (e); `ctx` is the validate run (`hyla.validate.runner.Context`)."""
     from hyla.multimodal.inputs import read_config
 
     config = read_config(ctx.model)

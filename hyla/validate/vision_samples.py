@@ -1,13 +1,5 @@
-"""Images and prompts for the vision check: deterministic numpy patterns (no files, no network)
-sized in units of the checkpoint's patch x merge factor f, each in a short prompt built with
-the family's start / image / end token ids from config.json (one image token per image: the
-engine and the reference each expand it).
-
-    A   gradient, 2f x 3f (non-square)         the image-matters pair: the same prompt and
-    B   seeded noise, 2f x 3f, A's prompt      size, another image
-    two     checkerboard 3f x 3f + noise 2f+3 x 4f-1 (not a patch multiple) in one prompt
-    three   (full runs) a single pixel, gradient 6f x 4f, checkerboard 2f+1 x 5f
-"""
+"""Deterministic images (numpy, sized in patch x merge units) and prompts for the vision check, one
+image token per image; A and B (same prompt and size) are the image-matters pair."""
 
 from __future__ import annotations
 
@@ -24,8 +16,7 @@ _BETWEEN = " and this one: "
 
 @dataclass(frozen=True)
 class ImageSample:
-    """`ids`: the prompt with one image token per image; `images`: PIL RGB images, in order;
-    `sizes`: their (height, width) before the processor resizes them."""
+    """`ids`: one image token per image; `images`: PIL RGB; `sizes`: (h, w) before resizing."""
 
     name: str
     ids: list[int]
@@ -55,8 +46,7 @@ def noise(height: int, width: int, seed: int) -> np.ndarray:
 
 
 class _Text:
-    """Text pieces as token ids: the tokenizer's, or seeded ids that avoid the config's special
-    ids when the checkpoint has no tokenizer."""
+    """Text as token ids: the tokenizer's, or seeded ids avoiding the config's special ids."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, special: set[int]) -> None:
         self.tokenizer = tokenizer

@@ -63,9 +63,16 @@ class Server:
                              timeout=60.0)  # fmt: skip
 
     def rank_pids(self) -> list[int]:
-        """The worker ranks: the fork server's children (grandchildren of the server)."""
-        children = _children()
-        return [g for c in children.get(self.proc.pid, []) for g in children.get(c, [])]
+        """The worker ranks: the children of the fork server the server's engine core started
+        (in the engine-core process of its own, or in the server's)."""
+        children, ranks, todo = _children(), [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            if _is_fork_server(pid):
+                ranks += children.get(pid, [])
+            else:
+                todo += children.get(pid, [])
+        return ranks
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -84,6 +91,13 @@ def _children() -> dict[int, list[int]]:
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             out.setdefault(ppid, []).append(int(entry.name))
     return out
+
+
+def _is_fork_server(pid: int) -> bool:
+    try:
+        return b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:

@@ -73,7 +73,7 @@ def test_a_failing_request_ends_alone_and_its_neighbours_recompute(kimi):
         ids = prompts.get(rid, prompt_ids(6, 99, vocab))
         assert final[rid].outputs[0].finish_reason == "length"
         assert_same_completion(final[rid], solo(oracle, ids, PARAMS))
-    assert not engine._suspects and engine._probe is None
+    assert not engine.faults.suspects and engine.faults.probe is None
     assert failed[0] == 4 and failed[-1] >= 1  # first with its neighbours, last on probation
 
 

@@ -248,7 +248,7 @@ def test_a_probe_without_cache_to_run_alone_runs_with_the_others(kimi):
     engine.add_request("p", prompts["p"], PARAMS)
     outs += engine.step()
     assert engine.requests.seqs["p#0"].request.num_computed_tokens == 0  # no room beside r
-    engine._hold("p#0")  # as after a failed step: a suspect, put back alone
+    engine.faults.hold("p#0")  # as after a failed step: a suspect, put back alone
     for _ in range(50):
         outs += engine.step()
         if not engine.has_unfinished_requests():

@@ -71,4 +71,4 @@ def test_tensor_parallel_is_refused():
 
     config = EngineConfig.from_kwargs(speculative_config={"method": "ngram"})
     with pytest.raises(ConfigError, match="^speculative_config: not supported"):
-        spec_decoder(config, plan=None, executor=object())
+        spec_decoder(config, plan=None, distributed=True)

@@ -1,5 +1,4 @@
-"""Tiers below the device pool (host memory, local disk, a remote Redis/Valkey store) holding
-KV blocks and linear-state checkpoints under the prefix cache's block hashes."""
+"""Tiers below the device pool (host, disk, Redis/Valkey) for KV blocks and state checkpoints."""
 
 from hyla.cache.tiers.disk import DiskTier
 from hyla.cache.tiers.host import HostTier

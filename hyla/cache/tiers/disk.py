@@ -1,8 +1,4 @@
-"""Local-disk tier: one sealed file per entry in a directory, LRU under a byte budget.
-
-Files found in the directory at start are indexed (oldest first), so an engine restarted on
-the same directory, or a second engine on the same machine, finds what was written before.
-"""
+"""Local-disk tier: one sealed file per entry, LRU under a byte budget; existing files count."""
 
 from __future__ import annotations
 
@@ -17,8 +13,6 @@ SUFFIX = ".kv"
 
 
 class DiskTier(Tier):
-    """Args: directory: where the files live (created); capacity_bytes: the budget."""
-
     name = "disk"
 
     def __init__(self, directory: str | Path, capacity_bytes: int) -> None:

@@ -10,8 +10,6 @@ from hyla.cache.tiers.store import Tier
 
 
 class HostTier(Tier):
-    """Args: capacity_bytes: the budget; the least recently used entries go first."""
-
     name = "host"
     holds_bytes = False
 

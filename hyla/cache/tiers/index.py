@@ -1,20 +1,6 @@
-"""The tiers' bookkeeping (plain Python): what the device pool evicts is written down, and a
-prefix lookup that misses on the device walks the tiers for the deepest pair it can restore.
-
-    device   blocks h0 h1 h2 .           checkpoints  C[h1]
-    host     .  .  .  h3 h4              C[h4]
-    disk     .  .  .  .  .  h5 h6        C[h6]           (a block may be in several tiers)
-
-A pair is (blocks h0..h_{J-1}, the checkpoint keyed h_{J-1}): both name the same first J*B
-tokens by their chained hash, so a state is never restored beside KV of another boundary. The
-deepest J whose blocks are all found (device or any tier) and whose checkpoint is found is
-loaded: the missing blocks and the checkpoint get device rows now (filed under their hashes,
-unreferenced, as if just computed) and their contents are copied in by `transfer` before the
-next forward; any entry that fails to read (corrupted, store down or slow) makes that J a miss
-and a shallower one is tried. A model without linear layers needs blocks only.
-
-Keys: namespace (model and cache layout) | b"b" or b"c" | the 16-byte block hash.
-"""
+"""The tiers' bookkeeping: device evictions spill down; a device prefix miss walks the tiers for
+the deepest pair (blocks h0..h_{J-1}, checkpoint C[h_{J-1}]), filed now and copied in by
+`transfer` before the next forward. Keys: namespace | b"b" or b"c" | 16-byte block hash."""
 
 from __future__ import annotations
 
@@ -33,9 +19,8 @@ MAX_MISSES = 4096  # requests whose last lookup found nothing remembered (oldest
 
 @dataclass
 class Transfers:
-    """Copies for `transfer`, in this order: spills (device row -> tiers: block id or
-    checkpoint id, key), then loads (entry -> device row: block id or checkpoint id, entry,
-    whether the entry is a sealed-frame payload)."""
+    """Copies for `transfer`: spills first (device block or checkpoint id, key), then loads (id,
+    entry, whether it is a sealed-frame payload)."""
 
     spill_blocks: list[tuple[int, bytes]] = field(default_factory=list)
     spill_checkpoints: list[tuple[int, bytes]] = field(default_factory=list)
@@ -52,8 +37,7 @@ class Transfers:
 
 @dataclass
 class LoadStats:
-    """Counters since start: prefix loads from the tiers and the tokens they restored; lookups
-    that found a deeper pair but could not load it (an entry failed, or no device room)."""
+    """Counters since start; a failed load found a deeper pair it could not read or place."""
 
     num_loads: int = 0
     num_loaded_tokens: int = 0
@@ -64,14 +48,7 @@ class LoadStats:
 
 
 class TieredPrefix:
-    """Spills and loads between the device pools of `prefix` and `tiers` (fastest first).
-
-    Args:
-        prefix: the device prefix cache (its block pool and checkpoint pool are hooked).
-        tiers: host, disk, remote, as configured.
-        namespace: bytes naming the model and cache layout (engines share entries only when
-            they are equal).
-    """
+    """Spills and loads between `prefix`'s device pools and `tiers` (fastest first)."""
 
     def __init__(self, prefix: PrefixCache, tiers: Sequence[Tier], namespace: bytes) -> None:
         self.prefix = prefix
@@ -105,8 +82,7 @@ class TieredPrefix:
 
     def publish(self, block_ids: Sequence[int], hashes: Sequence[int], checkpoints: Sequence[
             tuple[int, int]]) -> None:  # fmt: skip
-        """Write these device blocks and (checkpoint id, hash) pairs down now, e.g. a pinned
-        document, so other engines on the same store find it."""
+        """Write these device blocks and checkpoints down now (a pinned document)."""
         for b, h in zip(block_ids, hashes, strict=True):
             self._todo.spill_blocks.append((b, self.block_key(h)))
         for c, h in checkpoints:
@@ -121,7 +97,6 @@ class TieredPrefix:
             self.io(todo)
 
     def _locate(self, keys: Sequence[bytes]) -> dict[bytes, int]:
-        """key -> index of the fastest tier holding it, for the keys some tier holds."""
         where: dict[bytes, int] = {}
         left = list(keys)
         for t, tier in enumerate(self.tiers):
@@ -165,8 +140,7 @@ class TieredPrefix:
         return out
 
     def load_deeper(self, req: Request, hit: PrefixHit) -> bool:
-        """Load the deepest (blocks, checkpoint) pair of `req` deeper than the device `hit`
-        from the tiers into the device pools. Returns whether one was loaded (match again)."""
+        """Load `req`'s deepest pair beyond the device `hit` from the tiers; True: match again."""
         block_size = self.prefix.block_size
         hashes = self.prefix.hashes(req)
         limit = min(len(hashes), (req.num_tokens - 1) // block_size)

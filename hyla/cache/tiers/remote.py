@@ -1,10 +1,5 @@
-"""Remote tier on a Redis (or Valkey) server shared by engines: sealed frames under
-namespaced keys, every call bounded by a timeout.
-
-A store that fails (refused, reset, timed out) is treated as empty and left alone for
-`retry_after` seconds, so a dead store costs one timeout, not one per lookup. Entries are
-never deleted by hyla except a corrupted one; the server's own `maxmemory` policy bounds it.
-"""
+"""Remote tier on a Redis/Valkey server shared by engines; a failing store counts as empty for
+`retry_after` s (one timeout, not one per lookup). The server's `maxmemory` bounds it."""
 
 from __future__ import annotations
 
@@ -16,12 +11,7 @@ from hyla.cache.tiers.store import Tier, seal, unseal
 
 
 class RemoteTier(Tier):
-    """Args:
-        url: `redis://host:port[/db]`.
-        timeout: seconds a connect or a reply may take before the call counts as failed.
-        retry_after: seconds a failed store is skipped.
-    Raises: ImportError naming the `redis` package when it is not installed.
-    """
+    """`url`: `redis://host:port[/db]`; `timeout` per call, `retry_after` a failure (seconds)."""
 
     name = "remote"
 

@@ -1,11 +1,5 @@
-"""The tier interface and the sealed frame the byte tiers store.
-
-A tier maps a key (bytes: namespace + kind + content hash) to an entry. The host tier keeps
-entries as given (tensors, pinned on CUDA); the disk and remote tiers keep bytes sealed with a
-blake2b digest, so a corrupted entry is found on read, dropped, and recomputed.
-
-    frame = MAGIC (4) | blake2b-128 digest of payload (16) | payload
-"""
+"""The tier interface and the byte tiers' frame, MAGIC (4) | blake2b-128 of payload (16) |
+payload: a corrupted entry is found on read, dropped and recomputed."""
 
 from __future__ import annotations
 
@@ -21,8 +15,7 @@ DIGEST_SIZE = 16
 
 @dataclass
 class TierStats:
-    """Counters since start: entries written, hits, misses, corrupted entries dropped, and
-    store errors (timeouts, refused connections) that were treated as misses."""
+    """Counters since start; `num_errors`: store faults (timeouts, refusals) treated as misses."""
 
     num_puts: int = 0
     num_hits: int = 0
@@ -32,8 +25,7 @@ class TierStats:
 
 
 class Tier(ABC):
-    """One level below the device pool. `holds_bytes`: entries are sealed byte frames (disk,
-    remote), else objects kept as given (host memory)."""
+    """One level below the device pool; `holds_bytes`: sealed frames, else objects (host)."""
 
     name: str = "tier"
     holds_bytes: bool = True

@@ -1,7 +1,4 @@
-"""Triton `reference.silu_and_mul`: one pass over the stacked gate/up rows instead of a silu
-kernel, its output and a multiply kernel. Same rounding as the reference (silu rounded to the
-storage dtype before the product); `exp` may differ in the last bit. Imports triton at module
-level; `hyla.ops.activation` imports this module only where the kernel runs."""
+"""Triton `reference.silu_and_mul`, rounded as the reference (`exp` may differ in the last bit)."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024  # output columns per program
+BLOCK = 1024
 
 
 @triton.jit
@@ -22,7 +19,7 @@ def _silu_and_mul_kernel(
     dtype = y_ptr.dtype.element_ty
     g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + I + cols, mask=mask, other=0.0).to(tl.float32)
-    if CLAMP:  # `reference.silu_and_mul_clamped` (clamping a stored value is exact)
+    if CLAMP:
         g = tl.minimum(g, limit)
         u = tl.minimum(tl.maximum(u, -limit), limit)
     s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
@@ -30,14 +27,7 @@ def _silu_and_mul_kernel(
 
 
 def silu_and_mul(x: torch.Tensor, limit: float | None = None) -> torch.Tensor:
-    """`reference.silu_and_mul` in one Triton kernel (CUDA, or TRITON_INTERPRET=1); with
-    `limit`, `reference.silu_and_mul_clamped`.
-
-    Args:
-        x: [..., 2I] float tensor (gate | up), unit stride along the last dim.
-    Returns: [..., I] in x's dtype (a new tensor).
-    Raises: ValueError when the last dim is odd or not unit-strided.
-    """
+    """x: [..., 2I] (gate | up, unit last stride) -> [..., I]; with `limit`, the clamped form."""
     width = x.shape[-1]
     if width % 2 or x.stride(-1) != 1:
         raise ValueError(f"silu_and_mul: need an even, unit-stride last dim, got {width} "

@@ -1,6 +1,4 @@
-"""DSA lightning indexer scores and deterministic causal top-k over the paged index-key cache.
-See `reference.py`; CUDA tensors take the Triton path in `kernels.py` (same signature and result;
-triton is imported only then)."""
+"""DSA lightning indexer and deterministic causal top-k over the paged index-key cache."""
 
 from __future__ import annotations
 
@@ -27,16 +25,9 @@ def lightning_indexer_topk(
     max_seq_len: int | None = None,
     static_shapes: bool = False,
 ) -> torch.Tensor:
-    """Causal lightning-indexer top-k: `reference.lightning_indexer_topk` (args, [T, k] int32
-    result), dispatched to `kernels.lightning_indexer_topk` for CUDA tensors.
-
-    `index_key_scale` [P, B] float32: per-token scales of an fp8 (float8_e4m3fn) key cache
-    (key = fp8 value * scale); None for bf16/fp32 keys. `max_seq_len` given: `seq_lens` is an
-    [N] int device tensor bounded by it, and no host value but the bound shapes the work
-    (`reference.lightning_indexer_topk_bounded` off CUDA). `static_shapes`: the call is part of
-    a captured decode step (CUDA: selects the top-k form that is fastest in a graph; the result
-    is the same).
-    """
+    """`reference.lightning_indexer_topk`, by `kernels.py` for CUDA tensors. index_key_scale:
+    [P, B] scales of an fp8 key cache. max_seq_len: a host bound on `seq_lens` given as an [N]
+    device tensor. static_shapes: a captured decode step (picks the graph-fastest top-k)."""
     if use_triton(q):
         from hyla.ops.dsa_indexer import kernels
 

@@ -1,31 +1,6 @@
-"""Lightning indexer + deterministic top-k on the GPU (Triton): the fast path of
-`reference.lightning_indexer_topk`, same signature and result.
-
-One Triton kernel scores every query row against its sequence's keys, read through the block
-table, and writes each score as an int64 *sort key* whose order is (score, -column):
-
-    s       = sum_h (w[t, h] * Hi^-0.5) * relu(softmax_scale * q[t, h] . k[s])    (fp32)
-    key32   = bits(s + 0.0)   if >= 0   else bits(s + 0.0) ^ 0x7FFFFFFF           (+0.0 == -0.0)
-    key     = (key32 << 31) | (2^31 - 1 - column)         invisible columns: select.INVISIBLE
-
-`torch.topk(key, k)` (sorted) then yields the best scores first and, among exactly equal scores,
-the lower column first: the reference's stable descending sort. The column is recovered from the
-low 31 bits; ranks >= the row's visible count become -1 (the reference's padding rule).
-`topk.radix_topk_columns` (a Triton radix select, same result, ~10 launches) replaces
-torch.topk in captured decode steps (`static_shapes`): replayed from a CUDA graph on the H200 it
-took 0.066-0.079 ms for one row of 8K-1M columns (torch.topk 0.081-0.249 ms) and 0.073-0.350 ms
-for 16 rows (torch.topk 0.091-0.523 ms); launched eagerly it is slower at small sizes (0.27 ms
-at 8K: launch-bound), so eager steps keep torch.topk unless RADIX_MIN_COLS is set
-(bench/results/gpu_dsa_decode_h200.json, columns radix_topk_graph / topk_graph).
-
-Row t of sequence i sits at position p = seq_lens[i] - q_i + j and sees columns 0 .. p; the row
--> (sequence, position) map is built on the device from `cu_seqlens` (no host sync). Rows are
-processed in chunks so the key buffer stays under `MAX_KEY_ELEMENTS` int64 entries.
-
-Optional fp8 keys: `index_key_cache` may be torch.float8_e4m3fn with `index_key_scale` [P, B]
-fp32 (one scale per token, key = fp8 * scale, as DeepSeek-V3.2's fp8 indexer cache); the kernel
-applies the scale after the dot product. Without it, keys are bf16/fp16/fp32 as stored.
-"""
+"""Lightning indexer + deterministic top-k in Triton (`reference.lightning_indexer_topk`'s fast
+path): scores become int64 sort keys (order-preserving float bits, then 2^31 - 1 - column), so
+torch.topk yields the reference's stable descending order."""
 
 from __future__ import annotations
 
@@ -47,18 +22,14 @@ from hyla.ops.gpu import triton_runs_on
 # The int64 key buffer holds at most this many entries (1 GiB); rows are chunked to fit.
 MAX_KEY_ELEMENTS = 1 << 27
 # Tunables (sweep on the H200: bench/gpu_dsa_decode.py reads overrides from the environment).
-BLOCK_N = 128  # key columns per program
+BLOCK_N = 128
 BLOCK_T_PREFILL = 16  # query rows per program when some sequence has several new tokens
 NUM_WARPS = 4
 NUM_STAGES = 2
-# Eager steps: from this many key columns on, the top-k is `topk.radix_topk_columns`; None:
-# only in captured steps (eager it measured slower than torch.topk below 512K columns on the
-# H200; prefill-sized row counts are unmeasured).
+# Eager steps use the radix top-k from this many columns on; None: only captured steps.
 RADIX_MIN_COLS: int | None = None
 RADIX_MAX_ROWS = 65535  # the radix select's grid limit
-# From this many key columns on, `select.segmented_topk_columns` (two torch.topk stages over
-# segments of the row); None: never (measured slower than one torch.topk on the H200 at every
-# length, eager and in graphs: bench/results/gpu_dsa_decode_h200.json, segmented_topk columns).
+# `select.segmented_topk_columns` from this many columns on; None: never (slower on the H200).
 SEGMENTED_MIN_COLS: int | None = None
 
 
@@ -98,8 +69,7 @@ def _indexer_key_kernel(
     INVISIBLE: tl.constexpr,
     POOL: tl.constexpr,
 ):
-    """Column c is the key at position c * POOL + POOL - 1 (POOL = 1: every token; > 1: the
-    pooled keys of `hyla.ops.kpool_indexer`, stored at each pool's last token)."""
+    """Column c is the key at position c * POOL + POOL - 1 (POOL > 1: `hyla.ops.kpool_indexer`)."""
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,7 +80,7 @@ def _indexer_key_kernel(
     mask_d = offs_d < DI
     in_range = cols < num_cols
     for r in range(BLOCK_T):
-        t = pid_t * BLOCK_T + r  # row within this chunk
+        t = pid_t * BLOCK_T + r
         if t < num_rows:
             row = row_offset + t
             seq = tl.load(row_seq_ptr + row).to(tl.int64)
@@ -129,7 +99,7 @@ def _indexer_key_kernel(
                 if IEEE:
                     q = q.to(tl.float32)
                     k = k.to(tl.float32)
-                    s = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
+                    s = tl.dot(q, tl.trans(k), input_precision="ieee")
                 else:
                     s = tl.dot(q, tl.trans(k.to(q.dtype)))
                 if HAS_SCALE:
@@ -137,7 +107,7 @@ def _indexer_key_kernel(
                     s = s * tl.load(ks_ptr + ks_slot, mask=visible, other=0.0)[None, :]
                 s = tl.maximum(s * scale, 0.0)
                 w = tl.load(w_ptr + row.to(tl.int64) * stride_wt + offs_h, mask=mask_h, other=0.0)
-                score = tl.sum(s * (w.to(tl.float32) * w_scale)[:, None], axis=0)  # [BLOCK_N]
+                score = tl.sum(s * (w.to(tl.float32) * w_scale)[:, None], axis=0)
                 if WRITE_KEYS:
                     bits = (score + 0.0).to(tl.int32, bitcast=True)
                     key32 = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
@@ -218,8 +188,7 @@ def _launch(
 
 
 def _ieee(q: torch.Tensor) -> bool:
-    """fp32 dots for fp32 queries, and under TRITON_INTERPRET (CPU tensors), whose bf16 tl.dot
-    is wrong in triton 3.9."""
+    """fp32 dots for fp32 q and under TRITON_INTERPRET, whose bf16 tl.dot is wrong (triton 3.9)."""
     return q.dtype == torch.float32 or q.device.type != "cuda"
 
 
@@ -231,10 +200,7 @@ def _rows_per_chunk(num_rows: int, num_cols: int, block_t: int) -> int:
 def keys_to_topk(
     keys: torch.Tensor, row_pos: torch.Tensor, topk: int, static_shapes: bool = False
 ) -> torch.Tensor:
-    """[Tc, L] int64 sort keys, [Tc] positions -> [Tc, topk] int32 columns, -1 padded
-    (`select.topk_columns_reference`): the Triton radix select in captured steps
-    (`static_shapes`) or from RADIX_MIN_COLS columns on, else the two-stage segmented
-    torch.topk from SEGMENTED_MIN_COLS when set, else torch.topk."""
+    """[Tc, L] int64 sort keys -> [Tc, topk] int32 columns: radix, segmented or plain torch.topk."""
     radix = static_shapes or (RADIX_MIN_COLS is not None and keys.shape[1] >= RADIX_MIN_COLS)
     radix = radix and keys.shape[0] <= RADIX_MAX_ROWS
     if topk > 0 and radix and triton_runs_on(keys):
@@ -258,20 +224,8 @@ def lightning_indexer_topk(
     max_seq_len: int | None = None,
     static_shapes: bool = False,
 ) -> torch.Tensor:
-    """Causal lightning-indexer top-k, Triton scores + int64-key top-k (CUDA tensors).
-
-    Args: as `reference.lightning_indexer_topk`, plus
-        index_key_scale: [P, B] float32 per-token scale when `index_key_cache` is fp8
-            (torch.float8_e4m3fn), else None.
-        seq_lens may also be an [N] int device tensor; then `max_seq_len` (host bound on it)
-            sizes the score columns and nothing reads the lengths back (CUDA-graph capture).
-        static_shapes: a captured decode step (warm-up and capture alike): the top-k is the
-            radix select (`keys_to_topk`); the result is the same.
-    Returns: [T, k] int32 token positions, best first, equal scores lower index first, -1
-        padded where fewer than k tokens are visible (same as the reference up to fp32 rounding
-        of the scores: the head sum runs in a different order).
-    Raises: ValueError when q or the cache has a strided last dim.
-    """
+    """`hyla.ops.dsa_indexer.lightning_indexer_topk` on CUDA (scores to fp32 rounding: another
+    head-sum order). Raises ValueError when q or the cache has a strided last dim."""
     num_rows = q.shape[0]
     out = torch.full((num_rows, topk), -1, dtype=torch.int32, device=q.device)
     num_cols = max(seq_lens, default=0) if max_seq_len is None else max_seq_len
@@ -303,8 +257,7 @@ def indexer_scores_paged(
     softmax_scale: float,
     index_key_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The kernel's fp32 scores (for tests and tuning): [T, max(seq_lens)], -inf where a column
-    is not visible to the row. Arguments as `lightning_indexer_topk`."""
+    """The kernel's fp32 scores (tests, tuning): [T, max(seq_lens)], -inf where not visible."""
     num_rows, num_cols = q.shape[0], max(seq_lens, default=0)
     out = torch.empty(num_rows, num_cols, dtype=torch.float32, device=q.device)
     if num_rows and num_cols:

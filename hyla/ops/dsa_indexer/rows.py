@@ -1,7 +1,4 @@
-"""Packed-row bookkeeping for DSA on the device, in plain PyTorch (no host sync): which
-sequence and position each packed row is, and the causal "every visible token" selection that
-replaces the indexer for sequences no longer than top-k. Used by the Triton kernels and by
-`DSAttention`'s GPU path; runs on any device."""
+"""Packed-row bookkeeping for DSA in device-side PyTorch (no host sync)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,6 @@ from hyla.ops.paged.reference import _raw, dequantized
 
 
 def row_sequences(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """[T] int32 sequence index of each packed row (cu_seqlens [N + 1] int32; on the device)."""
     rows = torch.arange(num_rows, device=cu_seqlens.device)
     return torch.searchsorted(cu_seqlens[1:].long(), rows, right=True).to(torch.int32)
 
@@ -21,15 +17,7 @@ def row_sequences(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
 def row_positions(
     cu_seqlens: torch.Tensor, seq_lens: Sequence[int] | torch.Tensor, num_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sequence and position of each packed row, computed on the device (no host sync).
-
-    Args:
-        cu_seqlens: [N + 1] int32 offsets; seq_lens: N host ints or an [N] int tensor on
-            cu_seqlens' device (no host-to-device copy: what a captured CUDA graph needs);
-            num_rows: T.
-    Returns: (row_seq [T] int32, row_pos [T] int64): row t of sequence i sits at position
-        seq_lens[i] - (cu_seqlens[i + 1] - t).
-    """
+    """(row_seq [T] int32, row_pos [T] int64); seq_lens: host ints or an [N] device tensor."""
     device = cu_seqlens.device
     row_seq = row_sequences(cu_seqlens, num_rows).long()
     rows = torch.arange(num_rows, device=device)
@@ -44,18 +32,8 @@ def row_positions(
 def dense_topk_indices(
     cu_seqlens: torch.Tensor, seq_lens: Sequence[int] | torch.Tensor, topk: int, num_rows: int
 ) -> torch.Tensor:
-    """The causal "every visible token" selection: row t at position p gets 0 .. min(p, k - 1).
-
-    For rows with p < k this is exactly the set the indexer selects (all visible tokens), so
-    `sparse_mla` over it is dense causal MLA and the indexer can be skipped; rows with p >= k
-    get the first k positions, a placeholder the caller overwrites with the indexer's choice.
-
-    Args:
-        cu_seqlens: [N + 1] int32; seq_lens: N lengths including this step's tokens (host
-            ints or a device tensor, as `row_positions`);
-        topk: k; num_rows: T (= cu_seqlens[-1], passed to avoid a host sync).
-    Returns: [T, k] int32 positions ascending, -1 padded. Any device (pure PyTorch).
-    """
+    """Causal "every visible token" selection [T, k] int32: the row at p gets 0 .. min(p, k - 1).
+    For p < k this is the indexer's own choice, so `sparse_mla` over it is dense causal MLA."""
     _, row_pos = row_positions(cu_seqlens, seq_lens, num_rows)
     cols = torch.arange(topk, device=cu_seqlens.device)
     return torch.where(cols[None, :] <= row_pos[:, None], cols, -1).to(torch.int32)
@@ -72,24 +50,13 @@ def gather_rows_bounded(
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     scales: Sequence[torch.Tensor | None] | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Each packed row's entries of each paged cache at positions 0 .. max_seq_len - 1 of its
-    sequence: the gather of the bounded (device-length) references of MLA, GQA and the indexer.
-
-    Args:
-        caches: [P, B, ...] each; block_tables: [N, >= ceil(max_seq_len / B)] int32;
-        cu_seqlens: [N + 1] int32; seq_lens: as `row_positions`; max_seq_len: host bound L;
-        num_rows: T; rows: `row_positions(cu_seqlens, seq_lens, num_rows)` when the caller has it;
-        scales: per cache, the per-vector scales of an fp8 cache ([P, B, ...] without the last
-        dim) or None.
-    Returns: (entries: [T, L, ...] per cache in its dtype (float32, dequantized, where a scale
-        is given), unmasked: positions past a row's own may hold anything, NaN included;
-        visible: [T, L] bool, position <= the row's).
-    """
+    """Each row's entries [T, L, ...] of each paged cache at positions 0 .. max_seq_len - 1 (fp32
+    where dequantized; NaN possible past the row's position), and visible [T, L]."""
     row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     block = caches[0].shape[1]
     pos = torch.arange(max_seq_len, device=cu_seqlens.device)
-    slots = block_tables.long()[:, pos // block] * block + pos % block  # [N, L]
-    rows = slots[row_seq.long()]  # [T, L]
+    slots = block_tables.long()[:, pos // block] * block + pos % block
+    rows = slots[row_seq.long()]
     scales = scales or [None] * len(caches)
     entries = [
         dequantized(_raw(cache.flatten(0, 1))[rows].view(cache.dtype),

@@ -1,10 +1,4 @@
-"""Top-k of the lightning indexer's int64 sort keys in PyTorch (no triton): the definition
-`topk_columns_reference` (one torch.topk) and `segmented_topk_columns` (two torch.topk stages
-over segments of each row, for long rows; the same result). The key format (`kernels.py`):
-
-    key = (key32 << 31) | (2^31 - 1 - column)    visible column (unique per row)
-    key = INVISIBLE = -2^62 - 1                   invisible column (ranks last)
-"""
+"""Top-k of the indexer's int64 sort keys in PyTorch; visible keys are unique per row."""
 
 from __future__ import annotations
 
@@ -13,21 +7,17 @@ import torch
 LOW31 = (1 << 31) - 1
 # Below every visible key (a visible key is >= -2^62): marks columns a row does not see.
 INVISIBLE = -(1 << 62) - 1
-MAX_SEGMENTS = 64  # segments per row of `segmented_topk_columns`
+MAX_SEGMENTS = 64
 
 
 def topk_columns_reference(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
-    """[R, L] int64 sort keys, [R] positions -> [R, topk] int32 columns (torch.topk).
-
-    Rank r holds the column of the r-th largest key, or -1 where r > row_pos[r's row] or
-    r >= L (the reference's padding rules)."""
+    """[R, L] int64 sort keys -> [R, topk] int32 columns; -1 at ranks > row_pos or >= L."""
     k = min(topk, keys.shape[1])
     best = torch.topk(keys, k, dim=1, largest=True, sorted=True).values
     return columns_of(best, row_pos, topk)
 
 
 def columns_of(best: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
-    """[R, k] keys, best first -> [R, topk] int32 columns with the reference's -1 rules."""
     k = best.shape[1]
     cols = LOW31 - (best & LOW31)
     rank = torch.arange(k, device=best.device)
@@ -53,14 +43,8 @@ def num_segments(num_cols: int, k: int, max_segments: int = MAX_SEGMENTS) -> int
 def segmented_topk_columns(
     keys: torch.Tensor, row_pos: torch.Tensor, topk: int, max_segments: int = MAX_SEGMENTS
 ) -> torch.Tensor:
-    """`topk_columns_reference` in two torch.topk stages, for long rows: each row's columns are
-    cut into S equal segments (`num_segments`), the best k of every segment are taken at once
-    ([R * S] short rows: many thread blocks, where one long row gives the sort few), then the
-    best k of those S k candidates, sorted. Exact: a row's k best keys are among its segments'
-    k best (visible keys are unique; invisible ones rank last and become -1 either way).
-
-    Args/Returns: as `topk_columns_reference` (keys [R, L] int64, row_pos [R] int64).
-    Fixed shapes, no host sync: CUDA-graph safe."""
+    """`topk_columns_reference` in two torch.topk stages (the best k of S segments, then of
+    those); exact, as visible keys are unique; CUDA-graph safe."""
     num_rows, num_cols = keys.shape
     k = min(topk, num_cols)
     segments = num_segments(num_cols, k, max_segments)

@@ -1,28 +1,6 @@
-"""Top-k of the lightning indexer's int64 sort keys by a Triton radix select:
-`radix_topk_columns`, the result of `select.topk_columns_reference` (torch.topk, the
-definition); CUDA-graph safe.
-
-A row's keys (see `kernels.py`) are unique when visible and all equal INVISIBLE otherwise:
-
-    key = (key32 << 31) | (2^31 - 1 - column)    in [-2^62, 2^62)       visible column
-    key = INVISIBLE = -2^62 - 1                                           invisible column
-
-Shifted by 2^62 a visible key becomes v in [0, 2^63): 63 bits, read as ceil(63 / RADIX_BITS)
-digits, most significant first (an invisible key becomes -1 and never matches a prefix).
-
-    pass p   histogram of digit p over the keys whose higher digits equal the row's prefix
-             (one program per BLOCK_L columns: a register histogram, then atomics into the row's
-             global one); the last program of the row to finish finds the bin holding the
-             k-th largest key, appends it to the prefix and subtracts the keys above it from the
-             number still needed; when that bin holds exactly what is still needed the row is
-             done and later passes return at once (typically after 3 passes for float scores).
-    gather   every key >= prefix (the k-th largest key with its low bits cleared) is appended to
-             a [R, capacity] buffer through a per-row atomic counter: exactly min(k, visible).
-    sort     one program per row sorts that buffer (tl.sort, descending) and writes the columns
-             with the -1 rules of `topk_columns_reference`.
-
-Launch grids depend on (R, L, topk) alone and nothing is read back to the host.
-"""
+"""Top-k of the indexer's int64 sort keys by a Triton radix select (fixed grids, no host reads):
+pass p histograms digit p of the keys matching the row's prefix, and the row's last program
+extends the prefix by the k-th largest key's bin; keys >= prefix are then gathered and sorted."""
 
 from __future__ import annotations
 
@@ -36,23 +14,14 @@ _MIN_VISIBLE = -(1 << 62)
 _KEY_BITS = 63  # a visible key minus _MIN_VISIBLE
 
 RADIX_BITS = 8  # 256 bins: tl.histogram's cost grows with the bin count
-BLOCK_L = 4096  # key columns per program
+BLOCK_L = 4096
 NUM_WARPS = 8
 SORT_WARPS = 8
 
 
 def radix_topk_columns(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> torch.Tensor:
-    """`topk_columns_reference` by a multi-program radix select (no host sync, fixed grids).
-
-    Args:
-        keys: [R, L] int64 sort keys, unit stride along L: visible keys unique and in
-            [-2^62, 2^62), the others equal to INVISIBLE (as `kernels.py` writes them).
-        row_pos: [R] int64 row positions (rank r > row_pos[row] becomes -1).
-        topk: number of columns per row, >= 1.
-    Returns: [R, topk] int32 columns, best key first, exactly `topk_columns_reference`'s.
-    Raises: ValueError for a non-int64 or non-2D `keys`, a `row_pos` of another length,
-        topk < 1, or more than 65535 rows (the grid's second dimension).
-    """
+    """keys: [R, L] int64 (unit stride along L), row_pos: [R]. Raises ValueError for bad shapes,
+    topk < 1, or more than 65535 rows (the grid limit)."""
     _check(keys, row_pos, topk)
     num_rows, num_cols = keys.shape
     out = torch.empty(num_rows, topk, dtype=torch.int32, device=keys.device)
@@ -103,8 +72,7 @@ def _check(keys: torch.Tensor, row_pos: torch.Tensor, topk: int) -> None:
 
 
 def _scratch(num_passes: int, num_rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """One zeroed buffer: [R, 3] int64 state (prefix, still needed, done), then int32 counters:
-    per pass a [R, bins] histogram and [R] arrivals, and [R] gathered-key counts."""
+    """One zeroed buffer: [R, 3] state, then per-pass histograms, arrivals and counts."""
     num_bins = 1 << RADIX_BITS
     num_counters = num_passes * num_rows * (num_bins + 1) + num_rows
     buf = torch.zeros(3 * num_rows + (num_counters + 1) // 2, dtype=torch.int64, device=device)

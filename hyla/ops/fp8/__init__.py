@@ -1,7 +1,4 @@
-"""FP8 (e4m3) weights, activations and cache entries. `reference.py` holds the definitions
-(block-scaled weights, per-token-group activations, per-token cache entries, `fp8_linear`,
-`fp8_moe_experts`); CUDA tensors take the Triton kernels of `kernels.py` where they exist
-(imported on first use), every other call the reference, which dequantizes."""
+"""FP8 (e4m3) ops: Triton kernels for CUDA tensors where they exist, else the reference."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ def fp8_linear(
     block_size: tuple[int, int],
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`reference.fp8_linear` (x [..., K], weight [N, K] fp8, weight_scale
-    [ceil(N/bn), ceil(K/bk)] -> [..., N] in x's dtype); the Triton GEMM/GEMV on CUDA."""
+    """x [..., K], weight [N, K] fp8, weight_scale [ceil(N/bn), ceil(K/bk)] -> [..., N]."""
     if use_triton(x) and not needs_grad(x):
         from hyla.ops.fp8 import kernels
 
@@ -51,7 +47,7 @@ def fp8_moe_experts(
     topk_ids: torch.Tensor,
     block_size: tuple[int, int],
 ) -> torch.Tensor:
-    """`reference.fp8_moe_experts` (see there for shapes); the Triton form on CUDA."""
+    """`reference.fp8_moe_experts` (shapes there)."""
     args = (hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
             topk_ids, block_size)  # fmt: skip
     if use_triton(hidden_states):
@@ -73,10 +69,8 @@ def fp8_moe_experts_and_shared(
     block_size: tuple[int, int],
     shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
-    """`fp8_moe_experts(...)` plus an ungated fp8 shared expert `shared` = (gate_up [2I, D],
-    its scales, down [D, I], its scales) of the routed experts' width: each rounded to the
-    hidden dtype, then added (rounded). Where `fuses_shared` holds, the CUDA GEMV form's two
-    launches; otherwise the reference composition."""
+    """`fp8_moe_experts` plus an ungated fp8 shared expert `shared` = (gate_up [2I, D], scale,
+    down [D, I], scale), each rounded to the hidden dtype before the sum."""
     args = (hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
             topk_ids, block_size)  # fmt: skip
     if fuses_shared(*args, shared):
@@ -89,8 +83,7 @@ def fp8_moe_experts_and_shared(
 
 def fuses_shared(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
                  topk_ids, block_size, shared) -> bool:  # fmt: skip
-    """Whether `fp8_moe_experts_and_shared` runs the shared expert inside the routed experts'
-    GEMV launches: CUDA with triton, no autograd, T k <= E, `moe_kernels.shared_fits`."""
+    """Whether the shared expert runs inside the routed experts' GEMV launches."""
     if not use_triton(hidden_states) or needs_grad(hidden_states):
         return False
     from hyla.ops.fp8 import moe_kernels

@@ -1,17 +1,5 @@
-"""`hyla.ops.moe.grouped.align` in one Triton launch (one program), for the fp8 grouped experts
-of decode-sized batches: the PyTorch form is ~25 small kernels (a scatter-add, cumsums, a sort,
-gathers, a searchsorted), as many launches as the two grouped GEMMs' own work at B = 64.
-
-    counts[e]     histogram of the P expert ids
-    block_start   exclusive cumsum of cdiv(counts, BLOCK_M); pair_start: of counts
-    sorted keys   e * P2 + p ascending (stable within an expert); rank = i - pair_start[e]
-    sorted_pairs  P everywhere, then pair p at block_start[e] * BLOCK_M + rank
-    block_expert  -1 everywhere, e at each block_start[e] of an expert with pairs, then a
-                  running max fills each expert's blocks; blocks past the last stay -1
-
-Same outputs as `align` (its tests compare them). The program writes its own scratch (the two
-starts) and reads it back across threads: `tl.debug_barrier` orders the steps.
-"""
+"""`hyla.ops.moe.grouped.align` in one Triton program instead of ~25 small PyTorch kernels.
+The program reads back scratch it wrote across threads, so `tl.debug_barrier` orders the steps."""
 
 from __future__ import annotations
 
@@ -69,16 +57,13 @@ def _align_kernel(
 
 
 def fits(num_pairs: int, num_experts: int) -> bool:
-    """Whether `align` takes this many pairs and experts (one program)."""
     return 0 < num_pairs <= MAX_PAIRS and num_experts <= MAX_EXPERTS
 
 
 def align(
     topk_ids: torch.Tensor, num_experts: int, block_m: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`hyla.ops.moe.grouped.align(topk_ids, num_experts, block_m)` in one launch: topk_ids
-    [T, k] int in [0, E) -> (sorted_pairs [num_blocks * block_m] int64, block_expert
-    [num_blocks] int64), num_blocks = cdiv(P, block_m) + E. Needs `fits(P, E)`."""
+    """`hyla.ops.moe.grouped.align` (same outputs); needs `fits(P, E)`."""
     flat = topk_ids.reshape(-1)
     P, device = flat.numel(), flat.device
     num_blocks = triton.cdiv(P, block_m) + num_experts

@@ -1,34 +1,5 @@
-"""Triton block-scaled fp8 GEMV and GEMM: the CUDA path of `reference.fp8_linear` (W8A8).
-
-Both take x [M, K] in its float dtype and quantize it inside the kernel, per row and bk
-columns, exactly as `reference.quantize_activation` (`_quantize_groups`: scale = amax / 448,
-values rounded to e4m3 in fp32, round to nearest even), then with W_q [N, K] e4m3 and
-W_s [ceil(N/bn), ceil(K/bk)]:
-
-    for each k-block j (bk columns):
-        acc[m, n] += (sum_k x_q[m, k] W_q[n, k]) * x_s[m, j] * W_s[n // bn, j]   (fp32)
-
-Tiles come from `tiles.pick_linear` (the device's tuned table, else the defaults below) or
-the caller's `GemvConfig` / `GemmConfig`; every config computes the same quantization.
-
-GEMV (`_gemv_kernel`, default up to GEMV_ROWS rows): program (n0, m0, s) owns BLOCK_N output
-columns of BLOCK_M rows (the weight tile is read once for them) and loads DEPTH = G * bk
-columns of its weight rows at a time as a [BLOCK_N, DEPTH] tile; by default one load of the
-whole K <= 2048 (8 KiB of fp8 per program at 4 columns), as the bf16 GEMV of
-`hyla/ops/linear/gemv.py` does. (The first form looped over K in bk = 128 steps of 16 x 128
-bytes with N / 16 programs: ~250 GB/s on the H200, 3.96x bf16's step time;
-bench/results/gpu_fp8_h200.json.)
-
-GEMM (`_gemm_kernel`, more rows): BLOCK_M x BLOCK_N tiles, BLOCK_K = bk, the k-block product on
-fp8 tensor cores (sm_89+ and the interpreter; tf32 before sm_89, exact for e4m3 values); x
-quantized in registers (`fused`, default up to FUSED_ROWS rows: one launch per projection) or
-once by `quantize_rows` (each N-block program would redo it: ALU-bound at prefill sizes).
-
-Split-K (both): split s covers k-steps [s S, (s + 1) S) (whole quantization groups) and writes
-fp32 partials; `_sum_splits_kernel` adds them in split order (deterministic, unlike atomics)
-and rounds once. Edges (K, N not multiples of the block) are masked loads; no host sync:
-capturable.
-"""
+"""Triton block-scaled fp8 GEMV and GEMM (`reference.fp8_linear`), x quantized in the kernel;
+split-K partials summed in split order (deterministic, unlike atomics)."""
 
 from __future__ import annotations
 
@@ -51,12 +22,11 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 @triton.jit
 def _round_e4m3(v):
-    """v (fp32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, in fp32: exact
-    power-of-two steps (the interpreter's direct f32 -> e4m3 conversion mis-rounds across
-    binades), so the result equals torch's `.to(float8_e4m3fn)` and converts exactly."""
+    """v (|v| <= 448) rounded to e4m3, ties to even, in fp32: the interpreter's direct
+    f32 -> e4m3 conversion mis-rounds across binades."""
     bits = v.to(tl.int32, bitcast=True)
-    e = tl.maximum((bits >> 23) & 0xFF, 127 - 6)  # biased exponent; e4m3 normals from 2^-6
-    step = ((e - 3) << 23).to(tl.float32, bitcast=True)  # 2^(exp - 3): 3 mantissa bits
+    e = tl.maximum((bits >> 23) & 0xFF, 127 - 6)  # e4m3 normals from 2^-6
+    step = ((e - 3) << 23).to(tl.float32, bitcast=True)
     inv = ((254 - e + 3) << 23).to(tl.float32, bitcast=True)
     magic = 12582912.0  # 1.5 * 2^23: adding it rounds to an integer, half to even
     r = ((tl.abs(v) * inv + magic) - magic) * step
@@ -65,8 +35,6 @@ def _round_e4m3(v):
 
 @triton.jit
 def _quantize_groups(x, AXIS: tl.constexpr):
-    """x (fp32) with one quantization group along AXIS -> (q: e4m3 values in fp32, scale with
-    AXIS reduced): `reference.quantize_activation` of each group (zeros: scale 1)."""
     amax = tl.max(tl.abs(x), axis=AXIS)
     scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
     v = tl.math.div_rn(x, tl.expand_dims(scale, AXIS))
@@ -87,18 +55,15 @@ def _gemv_kernel(
     BN_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP: tl.constexpr, GROUPS: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
-    # BLOCK_N divides bn: the program's rows share one row of weight scales, which folds into
-    # x with x's own scales (xe = x_q * x_s * W_s per column), leaving a plain [BLOCK_N, DEPTH]
-    # weight tile as in the bf16 GEMV (a [BLOCK_N, G, bk] tile took ~1.5x the registers).
-    # K steps from a constant 0 (split s moves the pointers instead): a runtime lower bound
-    # took 137 -> 215 registers in an sm_90 compile without the launch's alignment hints.
+    # Weight scales fold into x (BLOCK_N divides bn): a [BLOCK_N, G, bk] tile took 1.5x the
+    # registers. Splits move pointers: a runtime loop lower bound cost ~80 registers.
     pid_n, pid_m, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_g = tl.arange(0, GROUPS)
-    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
+    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     depth = tl.arange(0, GROUPS * GROUP)
-    i0 = pid_s * STEPS_SPLIT  # split s: k-steps [i0, i0 + STEPS_SPLIT), pointers moved
+    i0 = pid_s * STEPS_SPLIT
     k_rem = tl.minimum(K - i0 * (GROUPS * GROUP), STEPS_SPLIT * (GROUPS * GROUP))
     x_ptr += i0 * (GROUPS * GROUP)
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + i0 * (GROUPS * GROUP)
@@ -107,25 +72,25 @@ def _gemv_kernel(
     o_ptr += pid_s.to(tl.int64) * stride_os
     if PREFETCH:
         w_next = _w_tile(w_rows, 0, depth, mask_n, k_rem)
-    if BLOCK_M == 1:  # one row: 2-D tiles
+    if BLOCK_M == 1:
         m = pid_m.to(tl.int64)
         acc = tl.zeros([BLOCK_N], tl.float32)
         for i in tl.range(0, tl.cdiv(k_rem, GROUPS * GROUP), num_stages=NUM_STAGES):
             k0 = i * (GROUPS * GROUP)
             k = k0 + cols
             x = tl.load(x_ptr + m * stride_xm + k, mask=k < k_rem, other=0.0).to(tl.float32)
-            xq, xs = _quantize_groups(x, 1)  # [G, C], [G]
+            xq, xs = _quantize_groups(x, 1)
             j = k0 // GROUP + offs_g
             ws = tl.load(ws_row + j, mask=j < num_groups, other=0.0)
             xe = tl.reshape(xq * (xs * ws)[:, None], [GROUPS * GROUP])
-            if PREFETCH:  # the next tile's load goes out before this tile's sums
+            if PREFETCH:
                 w = w_next
                 w_next = _w_tile(w_rows, k0 + GROUPS * GROUP, depth, mask_n, k_rem)
             else:
                 w = _w_tile(w_rows, k0, depth, mask_n, k_rem)
             acc += tl.sum(w.to(tl.float32) * xe[None, :], axis=1)
         tl.store(o_ptr + m * stride_om + offs_n, acc.to(o_ptr.dtype.element_ty), mask=mask_n)
-    else:  # BLOCK_M rows: each weight tile read once for all of them
+    else:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
         x_rows = x_ptr + offs_m.to(tl.int64) * stride_xm
@@ -135,11 +100,11 @@ def _gemv_kernel(
             k = k0 + cols
             x_mask = mask_m[:, None, None] & (k < k_rem)[None, :, :]
             x = tl.load(x_rows[:, None, None] + k[None, :, :], mask=x_mask, other=0.0)
-            xq, xs = _quantize_groups(x.to(tl.float32), 2)  # [M, G, C], [M, G]
+            xq, xs = _quantize_groups(x.to(tl.float32), 2)
             j = k0 // GROUP + offs_g
             ws = tl.load(ws_row + j, mask=j < num_groups, other=0.0)
             xe = tl.reshape(xq * (xs * ws[None, :])[:, :, None], [BLOCK_M, GROUPS * GROUP])
-            if PREFETCH:  # the next tile's load goes out before this tile's sums
+            if PREFETCH:
                 w = w_next
                 w_next = _w_tile(w_rows, k0 + GROUPS * GROUP, depth, mask_n, k_rem)
             else:
@@ -164,8 +129,6 @@ def _gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mask_m, mask_n = offs_m < M, offs_n < N
-    # split s: k-blocks [s J_SPLIT, (s + 1) J_SPLIT), by moving the pointers (a loop from a
-    # runtime lower bound took 127 -> 218 registers for 16 x 32 tiles, same compile as above)
     j0 = pid_s * J_SPLIT
     k_rem = tl.minimum(K - j0 * BLOCK_K, J_SPLIT * BLOCK_K)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + j0 * BLOCK_K
@@ -177,12 +140,12 @@ def _gemm_kernel(
         k = j * BLOCK_K + offs_k
         mask_k = k < k_rem
         a = tl.load(x_rows + k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        if QUANTIZE:  # x in its float dtype: one group per row of the tile
-            a, xs = _quantize_groups(a.to(tl.float32), 1)  # e4m3 values in fp32
+        if QUANTIZE:
+            a, xs = _quantize_groups(a.to(tl.float32), 1)
         else:
             xs = tl.load(xs_rows + j, mask=mask_m, other=0.0)
         b = tl.load(w_rows + k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        if DOT_FP8:  # (a quantized here converts exactly)
+        if DOT_FP8:
             part = tl.dot(a.to(w_ptr.dtype.element_ty), tl.trans(b))
         else:  # before sm_89: e4m3 values are exact in tf32
             part = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
@@ -195,7 +158,6 @@ def _gemm_kernel(
 
 @triton.jit
 def _sum_splits_kernel(p_ptr, o_ptr, SPLITS, SIZE, BLOCK: tl.constexpr):
-    """o[i] = round(sum_s p[s, i]) in split order (deterministic, unlike fp32 atomics)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < SIZE
     acc = tl.zeros([BLOCK], tl.float32)
@@ -209,7 +171,6 @@ def _quantize_rows_kernel(
     x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm,
     GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One (row, group) per program: `_quantize_groups` of one group, stored."""
     m, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = j * GROUP + tl.arange(0, BLOCK)
     mask = (offs < K) & (tl.arange(0, BLOCK) < GROUP)
@@ -221,8 +182,7 @@ def _quantize_rows_kernel(
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size) -> bool:
-    """True when the kernels take the call: x float [..., K], weight fp8 [N, K] (or [E, N, K])
-    with unit-stride rows, float32 scales, bk a power of two in 16 .. 256, one device."""
+    """Whether the kernels take x [..., K], weight [N, K] or [E, N, K] fp8 with these scales."""
     bn, bk = block_size
     return (
         x.dtype in FLOATS
@@ -239,13 +199,12 @@ def supports(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, 
 
 
 def dot_fp8(device: torch.device) -> bool:
-    """fp8 tensor-core dots: sm_89+, and the interpreter (CPU tensors)."""
+    """fp8 tensor-core dots: sm_89+, and the interpreter."""
     return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def quantize_rows(x: torch.Tensor, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.quantize_activation` in one launch: x [..., K] -> (x_q [M, K] fp8,
-    x_s [M, ceil(K/bk)] float32)."""
+    """`reference.quantize_activation`: x [..., K] -> (x_q [M, K] fp8, x_s [M, ceil(K/bk)])."""
     x2 = _rows(x)
     m, k = x2.shape
     q = torch.empty(m, k, dtype=FP8, device=x.device)
@@ -264,13 +223,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def device_name(device: torch.device) -> str:
-    """The name the tuned tables are keyed by (`tiles.TABLES`): the CUDA device's, else the
-    device type."""
+    """The key of `tiles.TABLES`."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def _splits(steps: int, split_k: int) -> tuple[int, int]:
-    """(splits, steps per split) for `steps` k-steps over at most split_k splits, none empty."""
     per = triton.cdiv(steps, max(1, min(split_k, steps)))
     return triton.cdiv(steps, per), per
 
@@ -295,9 +252,7 @@ def fp8_gemv(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size,
     config: GemvConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """x [M, K] float (unit-stride rows) times weight [N, K]^T -> [M, N] in x's dtype, x
-    quantized in the kernel; one program per (config.cols columns, config.rows rows, split);
-    config.split_k > 1 adds the fixed-order sum of the fp32 partials (a second launch)."""
+    """x [M, K] (unit-stride rows) @ weight [N, K]^T -> [M, N] in x's dtype."""
     (m, k), n = x.shape, weight.shape[0]
     bn, bk = block_size
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -305,7 +260,7 @@ def fp8_gemv(
         return out
     c = config or default_linear(1, n, k)
     groups = max(1, min(c.depth, triton.next_power_of_2(k)) // bk)
-    cols = min(c.cols, bn & -bn)  # a power of two dividing bn: one scale row per program
+    cols = min(c.cols, bn & -bn)  # divides bn: one scale row per program
     rows = min(c.rows, triton.next_power_of_2(m))
     splits, per = _splits(triton.cdiv(k, groups * bk), c.split_k)
     part = _partials(splits, out)
@@ -323,10 +278,8 @@ def fp8_gemm(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size,
     config: GemmConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """x [M, K] float (unit-stride rows) times weight [N, K]^T -> [M, N] in x's dtype; x is
-    quantized in the kernel when config.fused (default: M <= FUSED_ROWS), else by one
-    `quantize_rows` launch first; config.split_k > 1 adds the fixed-order sum of the fp32
-    partials (a launch after)."""
+    """`fp8_gemv` for more rows; x is quantized by `quantize_rows` first unless config.fused
+    (default: M <= FUSED_ROWS)."""
     (m, k), n = x.shape, weight.shape[0]
     bn, bk = block_size
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -351,9 +304,7 @@ def fp8_linear(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size,
     config: GemvConfig | GemmConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """`reference.fp8_linear` without bias: x [..., K] -> [..., N] in x's dtype (fp32 sums in
-    another order). `config` (the kernel and its tiles) overrides `tiles.pick_linear`, which
-    reads the device's tuned table."""
+    """`reference.fp8_linear` without bias; `config` overrides `tiles.pick_linear`."""
     x2 = _rows(x)
     (m, k), n = x2.shape, weight.shape[0]
     c = config or pick_linear(m, n, k, device_name(x.device))

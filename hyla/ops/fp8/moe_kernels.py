@@ -1,20 +1,5 @@
-"""fp8 routed experts on CUDA: `reference.fp8_moe_experts` in Triton, activations quantized
-inside the kernels (`kernels._quantize_groups`), no host sync (capturable).
-
-GEMV form (P = T k pairs <= E, decode steps), two launches, experts read in place:
-
-    kernel 1, program (pair p = t k + j, BLOCK_I rows of I), all of D <= 2048 per load:
-        g, u = W_gate[e] q(x_t), W_up[e] q(x_t)  (block-scaled, fp32 sums, rounded to dtype)
-        h[p] = silu(g) * u                      (fp32, rounded to dtype)
-    kernel 2, program (token t, BLOCK_D columns of D), all k slots' tiles at once:
-        out[t] = sum_j w_j * round(W_down[e_j] q(h[t k + j]))   (fp32, rounded once)
-
-Grouped form (more pairs: B >= 9 at k = 4, E = 32): pairs sorted by expert on the device
-(`align_kernel.align`, one launch; `hyla.ops.moe.grouped.align` past its size), each BLOCK_M
-run of one expert's pairs as fp8 tensor-core GEMMs (gate/up with silu * up fused, then down
-with the routing weight), so each expert's weights are read once per block, not once per pair;
-then the k rows of a token are summed in fp32.
-"""
+"""Triton `reference.fp8_moe_experts`, no host sync: two GEMV launches for T k <= E, else grouped
+GEMMs over pairs sorted by expert (each expert's weights read once per block)."""
 
 from __future__ import annotations
 
@@ -35,9 +20,7 @@ def _gate_up_gemv_kernel(
     TOPK: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_I: tl.constexpr,
     GROUP: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
-    # BLOCK_I divides bn: the program's gate rows share one scale row (and its up rows another),
-    # folded into x with x's scales as in `kernels._gemv_kernel`
-    # programs p < P: pair p; p >= P: token p - P through the shared expert (sw_ptr, ss_ptr)
+    # programs p >= P: token p - P through the shared expert (sw_ptr, ss_ptr)
     p = tl.program_id(0).to(tl.int64)
     routed = p < P
     t = tl.where(routed, p // TOPK, p - P)
@@ -46,7 +29,7 @@ def _gate_up_gemv_kernel(
     offs_i = i0 + tl.arange(0, BLOCK_I)
     mask_i = offs_i < I
     offs_g = tl.arange(0, GROUPS)
-    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
+    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     depth = tl.arange(0, GROUPS * GROUP)
     w_gate = (
         tl.where(routed, w_ptr + e * stride_we, sw_ptr) + offs_i[:, None].to(tl.int64) * stride_wr
@@ -89,9 +72,8 @@ def _down_gemv_kernel(
     TOPK: tl.constexpr, BLOCK_K: tl.constexpr, BN_SCALE: tl.constexpr, BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr, GROUPS: tl.constexpr, SHARED: tl.constexpr,
 ):  # fmt: skip
-    # BLOCK_D divides bn: per slot, the program's columns share one scale row, folded into h
     t = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_K)  # the token's k slots
+    offs_s = tl.arange(0, BLOCK_K)
     mask_s = offs_s < TOPK
     ids = tl.load(ids_ptr + t * TOPK + offs_s, mask=mask_s, other=0).to(tl.int64)
     wts = tl.load(wts_ptr + t * TOPK + offs_s, mask=mask_s, other=0.0).to(tl.float32)
@@ -99,9 +81,8 @@ def _down_gemv_kernel(
     offs_d = d0 + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     offs_g = tl.arange(0, GROUPS)
-    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [G, C]
+    cols = offs_g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     depth = tl.arange(0, GROUPS * GROUP)
-    # [slot, column] rows of every slot's expert, all loaded at once
     w_rows = w_ptr + ids[:, None] * stride_we + offs_d[None, :].to(tl.int64) * stride_wr
     s_rows = ws_ptr + ids * stride_wse + (d0 // BN_SCALE).to(tl.int64) * stride_wsr
     h_rows = h_ptr + (t * TOPK + offs_s) * stride_hp
@@ -111,7 +92,7 @@ def _down_gemv_kernel(
         k = k0 + cols
         h_mask = mask_s[:, None, None] & (k < I)[None, :, :]
         h = tl.load(h_rows[:, None, None] + k[None, :, :], mask=h_mask, other=0.0)
-        hq, hs = _quantize_groups(h.to(tl.float32), 2)  # [S, G, C], [S, G]
+        hq, hs = _quantize_groups(h.to(tl.float32), 2)
         j = k0 // GROUP + offs_g
         s_mask = mask_s[:, None] & (j < num_groups)[None, :]
         ws = tl.load(s_rows[:, None] + j[None, :], mask=s_mask, other=0.0)
@@ -123,7 +104,7 @@ def _down_gemv_kernel(
     dtype = out_ptr.dtype.element_ty
     terms = acc.to(dtype).to(tl.float32) * wts[:, None]
     out = tl.sum(terms, axis=0).to(dtype)
-    if SHARED:  # + the shared expert (h row P + t), rounded, then the add rounded
+    if SHARED:
         s_row = ss_ptr + (d0 // BN_SCALE).to(tl.int64) * stride_wsr
         sw_rows = sw_ptr + offs_d[:, None].to(tl.int64) * stride_wr
         acc_s = tl.zeros([BLOCK_D], tl.float32)
@@ -150,7 +131,6 @@ def _gate_up_grouped_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr,
     QUANTIZE: tl.constexpr,
 ):  # fmt: skip
-    # QUANTIZE: x in its float dtype, quantized here; else x_q (e4m3) and its scales xs_ptr
     block = tl.program_id(0)
     e = tl.load(block_expert_ptr + block).to(tl.int64)
     if e < 0:
@@ -179,7 +159,7 @@ def _gate_up_grouped_kernel(
         wg = tl.load(w_gate + k[None, :], mask=w_mask, other=0.0)
         wu = tl.load(w_up + k[None, :], mask=w_mask, other=0.0)
         if DOT_FP8:
-            a8 = aq.to(w_ptr.dtype.element_ty)  # exact: aq holds e4m3 values
+            a8 = aq.to(w_ptr.dtype.element_ty)
             pg, pu = tl.dot(a8, tl.trans(wg)), tl.dot(a8, tl.trans(wu))
         else:
             pg = tl.dot(aq, tl.trans(wg.to(tl.float32)))
@@ -205,7 +185,6 @@ def _down_grouped_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP8: tl.constexpr,
     QUANTIZE: tl.constexpr, OUT_DTYPE: tl.constexpr,
 ):  # fmt: skip
-    # QUANTIZE: h in its float dtype, quantized here; else h_q (e4m3) and its scales hs_ptr
     block = tl.program_id(0)
     e = tl.load(block_expert_ptr + block).to(tl.int64)
     if e < 0:
@@ -246,14 +225,11 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
 
 
 def gemv_form(num_tokens: int, top_k: int, num_experts: int) -> bool:
-    """Whether the two-launch GEMV form runs (P = T k <= E): each pair reads its expert once;
-    beyond, experts shared by several pairs are read once per block by the grouped form."""
     return num_tokens * top_k <= num_experts
 
 
 def supports(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights,
              topk_ids, block_size) -> bool:  # fmt: skip
-    """True when both products fit the kernels (see `kernels.supports`)."""
     return kernels.supports(hidden_states, gate_up_proj, gate_up_scale, block_size) and (
         kernels.supports(
             hidden_states.new_empty(0, down_proj.shape[-1]), down_proj, down_scale, block_size
@@ -271,7 +247,7 @@ def _gemv(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, block
     inter, (bn, bk) = down_proj.shape[2], block
     s_gu, s_gus, s_dn, s_dns = shared or (gate_up_proj, gate_up_scale, down_proj, down_scale)
     h = x.new_empty(num_pairs + (num_tokens if shared else 0), inter)
-    rows, cols = min(t.gate_rows, bn & -bn), min(t.down_cols, bn & -bn)  # dividing bn
+    rows, cols = min(t.gate_rows, bn & -bn), min(t.down_cols, bn & -bn)
     _gate_up_gemv_kernel[(h.shape[0], triton.cdiv(inter, rows))](
         x, gate_up_proj, gate_up_scale, s_gu, s_gus, ids, h, num_pairs, dim, inter,
         triton.cdiv(inter, bn),
@@ -330,9 +306,7 @@ def _grouped(x, gate_up_proj, gate_up_scale, down_proj, down_scale, wts, ids, bl
 def fp8_moe_experts(hidden_states, gate_up_proj, gate_up_scale, down_proj, down_scale,
                     topk_weights, topk_ids, block_size, tiles: MoeTiles | None = None,
                     grouped: bool | None = None) -> torch.Tensor:  # fmt: skip
-    """`reference.fp8_moe_experts` (same arguments and result up to fp32 summation order);
-    `grouped` forces a form (default: `gemv_form`), `tiles` overrides `tiles.pick_moe` (the
-    device's tuned table, else MoeTiles())."""
+    """`reference.fp8_moe_experts`; `grouped` forces a form, `tiles` overrides `tiles.pick_moe`."""
     num_tokens, topk = topk_ids.shape
     if topk_ids.numel() == 0:
         return torch.zeros_like(hidden_states)
@@ -351,9 +325,7 @@ def _pick(x: torch.Tensor, topk_ids: torch.Tensor, down_proj: torch.Tensor) -> M
 
 
 def shared_fits(gate_up_proj, gate_up_scale, down_proj, down_scale, shared) -> bool:
-    """Whether the GEMV form can run a shared expert `shared` = (gate_up [2I, D] fp8, its scales,
-    down [D, I] fp8, its scales) in its own launches: the routed experts' width, dtypes, row
-    strides and scale layouts (one block size; I a multiple of bn), one device."""
+    """Whether `shared` has the routed experts' shapes, dtypes, strides and device."""
     s_gu, s_gus, s_dn, s_dns = shared
     return (
         s_gu.shape == gate_up_proj.shape[1:] and s_dn.shape == down_proj.shape[1:]
@@ -370,10 +342,7 @@ def shared_fits(gate_up_proj, gate_up_scale, down_proj, down_scale, shared) -> b
 def fp8_moe_experts_and_shared(hidden_states, gate_up_proj, gate_up_scale, down_proj,
                                down_scale, topk_weights, topk_ids, block_size, shared,
                                tiles: MoeTiles | None = None) -> torch.Tensor:  # fmt: skip
-    """`fp8_moe_experts(...)` + the shared expert `shared` (see `shared_fits`) in the GEMV
-    form's two launches: round(routed + round(down_s(round(silu(g_s) * u_s)))), with g_s, u_s
-    the shared gate/up products rounded to the hidden dtype. Needs `gemv_form` and
-    `shared_fits`."""
+    """`fp8_moe_experts` + the shared expert in the GEMV launches; needs `shared_fits`."""
     x = hidden_states if hidden_states.stride(-1) == 1 else hidden_states.contiguous()
     tiles = tiles or _pick(x, topk_ids, down_proj)
     args = (x, gate_up_proj, gate_up_scale, down_proj, down_scale, topk_weights.contiguous(),

@@ -1,14 +1,5 @@
-"""Tile configs of the fp8 kernels (`kernels.py`, `moe_kernels.py`): one frozen dataclass per
-kernel and one pick function per kernel. Tiles are tuning only: every config computes the same
-quantization (x per row and bk columns, as `reference.quantize_activation`) and differs from
-another by the order of its fp32 sums at most.
-
-A pick reads the measured table of its device first: `tuned_*.json` beside this file, each
-{"device": torch.cuda.get_device_name(), "linear": {key: config}, "moe": {key: config}}, written
-by `bench/gpu_fp8_sweep.py --write-table` and keyed by (row bucket, shape); a shape or device
-the tables do not hold gets the defaults (the picks before the sweep). Loaded once at import
-into read-only mappings; several files of one device merge (e.g. tuned_h200.json for the 1.5B
-model's shapes, tuned_h200_big.json for the 30B model's)."""
+"""fp8 kernel tiles (tuning only) and their picks: the device's `tuned_*.json` beside this file
+(bench/gpu_fp8_sweep.py --write-table), else the defaults."""
 
 from __future__ import annotations
 
@@ -19,7 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 ROW_BUCKETS = (1, 4, 16, 64)  # rows the sweep measures; a call takes the next bucket up
-GEMV_ROWS = 4  # rows up to which the default pick is the GEMV
+GEMV_ROWS = 4
 FUSED_ROWS = 64  # rows up to which the GEMM quantizes x in registers
 
 
@@ -35,12 +26,7 @@ def _at_least(name: str, value: int, lo: int) -> None:
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """`kernels.fp8_gemv`: program (columns, rows, split) owns `cols` output columns (narrowed
-    to a power of two dividing bn) of `rows` rows of x (the weight tile is read once for them),
-    loads `depth` columns of K at a time (clamped to K) in a loop over 1 / `split_k` of K
-    (split_k > 1: fp32 partials summed in a fixed order by a second launch). The loop's weight
-    loads overlap its sums by `stages` (Triton's software pipelining: cp.async into shared
-    memory) or `prefetch` (the next tile loaded into registers first)."""
+    """`kernels.fp8_gemv` tiles (`depth`: K per load; `prefetch`: the next tile into registers)."""
 
     cols: int = 4
     depth: int = 2048
@@ -61,11 +47,7 @@ class GemvConfig:
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """`kernels.fp8_gemm`: block_m x block_n output tiles, BLOCK_K = bk (one scale per k-step),
-    K split over `split_k` programs (fp32 partials summed by a second launch), `warps`,
-    `stages` (software pipelining of the k loop); `fused`: x quantized in the kernel's
-    registers (one launch, but every N-block program quantizes its rows again), else once by
-    `kernels.quantize_rows` (a launch before)."""
+    """`kernels.fp8_gemm` tiles; `fused`: x quantized in registers by every N-block program."""
 
     block_m: int = 64
     block_n: int = 128
@@ -84,13 +66,7 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class MoeTiles:
-    """`moe_kernels.fp8_moe_experts`. GEMV form: `gate_rows` rows of I per gate/up program with
-    `depth` columns of D per load and `gate_warps`; `down_cols` columns of D per down program
-    with `down_depth` of I per load and `down_warps`. Grouped form: `block_m` pairs per block
-    (64 past 1024 pairs), `block_n` output rows per program, `grouped_warps`, `grouped_stages`;
-    `grouped_fused`: activations quantized in the GEMMs' registers (each N-block program again),
-    else once per row by `kernels.quantize_rows` (a launch before each GEMM). Register counts
-    for sm_90: `python3 -m tests.gpu.test_fp8_compile_sm90`."""
+    """`moe_kernels.fp8_moe_experts` tiles: gate_*/down_* GEMV form, block_*/grouped_* grouped."""
 
     gate_rows: int = 4
     depth: int = 2048
@@ -117,7 +93,6 @@ class MoeTiles:
 
 
 def row_bucket(rows: int) -> int | None:
-    """The smallest ROW_BUCKETS entry >= rows (None beyond the last: defaults)."""
     return next((b for b in ROW_BUCKETS if rows <= b), None)
 
 
@@ -135,7 +110,6 @@ def config_to_json(config: GemvConfig | GemmConfig | MoeTiles) -> dict[str, Any]
 
 
 def config_from_json(entry: dict[str, Any]) -> GemvConfig | GemmConfig | MoeTiles:
-    """A table entry {"kernel": "gemv" | "gemm" | "moe", field: value, ...} -> its config."""
     cls = {"gemv": GemvConfig, "gemm": GemmConfig, "moe": MoeTiles}.get(entry.get("kernel"))
     if cls is None:
         raise ValueError(f"tuned table entry {entry}: kernel must be gemv, gemm or moe")
@@ -150,7 +124,6 @@ def table_json(
     device: str, linear: dict[str, GemvConfig | GemmConfig], moe: dict[str, MoeTiles],
     source: str,
 ) -> dict[str, Any]:  # fmt: skip
-    """A tuned table as `load_tables` reads it (keys: `linear_key`, `moe_key`)."""
     return {
         "device": device,
         "source": source,
@@ -159,12 +132,11 @@ def table_json(
     }
 
 
-PARTS = {"linear": (GemvConfig, GemmConfig), "moe": (MoeTiles,)}  # a table's parts: their kinds
+PARTS = {"linear": (GemvConfig, GemmConfig), "moe": (MoeTiles,)}
 
 
 def load_tables(folder: Path) -> MappingProxyType:
-    """{device name: {"linear": {key: config}, "moe": {key: config}}} from folder/tuned_*.json
-    (read-only mappings); files of one device merge, in name order (a later key wins)."""
+    """{device: {"linear": {key: config}, "moe": {...}}}; a device's files merge in name order."""
     tables: dict[str, dict[str, dict]] = {}
     for path in sorted(folder.glob("tuned_*.json")):
         raw = json.loads(path.read_text())
@@ -191,11 +163,7 @@ TABLES = load_tables(Path(__file__).parent)
 
 
 def default_linear(rows: int, out_features: int, in_features: int) -> GemvConfig | GemmConfig:
-    """The picks before the sweep. GEMV up to GEMV_ROWS rows: 4 columns per program (2 below
-    512 outputs, so that small projections still spread over the SMs), all of K <= 2048 per
-    load. GEMM: BLOCK_M the rows rounded up to a power of two (16 .. 64), BLOCK_N the widest of
-    128 / 64 that still gives >= 132 programs (one per H200 SM), else 32; x quantized in the
-    kernel up to FUSED_ROWS rows."""
+    """Pre-sweep picks: narrower tiles where wide ones leave some of the H200's 132 SMs idle."""
     if rows <= GEMV_ROWS:
         return GemvConfig(cols=4 if out_features >= 512 else 2)
     block_m = min(64, max(16, 1 << (rows - 1).bit_length()))
@@ -208,8 +176,6 @@ def pick_linear(
     rows: int, out_features: int, in_features: int, device_name: str | None = None,
     tables: MappingProxyType = TABLES,
 ) -> GemvConfig | GemmConfig:  # fmt: skip
-    """The kernel and tiles of an [rows, in_features] x [out_features, in_features]^T product:
-    the device's table entry for (row bucket, N, K), else `default_linear`."""
     table = tables.get(device_name, {}).get("linear", {})
     found = table.get(linear_key(rows, out_features, in_features))
     return found or default_linear(rows, out_features, in_features)
@@ -219,7 +185,5 @@ def pick_moe(
     tokens: int, num_experts: int, top_k: int, inter: int, dim: int,
     device_name: str | None = None, tables: MappingProxyType = TABLES,
 ) -> MoeTiles:  # fmt: skip
-    """The experts' tiles for `tokens` tokens over E experts (top k, I, D): the device's table
-    entry, else MoeTiles()."""
     table = tables.get(device_name, {}).get("moe", {})
     return table.get(moe_key(tokens, num_experts, top_k, inter, dim)) or MoeTiles()

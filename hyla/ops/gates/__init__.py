@@ -1,7 +1,5 @@
-"""Fused gates of the delta-rule mixers: g (log-space decay, fp32) and beta = sigmoid(b) in one
-kernel instead of a chain of ~9 elementwise ones. See `reference.py` for the math; CUDA tensors
-go to the Triton kernels of `kernels.py` (imported on first use, so CPU installs never import
-triton), everything else, and anything that needs autograd, to the reference."""
+"""Fused gates of the delta-rule mixers: g (log-space decay, fp32) and beta = sigmoid(b)
+(`reference.py`); CUDA tensors outside autograd take the Triton kernels."""
 
 from __future__ import annotations
 
@@ -20,9 +18,7 @@ def _use_kernel(*tensors: torch.Tensor) -> bool:
 def kda_gates(
     f_b_out: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA's forget gate and beta: f_b_out [T, HV*K], dt_bias [HV*K], A_log [HV] (any shape of
-    HV elements), b [T, HV] -> (g [T, HV, K] fp32, beta [T, HV] in b's dtype);
-    see `reference.kda_gates`."""
+    """KDA's forget gate and beta (`reference.kda_gates`)."""
     if _use_kernel(f_b_out, dt_bias, A_log, b):
         from hyla.ops.gates import kernels
 
@@ -37,8 +33,7 @@ def kda_gates_bounded(
     b: torch.Tensor,
     lower_bound: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`kda_gates` with the lower-bounded decay (`reference.kda_log_decay_bounded`): the same
-    kernel on CUDA, with its bounded branch."""
+    """`kda_gates` with the lower-bounded decay (`reference.kda_log_decay_bounded`)."""
     if _use_kernel(f_b_out, dt_bias, A_log, b):
         from hyla.ops.gates import kernels
 
@@ -49,8 +44,7 @@ def kda_gates_bounded(
 def gdn_gates(
     a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gated DeltaNet's decay and beta: a, b [T, HV], A_log, dt_bias [HV] -> (g [T, HV] fp32,
-    beta [T, HV] in b's dtype); see `reference.gdn_gates`."""
+    """Gated DeltaNet's decay and beta (`reference.gdn_gates`)."""
     if _use_kernel(a, b, A_log, dt_bias):
         from hyla.ops.gates import kernels
 

@@ -1,14 +1,6 @@
-"""Triton kernels for the gates of `reference.py`: one launch computes g and beta.
-
-Numerics follow the reference step by step in fp32 (inputs upcast, raw = f + dt_bias rounded
-once, the same softplus formula, g = -exp(A_log) * softplus, beta = 1 / (1 + exp(-b)) in fp32
-rounded once to b's dtype, as torch's sigmoid does). Compiled, exp / log / log1p are libdevice's
-(the functions torch's CUDA kernels call, not Triton's approximate `ex2` / `lg2`) and the
-division is IEEE `div_rn`; under TRITON_INTERPRET=1, where libdevice is unavailable, `tl.exp` /
-`tl.log` (numpy) and log1p via Goldberg's `log(u) * x / (u - 1)`. The grid depends on shapes
-only (no host sync), so both launch inside a CUDA graph. Imports triton at module level;
-`hyla.ops.gates` imports this module only for CUDA tensors.
-"""
+"""Triton gates of `reference.py`, one launch for g and beta, following the reference in fp32.
+exp / log / log1p are libdevice's (what torch's CUDA kernels call, not Triton's approximate
+`ex2` / `lg2`), division IEEE `div_rn`; the interpreter has no libdevice and uses `tl.exp`."""
 
 from __future__ import annotations
 
@@ -19,12 +11,11 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-MAX_KDA_CHANNELS = 16384  # HV * K handled by one program (a token row)
-GDN_BLOCK_ELEMENTS = 1024  # [BLOCK_T, BLOCK_H] tile of the Gated DeltaNet kernel
+MAX_KDA_CHANNELS = 16384  # HV * K of one program
+GDN_BLOCK_ELEMENTS = 1024
 
 
 def _precise() -> bool:
-    """libdevice math when compiling; the interpreter cannot call extern functions."""
     return os.environ.get("TRITON_INTERPRET") != "1"
 
 
@@ -77,16 +68,13 @@ def _kda_gates_kernel(
     PRECISE: tl.constexpr,
     BOUNDED: tl.constexpr,
 ):
-    """One program per token t: g[t] = -exp(A_log[c // K]) * softplus(f[t, c] + dt_bias[c]) for
-    the HV * K channels c (BOUNDED: lower_bound * sigmoid(exp(A_log[c // K]) * raw)), and
-    beta[t] = sigmoid(b[t]) for the HV heads."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_C)
     mask = cols < HV * K
     f = tl.load(f_ptr + t * stride_f + cols, mask=mask, other=0.0).to(tl.float32)
     raw = f + tl.load(dt_bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     a_log = tl.load(a_log_ptr + cols // K, mask=mask, other=0.0).to(tl.float32)
-    if BOUNDED:  # Glm5NextTextForgetGate
+    if BOUNDED:
         g = lower_bound * _sigmoid(_exp(a_log, PRECISE) * raw, PRECISE)
     else:
         # log(1 + exp(x)), not log1p: the rounding of KimiLinearForgetGate
@@ -118,15 +106,13 @@ def _gdn_gates_kernel(
     BLOCK_H: tl.constexpr,
     PRECISE: tl.constexpr,
 ):
-    """One program per BLOCK_T tokens: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
-    on a [BLOCK_T, BLOCK_H] tile."""
     rows = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)[:, None]
     heads = tl.arange(0, BLOCK_H)[None, :]
     mask = (rows < T) & (heads < HV)
     a = tl.load(a_ptr + rows * stride_a_t + heads * stride_a_h, mask=mask, other=0.0)
     dt_bias = tl.load(dt_bias_ptr + heads, mask=heads < HV, other=0.0).to(tl.float32)
     x = a.to(tl.float32) + dt_bias
-    softplus = tl.where(x > 20.0, x, _log1p(_exp(x, PRECISE), PRECISE))  # F.softplus
+    softplus = tl.where(x > 20.0, x, _log1p(_exp(x, PRECISE), PRECISE))
     a_log = tl.load(a_log_ptr + heads, mask=heads < HV, other=0.0).to(tl.float32)
     tl.store(g_ptr + rows * HV + heads, -_exp(a_log, PRECISE) * softplus, mask=mask)
     b = tl.load(b_ptr + rows * stride_b_t + heads * stride_b_h, mask=mask, other=0.0)
@@ -146,11 +132,8 @@ def kda_gates(
     b: torch.Tensor,
     lower_bound: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.kda_gates` in one launch (with `lower_bound`: the bounded decay of
-    `reference.kda_log_decay_bounded`). f_b_out [T, HV*K] any float dtype; dt_bias [HV*K];
-    A_log: HV elements (the stored [1, 1, HV, 1]); b [T, HV] -> (g [T, HV, K] fp32 contiguous,
-    beta [T, HV] in b's dtype, contiguous). Raises ValueError on inconsistent shapes or
-    HV * K > MAX_KDA_CHANNELS. Source: Kimi-Linear `KimiDeltaAttention` (fla's kda gate)."""
+    """`reference.kda_gates` in one launch (`lower_bound`: `kda_log_decay_bounded`).
+    Raises ValueError on inconsistent shapes or HV * K > MAX_KDA_CHANNELS."""
     T, num_heads = b.shape
     channels = f_b_out.shape[-1]
     _check(f_b_out.dim() == 2 and f_b_out.shape[0] == T, "f_b_out must be [T, HV*K]")
@@ -189,10 +172,8 @@ def kda_gates(
 def gdn_gates(
     a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.gdn_gates` in one launch. a, b [T, HV] any float dtype and strides; A_log,
-    dt_bias [HV] -> (g [T, HV] fp32, beta [T, HV] in b's dtype), both contiguous. Raises
-    ValueError on inconsistent shapes or HV > GDN_BLOCK_ELEMENTS. Source: Qwen3-Next
-    `Qwen3NextGatedDeltaNet`."""
+    """`reference.gdn_gates` in one launch. Raises ValueError on inconsistent shapes or
+    HV > GDN_BLOCK_ELEMENTS."""
     _check(a.dim() == 2 and a.shape == b.shape, "a and b must both be [T, HV]")
     T, num_heads = a.shape
     _check(A_log.numel() == num_heads and dt_bias.numel() == num_heads, "A_log, dt_bias: [HV]")

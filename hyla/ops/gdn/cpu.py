@@ -1,6 +1,4 @@
-"""Gated DeltaNet on the vectorized KDA path (`hyla.ops.kda.cpu`): the scalar decay per head is
-broadcast over K, exactly as `reference.py` does onto the KDA reference. Same signatures and
-results as `reference.py` (tests/ops/test_gdn.py holds them together)."""
+"""Gated DeltaNet on the vectorized KDA path (`hyla.ops.kda.cpu`), the decay broadcast over K."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ def recurrent_gated_delta_rule(
     *,
     inplace_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.recurrent_gated_delta_rule`, all sequences stepped together. g: [T, HV];
-    `inplace_state` as in `hyla.ops.kda.cpu.recurrent_kda`."""
+    """`reference.recurrent_gated_delta_rule`, all sequences stepped together; g: [T, HV]."""
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=2)
     g = _per_channel(g, q.shape[-1])
     return kda.recurrent_kda(
@@ -61,13 +58,7 @@ def chunk_gated_delta_rule(
     state_boundaries: Sequence[Sequence[int]] | None = None,
     boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.chunk_gated_delta_rule`, all sequences' chunks batched. g: [T, HV];
-    `inplace_state`, `cu_seqlens_cpu` (unused), `state_boundaries` and `boundary_states` as in
-    `hyla.ops.kda.cpu.chunk_kda`.
-
-    Raises:
-        ValueError: inconsistent shapes, or chunk_size < 1.
-    """
+    """`reference.chunk_gated_delta_rule`, all chunks batched; g: [T, HV]."""
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=2)
     g = _per_channel(g, q.shape[-1])
     return kda.chunk_kda(

@@ -1,7 +1,5 @@
-"""Paged causal grouped-query attention over a packed varlen batch. See `reference.py`;
-`bounded.py` is the same attention with the lengths on the device (captured decode steps);
-`kernels.py` is one FlashAttention-style Triton launch (imported on first use), which
-`paged_gqa` takes for CUDA tensors outside autograd."""
+"""Paged causal grouped-query attention over a packed varlen batch (`reference.py`); `bounded.py`
+takes the lengths on the device (captured decode steps), `kernels.py` is the Triton launch."""
 
 from __future__ import annotations
 
@@ -27,9 +25,8 @@ def paged_gqa(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`reference.paged_gqa` (see there for shapes): `kernels.paged_gqa` for CUDA tensors of a
-    float cache, which also takes `seq_lens` as an [N] device tensor (the reference needs host
-    ints); an fp8 cache (`k_scale`/`v_scale`) goes to the reference."""
+    """`reference.paged_gqa`; `seq_lens` may be an [N] device tensor. An fp8 cache always takes
+    the reference."""
     if use_triton(q) and k_scale is None and not needs_grad(q, k_cache, v_cache):
         from hyla.ops.gqa import kernels
 

@@ -1,20 +1,6 @@
-"""`reference.paged_gqa` as one FlashAttention-style Triton launch: causal, varlen queries (prefill
-chunks and decodes mixed), keys and values read in place through the block tables, GQA (query
-head h reads kv head h // (H / HKV)), online softmax in fp32.
-
-    tiles      each sequence's query rows cut into tiles of BLOCK_M; tile -> sequence found on
-               the device (as `moe.grouped.align`): the grid is cdiv(T, BLOCK_M) + N tiles by H
-               heads whatever the lengths, and nothing is read back to the host
-    program    one (tile, query head): for key blocks 0 .. the tile's last position, scores
-               q k^T * scale, masked to key position <= query position (positions past the
-               sequence never loaded: their slots may hold anything, NaN included), running
-               max / sum, acc += p v; out = acc / sum; a key width that is not a power of
-               two is two dots (MLA's 192 = 128 + 64, `key_blocks`)
-
-The reference rounds the scores and probabilities to q's dtype around an fp32 softmax; here they
-stay in fp32 (agreement to bf16 rounding). Imports triton at module level: `hyla.ops.gqa`
-imports this module where it runs.
-"""
+"""`reference.paged_gqa` as one FlashAttention-style Triton launch over query tiles, mapped to
+sequences on the device (grid cdiv(T, BLOCK_M) + N by H, no host read). Scores stay in fp32
+where the reference rounds them to q's dtype."""
 
 from __future__ import annotations
 
@@ -25,7 +11,7 @@ import triton
 import triton.language as tl
 
 BLOCK_M = 64
-SPLIT_KEYS = True  # key widths that are not a power of two as two dots (`key_blocks`)
+SPLIT_KEYS = True
 LOG2E = 1.4426950408889634
 
 
@@ -50,7 +36,7 @@ def _paged_gqa_kernel(
     seq_len = tl.load(lens_ptr + seq).to(tl.int64)
     local = tl.load(tile_idx_ptr + tile).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = local < q_len
-    q_pos = tl.where(row_ok, seq_len - q_len + local, seq_len - 1)  # spare rows: any valid pos
+    q_pos = tl.where(row_ok, seq_len - q_len + local, seq_len - 1)
     rows = start + local
     dk = tl.arange(0, BLOCK_DK)
     dv = tl.arange(0, BLOCK_DV)
@@ -58,7 +44,7 @@ def _paged_gqa_kernel(
         q_ptr + rows[:, None] * stride_qt + head * stride_qh + dk[None, :] * stride_qd,
         mask=row_ok[:, None] & (dk < DK)[None, :], other=0.0,
     )  # fmt: skip
-    if BLOCK_DK2 > 0:  # key channels BLOCK_DK .. DK - 1 as a second, narrower dot
+    if BLOCK_DK2 > 0:
         dk2 = BLOCK_DK + tl.arange(0, BLOCK_DK2)
         q2 = tl.load(
             q_ptr + rows[:, None] * stride_qt + head * stride_qh + dk2[None, :] * stride_qd,
@@ -67,7 +53,7 @@ def _paged_gqa_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_DV), dtype=tl.float32)
-    end = tl.max(tl.where(row_ok, q_pos, 0), axis=0) + 1  # keys past the tile's last position
+    end = tl.max(tl.where(row_ok, q_pos, 0), axis=0) + 1
     table = tables_ptr + seq * stride_bt
     for n0 in range(0, end, BLOCK_N):
         k_pos = n0 + tl.arange(0, BLOCK_N)
@@ -122,9 +108,8 @@ def _paged_gqa_kernel(
 
 
 def key_blocks(dk: int, split: bool = True) -> tuple[int, int]:
-    """(BLOCK_DK, BLOCK_DK2): a key width that is not a power of two (MLA's Dn + Dr = 192) as
-    two dots, the largest power of two below it and the rest padded (128 + 64, not 256 with a
-    quarter of zeros); BLOCK_DK2 = 0 for one dot (a power of two, under 32, or `split` off)."""
+    """(BLOCK_DK, BLOCK_DK2): a non-power-of-two key width as two dots (MLA 192 = 128 + 64, not
+    256 with a quarter of zeros); BLOCK_DK2 = 0 for one dot."""
     whole = max(16, triton.next_power_of_2(dk))
     low = whole // 2
     if not split or whole == dk or low < 16:
@@ -133,8 +118,7 @@ def key_blocks(dk: int, split: bool = True) -> tuple[int, int]:
 
 
 def query_tiles(cu_seqlens: torch.Tensor, num_rows: int, block_m: int = BLOCK_M):
-    """(tile_seq, tile_idx) [cdiv(T, block_m) + N] int64 on cu_seqlens' device: the sequence and
-    the index within it of each query tile; tiles past the last one get sequence N."""
+    """(tile_seq, tile_idx) [cdiv(T, block_m) + N] of each query tile; spare tiles get seq N."""
     N = cu_seqlens.numel() - 1
     q_lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     tiles = (q_lens + block_m - 1) // block_m
@@ -155,13 +139,7 @@ def paged_gqa(
     seq_lens: Sequence[int] | torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """`reference.paged_gqa` in one Triton launch (CUDA, or TRITON_INTERPRET=1 on CPU tensors).
-
-    Args: as the reference; `seq_lens` may also be an [N] int device tensor (then no host list
-        is copied over; nothing is read back either way).
-    Returns: [T, H, V] in q's dtype.
-    Raises: ValueError when H is not a multiple of HKV.
-    """
+    """`reference.paged_gqa` in one Triton launch; `seq_lens` may be an [N] device tensor."""
     T, H, DK = q.shape
     HKV, DV = k_cache.shape[2], v_cache.shape[-1]
     if H % HKV:
@@ -172,7 +150,6 @@ def paged_gqa(
         return out
     if not isinstance(seq_lens, torch.Tensor):
         seq_lens = torch.tensor(list(seq_lens), dtype=torch.int32).to(q.device, non_blocking=True)
-    # read with unit column / element strides by the kernel (no-ops when already so)
     block_tables, cu_seqlens, seq_lens = (
         t.contiguous() for t in (block_tables, cu_seqlens, seq_lens)
     )

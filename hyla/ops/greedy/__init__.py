@@ -1,6 +1,4 @@
-"""Greedy decoding's token and logprob per row (`reference.py`, the definition); CUDA logits go
-to the one-pass Triton kernel of `kernels.py` (imported on first use, so CPU installs never
-import triton)."""
+"""Greedy token and logprob per row; CUDA logits take the Triton kernel (imported lazily)."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ __all__ = ["greedy_logprobs"]
 
 
 def greedy_logprobs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.greedy_logprobs`: logits [n, V] float32 -> (tokens [n] int64, logprobs [n]
-    float32); errors as there."""
+    """logits [n, V] float32 -> (tokens [n] int64, logprobs [n] float32)."""
     if use_triton(logits) and logits.dim() == 2 and logits.stride(-1) == 1:
         from hyla.ops.greedy import kernels
 

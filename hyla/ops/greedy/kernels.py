@@ -1,8 +1,5 @@
-"""Triton `reference.greedy_logprobs`: one program per row walks the vocabulary once, keeping the
-running maximum, the first index reaching it and the sum of exp(x - max) rescaled as the maximum
-grows (the online softmax of Milakov & Gimelshein 2018), instead of a log_softmax kernel writing
-[n, V] floats, an argmax kernel and a gather. The logprob is -log(sum): the same value as the
-reference up to the order of the fp32 sum (a few ulp). Imports triton at module level."""
+"""Triton `reference.greedy_logprobs`: one online-softmax pass per row (Milakov & Gimelshein 2018);
+matches the reference up to the order of the fp32 sum (a few ulp)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 4096  # vocabulary entries per load
+BLOCK = 4096
 
 
 @triton.jit
@@ -42,10 +39,7 @@ def _greedy_kernel(x_ptr, tok_ptr, lp_ptr, V, stride_x, BLOCK: tl.constexpr):
 
 
 def greedy_logprobs(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.greedy_logprobs` in one kernel (CUDA, or TRITON_INTERPRET=1): logits [n, V]
-    float32 (unit stride along V) -> (tokens [n] int64, logprobs [n] float32).
-
-    Raises: ValueError when logits is not 2-D float32 with V >= 1 and a unit last stride."""
+    """logits [n, V] float32, unit stride along V -> (tokens [n] int64, logprobs [n] float32)."""
     if logits.dim() != 2 or logits.dtype != torch.float32 or logits.shape[1] == 0:
         raise ValueError(f"logits: need [n, V >= 1] float32, got {tuple(logits.shape)} "
                          f"{logits.dtype}")  # fmt: skip

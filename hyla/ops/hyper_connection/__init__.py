@@ -1,6 +1,5 @@
-"""Hyper-connection mixing (mHC). See `reference.py`; on CUDA tensors `hc_pre_norm` (weights,
-collapse and the block's norm) and `hc_expand` run the Triton kernels of `kernels.py` (imported
-on first use), everything else and anything that needs autograd the reference."""
+"""Hyper-connection mixing (mHC, `reference.py`); `hc_pre_norm` and `hc_expand` use the Triton
+kernels on CUDA tensors outside autograd."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def hc_pre_norm(
     rms_eps: float,
     offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """streams [T, N, D] -> (normed block input [T, D], post [T, N], comb [T, N, N] fp32);
-    see `reference.hc_pre_norm`."""
+    """`reference.hc_pre_norm`: streams [T, N, D] -> (x [T, D], post [T, N], comb [T, N, N])."""
     args = (streams, fn, base, scale, hc_eps, sinkhorn_iters, norm_eps, norm_weight, rms_eps,
             offset)  # fmt: skip
     if use_triton(streams) and not needs_grad(streams, fn, base, scale, norm_weight):
@@ -44,7 +42,6 @@ def hc_pre_norm(
 def hc_expand(
     block_out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:
-    """The next streams [T, N, D] in streams' dtype; see `reference.hc_expand`."""
     if use_triton(streams) and not needs_grad(block_out, streams, post, comb):
         from hyla.ops.hyper_connection import kernels
 

@@ -1,18 +1,6 @@
-"""Triton kernels for hyper-connection mixing (`reference.hc_pre_norm`, `reference.hc_expand`):
-three launches per hyper-connection instead of ~40 small PyTorch ones.
-
-    dots    grid (T, S): each program reads one slice of the flattened streams [T, N * D] and of
-            `fn`, and writes its partial dot products [M] and sum of squares (M = (2 + N) N);
-            split over S programs so that one decode token still spreads over the GPU
-    finish  grid (T,): sums the S partials, scales by the RMS, forms pre / post / comb (sigmoid,
-            softmax, Sinkhorn on the N x N tile in registers), collapses the streams by pre and
-            applies the block's RMSNorm -> x [T, D], post [T, N], comb [T, N, N]
-    expand  grid (T, D / BLOCK_D): streams'[m] = post[m] * out + sum_n comb[n, m] streams[n]
-
-Rounding follows the reference: fp32 math, x rounded to the streams' dtype before its norm,
-the expand's two terms each rounded to that dtype before their sum. Grids depend on shapes
-only (no host sync): CUDA-graph safe. Imports triton at module level.
-"""
+"""Triton hyper-connection mixing: `dots` (partial products split over S programs per token,
+so one decode token still fills the GPU), `finish` (weights, Sinkhorn, collapse, norm) and
+`expand`. Rounding follows the reference; no host sync (CUDA-graph safe)."""
 
 from __future__ import annotations
 
@@ -20,8 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_K = 512  # flattened stream elements per step of `dots`
-TARGET_PROGRAMS = 256  # dots programs per launch at least (T * S), while slices remain
+BLOCK_K = 512
+TARGET_PROGRAMS = 256  # minimum T * S of `dots`, while slices remain
 EXPAND_BLOCK_D = 256
 
 
@@ -73,7 +61,7 @@ def _hc_finish_kernel(
     vec_mask = s_mask[:, None] & n_mask[None, :]
     pre_w = tl.sum(tl.load(part + n[None, :], mask=vec_mask, other=0.0), axis=0) * rms
     post_w = tl.sum(tl.load(part + N + n[None, :], mask=vec_mask, other=0.0), axis=0) * rms
-    tile = 2 * N + n[:, None] * N + m[None, :]  # [BLOCK_N, BLOCK_N] columns of comb
+    tile = 2 * N + n[:, None] * N + m[None, :]
     comb_part = part[:, :, None] + tile[None, :, :]
     comb_mask = s_mask[:, None, None] & tile_mask[None, :, :]
     comb_w = tl.sum(tl.load(comb_part, mask=comb_mask, other=0.0), axis=0) * rms
@@ -125,8 +113,7 @@ def hc_pre_norm(
     rms_eps: float,
     offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`reference.hc_pre_norm` in two launches (module docstring); same arguments and result.
-    Raises ValueError on a streams/fn shape mismatch."""
+    """`reference.hc_pre_norm` in two launches. Raises ValueError on a streams/fn mismatch."""
     num_tokens, n, d = streams.shape
     m = (2 + n) * n
     if fn.shape != (m, n * d) or base.numel() != m or scale.numel() != 3 or sinkhorn_iters < 1:
@@ -176,8 +163,8 @@ def _hc_expand_kernel(
     ).to(tl.float32)  # fmt: skip  [n, d]
     comb_mask = n_mask[:, None] & n_mask[None, :]
     comb = tl.load(comb_ptr + t * N * N + n[:, None] * N + n[None, :], mask=comb_mask, other=0.0)
-    comb = comb.to(dtype).to(tl.float32)  # [n, m]
-    mix = tl.sum(comb[:, :, None] * x[:, None, :], axis=0)  # [m, d]
+    comb = comb.to(dtype).to(tl.float32)
+    mix = tl.sum(comb[:, :, None] * x[:, None, :], axis=0)
     post = tl.load(post_ptr + t * N + n, mask=n_mask, other=0.0).to(dtype).to(tl.float32)
     out = tl.load(out_ptr + t * stride_ot + d, mask=d_mask, other=0.0).to(tl.float32)
     spread = (post[:, None] * out[None, :]).to(dtype).to(tl.float32)
@@ -188,8 +175,7 @@ def _hc_expand_kernel(
 def hc_expand(
     block_out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
 ) -> torch.Tensor:
-    """`reference.hc_expand` in one launch: block_out [T, D], streams [T, N, D], post [T, N],
-    comb [T, N, N] (fp32) -> next streams [T, N, D] contiguous, in streams' dtype."""
+    """`reference.hc_expand` in one launch; the result is contiguous."""
     num_tokens, n, d = streams.shape
     y = torch.empty(num_tokens, n, d, dtype=streams.dtype, device=streams.device)
     if num_tokens == 0:

@@ -1,27 +1,5 @@
-"""States at interior boundaries of a chunked delta-rule call (prefix-cache checkpoints).
-
-`state_boundaries[i]` lists token counts b (0 < b < len_i, ascending) of sequence i of a packed
-call; the state after exactly b of its tokens is written, sequence-major, into rows of
-`boundary_states: [M, HV, K, V]` float32 (M = total boundaries). The reference computes them in
-its own chunk loop (chunks restart at every boundary); the fast CPU path and the fla kernels run
-the call as rounds of sub-calls split at the boundaries, every sequence's r-th segment in round r
-(sequences advance together, each round's final states are the next round's initial states):
-
-    sequence 0   |--seg 0--b|----seg 1----b|--seg 2--|
-    sequence 1   |-----seg 0-----b|--seg 1--|
-                  round 0          round 1    round 2
-
-A boundary is a multiple of the checkpoint stride; the chunked kernels (fla's 64-token chunks)
-compute the state at every chunk start anyway, but relative to the sequence's first new token,
-which is a stride multiple only when the context is: splitting needs no such alignment and only
-the public chunk entry (one call per round; rounds = most boundaries in one sequence + 1).
-
-A round whose segments are all at most `SHORT_ROUND_TOKENS` long runs the token-by-token op
-instead when the caller gives one (`recurrent_fn`): one fused kernel on CUDA instead of fla's
-chunk pipeline (about ten launches and its host-side planning). Every prompt's last chunk has
-such a round: the checkpoint where its last full block ends (kept so the same prompt hits
-again) leaves at most one block after it.
-"""
+"""States at interior boundaries of a chunked delta-rule call (prefix-cache checkpoints), run as
+rounds split at the boundaries: fla's chunk-start states are not aligned to the stride."""
 
 from __future__ import annotations
 
@@ -39,8 +17,8 @@ def check_boundaries(
     boundary_states: torch.Tensor | None,
     state_shape: tuple[int, ...],
 ) -> int:
-    """Raise ValueError unless every sequence's boundaries are ascending inside (0, len) and
-    `boundary_states` is [M, *state_shape]; returns M."""
+    """Raise ValueError unless boundaries ascend inside (0, len) and `boundary_states` is
+    [M, *state_shape]; returns M."""
     if len(state_boundaries) != len(lens):
         raise ValueError(f"state_boundaries: {len(state_boundaries)} lists for {len(lens)} seqs")
     for i, (bs, n) in enumerate(zip(state_boundaries, lens, strict=True)):
@@ -57,20 +35,9 @@ def check_boundaries(
 
 @dataclass(frozen=True)
 class Round:
-    """Round r of a split call: segment r of every sequence that has one (see the module
-    docstring). Device tensors are queued from pinned memory (`index_tensor`): no host sync.
-
-    Attributes:
-        rows: slice of the packed rows when the round's segments are one contiguous run (one
-            sequence: the usual prefill), else [T_r] int64 device rows.
-        seqs: None when every sequence of the call takes part in call order, else [N_r] int64
-            device positions of the segments' sequences in the call.
-        cu_seqlens, cu_seqlens_cpu: [N_r + 1] int64 offsets of the segments (device, host): the
-            same objects in every layer, so fla's identity-memoized chunk plans hit.
-        done_src, done_dst: segments ending at a boundary (positions within the round) and
-            their rows of `boundary_states`; None when none ends at one.
-        max_len: the longest segment's tokens.
-    """
+    """Round r of a split call: segment r of every sequence that has one. cu_seqlens(_cpu) are
+    the same objects in every layer (fla's chunk plans are memoized by identity);
+    done_src/done_dst: segments ending at a boundary and their `boundary_states` rows."""
 
     rows: slice | torch.Tensor
     seqs: torch.Tensor | None
@@ -83,16 +50,7 @@ class Round:
 
 @dataclass(frozen=True)
 class BoundaryPlan(Sequence):
-    """The rounds of a split call, computed once per step on the host and shared by every
-    linear layer (the layers run the same sequences with the same boundaries). A Sequence of
-    the per-sequence boundary lists, so it is accepted wherever `state_boundaries` is.
-
-    Attributes:
-        boundaries: per sequence, the token counts b inside (0, len) (ascending).
-        lens: tokens of each sequence in the call.
-        rounds: `Round`s in order (most boundaries in one sequence + 1 of them).
-        device: where the index tensors live.
-    """
+    """A step's rounds, shared by its linear layers; also a Sequence of the boundary lists."""
 
     boundaries: tuple[tuple[int, ...], ...]
     lens: tuple[int, ...]
@@ -115,11 +73,10 @@ def plan_rounds(
     state_boundaries: Sequence[Sequence[int]],
     device: torch.device | str,
 ) -> BoundaryPlan:
-    """The rounds splitting a call with host offsets `cu_seqlens_host` [N + 1] at
-    `state_boundaries` (checked as in `check_boundaries`), index tensors on `device`."""
-    from hyla.forward_batch import index_tensor  # the engine's pinned host -> device copy
+    """Rounds splitting a call with host offsets `cu_seqlens_host` [N + 1] at `state_boundaries`."""
+    from hyla.ops.gpu import index_tensor
 
-    if isinstance(cu_seqlens_host, torch.Tensor):  # a host tensor: no sync
+    if isinstance(cu_seqlens_host, torch.Tensor):
         cu_seqlens_host = cu_seqlens_host.tolist()
     bounds = [int(b) for b in cu_seqlens_host]
     N = len(bounds) - 1
@@ -176,12 +133,9 @@ def split_at_boundaries(
     recurrent_fn=None,
     **options,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`chunk_fn(q, k, v, g, beta, cu_seqlens, initial_state, ...)` with the states after each
-    sequence's `state_boundaries` written into `boundary_states` (see the module docstring);
-    rounds of short segments go to `recurrent_fn` (same positional arguments) when given.
-    A `BoundaryPlan` (the engine builds one per step, `plan_rounds`) is used as it is; plain
-    lists are planned here (reading `cu_seqlens` back unless `cu_seqlens_cpu` is given).
-    Shapes as in `hyla.ops.kda.reference.chunk_kda`; returns its (o, final_state)."""
+    """`chunk_fn(q, k, v, g, beta, cu_seqlens, initial_state, ...)`, writing the states after
+    `state_boundaries` into `boundary_states: [M, HV, K, V]`; rounds of <= `SHORT_ROUND_TOKENS`
+    go to `recurrent_fn` (one fused kernel instead of fla's ~10 launches)."""
     plan = state_boundaries
     if not isinstance(plan, BoundaryPlan) or plan.device != v.device:
         host = (cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
@@ -214,7 +168,7 @@ def split_at_boundaries(
             state = final_r
         else:
             state.index_copy_(0, rnd.seqs, final_r)
-        if rnd.done_src is not None:  # segment r of these ended at their r-th boundary
+        if rnd.done_src is not None:
             boundary_states.index_copy_(0, rnd.done_dst, final_r.index_select(0, rnd.done_src))
     if inplace_state and initial_state is not None and initial_state.dtype == torch.float32:
         return o, initial_state.copy_(state)

@@ -1,18 +1,7 @@
-"""The pieces of `cpu.chunk_kda`: where each token sits among padded chunks, the algebra inside a
-chunk (all chunks at once) and the state hand-over from one chunk to the next.
-
-Per chunk of c tokens, with G the cumulative log decay from the chunk start (G <= 0, falling)
-and s0 the entering state, the reference's `_chunk_step` reads
-
-    u  = (I + diag(beta) A)^-1 diag(beta) (v - (k * e^G) s0)      the chunk's deltas
-    o  = (q * e^G) s0 + B u
-    s  = e^{G_last} * s0 + (k * e^{G_last - G})^T u
-    A[i, j] = sum_d k_i k_j e^{G_i - G_j}  (j < i),   B[i, j] = same with q_i  (j <= i)
-
-Everything not involving s0 is computed for all chunks at once (`intra_chunk`): with
-Tb = (I + diag(beta) A)^-1 diag(beta), u = U0 - W s0 where U0 = Tb v and W = Tb (k * e^G).
-`inter_chunk` then only does three small matmuls per chunk.
-"""
+"""Pieces of `cpu.chunk_kda`. Per chunk, with G the cumulative log decay (<= 0), s0 the entering
+state: u = Tb (v - (k e^G) s0), Tb = (I + diag(beta) A)^-1 diag(beta); o = (q e^G) s0 + B u; s =
+e^{G_last} s0 + (k e^{G_last - G})^T u; A[i, j] = sum_d k_i k_j e^{G_i - G_j} (j < i), B likewise
+with q_i (j <= i). `intra_chunk` computes U0 = Tb v and W = Tb k e^G (u = U0 - W s0)."""
 
 from __future__ import annotations
 
@@ -25,15 +14,9 @@ _PAIR_BUDGET = 1 << 18
 
 
 class ChunkLayout:
-    """Padded chunks ordered step-major, so the chunks that advance together are contiguous.
-
-    Sequences are ranked by descending chunk count (`order`); chunk j of rank r gets id
-    `offsets[j] + r`. Step j then updates ranks 0 .. active_j - 1, a prefix of the ranked
-    states, with chunks offsets[j] .. offsets[j] + active_j - 1:
-
-        seq lens 5, 2, 9 (c = 4): counts 2, 1, 3 -> order [2, 0, 1]
-        step 0: chunks 0 1 2 (seqs 2 0 1)   step 1: chunks 3 4 (seqs 2 0)   step 2: chunk 5 (2)
-    """
+    """Padded chunks ordered step-major: sequences ranked by descending chunk count (`order`), chunk
+    j of rank r has id `offsets[j] + r`, so step j updates a prefix of the ranked states. E.g. lens
+    5, 2, 9 (c = 4): order [2, 0, 1]; step 0 chunks 0 1 2, step 1 chunks 3 4, step 2 chunk 5."""
 
     def __init__(self, bounds: list[int], chunk_size: int, device: torch.device) -> None:
         c = self.chunk_size = chunk_size
@@ -50,7 +33,6 @@ class ChunkLayout:
             offsets.append(offsets[-1] + a)
         self.offsets, self.num_chunks = offsets, offsets[-1]
         self.order = torch.tensor(order, dtype=torch.long, device=device)
-        # per packed token: (chunk id, row in chunk)
         seq = torch.repeat_interleave(
             torch.arange(N, device=device),
             torch.tensor(lens, device=device),
@@ -65,17 +47,14 @@ class ChunkLayout:
         self.rows = pos % c
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, HV, D] -> [C, HV, c, D] contiguous, zeros in the padding rows."""
         out = x.new_zeros(self.num_chunks, x.shape[1], self.chunk_size, x.shape[2])
         out.permute(0, 2, 1, 3)[self.chunk_ids, self.rows] = x
         return out
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """x [C, HV, c, D] -> the packed rows [T, HV, D]."""
         return x.permute(0, 2, 1, 3)[self.chunk_ids, self.rows]
 
     def steps(self):
-        """Per chunk index j: (slice of its chunk ids, number of active ranked sequences)."""
         for j, active in enumerate(self.active):
             yield slice(self.offsets[j], self.offsets[j + 1]), active
 
@@ -83,20 +62,17 @@ class ChunkLayout:
 def intra_chunk(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
 ) -> tuple[torch.Tensor, ...]:
-    """The state-independent pieces of every chunk (see the module docstring).
-
-    q, k, g: [C, HV, c, K]; v: [C, HV, c, V]; beta: [C, HV, c]. Returns (U0 [C, HV, c, V],
-    W [C, HV, c, K], Qg = q * e^G [C, HV, c, K], B [C, HV, c, c], Kd = k * e^{G_last - G}
-    [C, HV, c, K], e^{G_last} [C, HV, K])."""
+    """State-free pieces of every chunk. q, k, g: [C, HV, c, K]; v: [C, HV, c, V]; beta: [C, HV, c].
+    Returns U0, W, Qg = q e^G, B, Kd = k e^{G_last - G}, e^{G_last}."""
     C, HV, c, K = q.shape
     G = g.cumsum(dim=2)
     eG = G.exp()
     kG, qG = k * eG, q * eG
     A, B = _pair_products(*(x.flatten(0, 1) for x in (q, k, G, kG, qG)))
-    last = G[:, :, -1:]  # [C, HV, 1, K]
+    last = G[:, :, -1:]
     # (I + diag(beta) A) is unit lower triangular: invert it once, fold beta into its columns
     eye = torch.eye(c, dtype=q.dtype, device=q.device).expand(C * HV, c, c)
-    lower = beta.flatten(0, 1).unsqueeze(-1) * A  # [Z, c, c], strictly lower
+    lower = beta.flatten(0, 1).unsqueeze(-1) * A
     inv = torch.linalg.solve_triangular(lower, eye, upper=False, unitriangular=True)
     Tb = (inv * beta.flatten(0, 1).unsqueeze(-2)).view(C, HV, c, c)
     U0, W = (Tb @ torch.cat([v, kG], dim=-1)).split([v.shape[-1], K], dim=-1)
@@ -106,15 +82,9 @@ def intra_chunk(
 def _pair_products(
     q: torch.Tensor, k: torch.Tensor, G: torch.Tensor, kG: torch.Tensor, qG: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A (strictly lower) and B (lower) of the module docstring, per chunk-head.
-
-    Factored as (k_i e^{G_i}) . (k_j e^{-G_j}): two small matmuls. e^{-G_j} grows with the decay
-    accumulated since the chunk start, so chunk-heads whose decay spans more than
-    `_FACTOR_SPAN` (e^60 ~ 1e26, far from fp32's 3e38) take the pairwise form instead, where
-    every exponent is a difference G_i - G_j <= 0 (the reference's).
-
-    q, k, G, kG = k e^G, qG = q e^G: [Z, c, K]. Returns A, B [Z, c, c]."""
-    up = (k * (-G).exp()).transpose(1, 2)  # [Z, K, c]
+    """Factored as (k_i e^{G_i}) . (k_j e^{-G_j}); e^{-G_j} overflows under strong decay, so
+    chunk-heads spanning more than `_FACTOR_SPAN` (e^60 ~ 1e26) take the pairwise form."""
+    up = (k * (-G).exp()).transpose(1, 2)
     A, B = kG @ up, qG @ up
     strong = (G[:, -1].amin(dim=-1) < -_FACTOR_SPAN).nonzero().squeeze(1)
     if strong.numel():
@@ -125,8 +95,6 @@ def _pair_products(
 def _pair_products_pairwise(
     q: torch.Tensor, k: torch.Tensor, G: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_pair_products` with the pairwise decays exp(G_i - G_j) formed explicitly ([z, c, c, K]
-    in slices that stay in cache); exact for any decay. Upper triangles are left unmasked."""
     Z, c, K = q.shape
     A = torch.empty(Z, c, c, dtype=q.dtype, device=q.device)
     B = torch.empty_like(A)
@@ -136,9 +104,9 @@ def _pair_products_pairwise(
         Gz = G[sl]
         # j > i would give exp(> 0): clamp to exp(0); those entries are masked by the caller
         pair = (Gz.unsqueeze(2) - Gz.unsqueeze(1)).clamp_max_(0.0)
-        pair = pair.exp_().mul_(k[sl].unsqueeze(1))  # [z, c(i), c(j), K] = k_j exp(G_i - G_j)
-        kq = torch.stack([k[sl], q[sl]], dim=-1)  # [z, c(i), K, 2]
-        ab = (pair.flatten(0, 1) @ kq.flatten(0, 1)).view(-1, c, c, 2)  # [z, i, j, 2]
+        pair = pair.exp_().mul_(k[sl].unsqueeze(1))
+        kq = torch.stack([k[sl], q[sl]], dim=-1)
+        ab = (pair.flatten(0, 1) @ kq.flatten(0, 1)).view(-1, c, c, 2)
         A[sl], B[sl] = ab[..., 0], ab[..., 1]
     return A, B
 
@@ -152,8 +120,6 @@ def inter_chunk(
     Kd: torch.Tensor,
     decay_last: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk of n sequences from their entering states s0 [n, HV, K, V] (the `intra_chunk`
-    pieces of those chunks). Returns (o [n, HV, c, V], state after the chunk)."""
     u = U0 - W @ s0
     o = Qg @ s0 + B @ u
     s = decay_last.unsqueeze(-1) * s0 + Kd.transpose(-1, -2) @ u

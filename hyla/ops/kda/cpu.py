@@ -1,22 +1,5 @@
-"""KDA vectorized over sequences: the fast path, same signatures and results as `reference.py`
-(held to it within 1e-5 fp32 by tests/ops/test_kda.py and tests/ops/test_kda_cpu.py).
-
-`reference.py` visits one sequence (and one chunk, or one token) at a time; here every sequence
-of a call advances together, so a step costs a handful of batched ops whatever N is:
-
-  recurrent_kda  one batched update per token index t (a pure decode step is a single update)
-  chunk_kda      all chunks' intra-chunk algebra at once (`chunk_algebra.py`), then one batched
-                 state update per chunk index j across the sequences that have a chunk j
-
-Chunks start at each sequence's first token; a sequence's last chunk is padded with
-q = k = v = g = beta = 0 rows. Such a row decays nothing (exp(0) = 1), writes nothing (k = 0,
-and beta = 0 makes its delta exactly 0) and its output is dropped, so padding never reaches a
-state. Everything is fp32: small chunks (16) keep the triangular solve as accurate as the
-recurrence, and no exponent is ever positive (see `chunk_algebra.py`).
-
-Each sequence's arithmetic is independent of its neighbours (batched matmuls are per matrix),
-so results do not depend on the batch.
-"""
+"""KDA vectorized over sequences (`reference.py`'s results within 1e-5 fp32, batch-invariant).
+Last chunks are padded with zero q, k, v, g, beta rows, which decay and write nothing."""
 
 from __future__ import annotations
 
@@ -50,16 +33,7 @@ def recurrent_kda(
     *,
     inplace_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.recurrent_kda` with all sequences stepped together (same args and results).
-
-    Per token, with d = exp(g_t): read = [k_t * d, q_t * d]^T S_{t-1} in one matmul, then
-    u = beta (v - read_k), S_t = d * S_{t-1} + k u^T and o = read_q + (q . k) u, which is the
-    definition's S_t^T q expanded.
-
-    Args:
-        inplace_state: a float32 `initial_state` is updated in place and returned as the final
-            state (saves a copy when the caller owns the tensor).
-    """
+    """`reference.recurrent_kda` with all sequences stepped together."""
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=3)
     T, HV, V = v.shape
     K = q.shape[-1]
@@ -91,11 +65,9 @@ def _recurrent_update(
     decay: torch.Tensor,
     beta: torch.Tensor,
 ) -> torch.Tensor:
-    """One token of n sequences: s [n, HV, K, V] updated in place; q, k, decay [n, HV, K];
-    v [n, HV, V]; beta [n, HV]. Returns o [n, HV, V]."""
-    kq = torch.stack([k, q], dim=2) * decay.unsqueeze(2)  # [n, HV, 2, K]
-    read = kq @ s  # [n, HV, 2, V]
-    u = beta.unsqueeze(-1) * (v - read[:, :, 0])  # [n, HV, V]
+    kq = torch.stack([k, q], dim=2) * decay.unsqueeze(2)
+    read = kq @ s
+    u = beta.unsqueeze(-1) * (v - read[:, :, 0])
     s.mul_(decay.unsqueeze(-1)).add_(k.unsqueeze(-1) * u.unsqueeze(-2))
     return read[:, :, 1] + (q * k).sum(-1, keepdim=True) * u
 
@@ -117,17 +89,8 @@ def chunk_kda(
     state_boundaries: Sequence[Sequence[int]] | None = None,
     boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.chunk_kda` with all sequences' chunks batched (same args and results; fp32
-    throughout, chunks of 16 by default).
-
-    Args:
-        inplace_state: as in `recurrent_kda`.
-        cu_seqlens_cpu: unused here (the signature of `kernels.chunk_kda`).
-        state_boundaries, boundary_states: states inside each sequence, as in
-            `reference.chunk_kda` (computed by `boundaries.split_at_boundaries`).
-    Raises:
-        ValueError: inconsistent shapes, or chunk_size < 1.
-    """
+    """`reference.chunk_kda` with all chunks batched, in fp32 (chunks of 16 keep the triangular
+    solve as accurate as the recurrence). `cu_seqlens_cpu` is unused (kernels' signature)."""
     if state_boundaries is not None and any(state_boundaries):
         return split_at_boundaries(
             chunk_kda, q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm,
@@ -143,12 +106,11 @@ def chunk_kda(
     bounds = cu_seqlens.tolist()
     N = len(bounds) - 1
     layout = ChunkLayout(bounds, chunk_size, v.device)
-    # [T, HV, *] -> [C, HV, c, *]: padded chunks, heads before time
     qc, kc, vc, gc = (layout.pad(x) for x in (qf, kf, v.float(), g.float()))
-    bc = layout.pad(beta.float().unsqueeze(-1)).squeeze(-1)  # [C, HV, c]
+    bc = layout.pad(beta.float().unsqueeze(-1)).squeeze(-1)
     pieces = intra_chunk(qc, kc, vc, gc, bc)
     state = _state(initial_state, N, (HV, K, V), v.device, inplace_state)
-    ranked = state.index_select(0, layout.order)  # sequences by descending chunk count
+    ranked = state.index_select(0, layout.order)
     oc = torch.empty(layout.num_chunks, HV, chunk_size, V, dtype=torch.float32, device=v.device)
     for chunks, active in layout.steps():
         s = ranked[:active]

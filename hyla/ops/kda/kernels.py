@@ -1,33 +1,5 @@
-"""KDA on CUDA through fla-core's Triton kernels (flash-linear-attention >= 0.6.0).
-
-Same signatures, layouts and results as `cpu.py` / `reference.py` (within the bounds of
-tests/gpu/test_linear_attention_gpu.py); fla is imported inside the functions, so importing this
-module never needs fla or triton. hyla -> fla:
-
-    q, k [T, H, K], v [T, HV, V] packed rows   ->  [1, T, ...] with cu_seqlens (fla's varlen)
-    g [T, HV, K] log-decay per key channel     ->  g as is (fla's default, use_gate_in_kernel=False,
-                                                   also multiplies the state by exp(g))
-    HV > H (GVA)                               ->  native in fla: value head j reads key head
-                                                   j // (HV // H), as `reference.prepare_qk`
-    use_qk_l2norm                              ->  use_qk_l2norm_in_kernel (eps 1e-6 in the root,
-                                                   like `reference.l2_normalize`)
-    states [N, HV, K, V] float32               ->  same layout (state_v_first=False)
-
-`recurrent_kda` calls `fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd`, the entry under
-the public `fused_recurrent_kda` that can write the final state over the initial one
-(`inplace_final_state`) and read/write a state pool through `ssm_state_indices` (vLLM's
-continuous batching): a decode step then touches each state exactly once (read + write), with
-no gather and no scatter. `chunk_kda` calls `fla.ops.kda.chunk_kda`, whose final state is a new
-tensor (copied back for `inplace_state`; a prefill is compute-bound, the copy is noise).
-
-Precision: the recurrent kernel is fp32 FMAs throughout (matches the reference to fp32
-rounding, then the output is rounded to v's dtype). The chunk kernels run their matmuls with
-`tl.dot` (TF32 for fp32 inputs) and keep intermediate matrices and per-chunk states in the
-input dtype (bf16 for bf16 inputs); the final state is accumulated in fp32.
-
-The recurrent path never reads `cu_seqlens` on the host (no device sync on decode); the chunk
-path copies it to the host once (fla needs it there to plan its chunks) and validates it.
-"""
+"""KDA on CUDA through fla-core (>= 0.6.0, lazily imported): the recurrent kernel is fp32; the
+chunk kernels use tl.dot (TF32 for fp32) and input-dtype intermediates, with an fp32 final state."""
 
 from __future__ import annotations
 
@@ -47,7 +19,6 @@ FLA_KDA_CHUNK_SIZES = (32, 64)
 
 @functools.cache
 def fla_available() -> bool:
-    """True when fla-core's KDA and gated-delta-rule ops import (checked once per process)."""
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
         import fla.ops.kda  # noqa: F401
@@ -57,9 +28,7 @@ def fla_available() -> bool:
 
 
 def dispatch(cpu_fn: DeltaRuleOp, fla_fn: DeltaRuleOp) -> DeltaRuleOp:
-    """The public op: `fla_fn` when q is a CUDA tensor and fla imports, else `cpu_fn` (pure
-    PyTorch, any device). On the `cpu_fn` path a `state_indices` keyword is served by gathering
-    the slots, running `cpu_fn` and scattering the final states back (see `recurrent_kda`)."""
+    """`fla_fn` for CUDA q when fla imports, else `cpu_fn` (`state_indices` by gather/scatter)."""
 
     @functools.wraps(fla_fn)
     def op(q: torch.Tensor, *args, **options) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +61,7 @@ def _on_gathered_slots(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if initial_state is None:
         raise ValueError("state_indices: needs initial_state, the state pool [S, HV, K, V]")
-    states = initial_state.index_select(0, state_indices)  # [N, HV, K, V]
+    states = initial_state.index_select(0, state_indices)
     o, final = fn(
         q, k, v, g, beta, cu_seqlens, states, scale, use_qk_l2norm, inplace_state=True, **options
     )
@@ -113,8 +82,7 @@ def check_step_shapes(
     state_indices: torch.Tensor | None,
     g_dims: int,
 ) -> None:
-    """`reference.check_delta_inputs` without reading cu_seqlens' values (no device sync);
-    with `state_indices` [N], `initial_state` is a pool [S, HV, K, V]. Raises ValueError."""
+    """`reference.check_delta_inputs` without reading cu_seqlens; `initial_state` may be a pool."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
     N = cu_seqlens.numel() - 1
@@ -134,14 +102,13 @@ def check_step_shapes(
 
 
 def on_device(x: torch.Tensor) -> contextlib.AbstractContextManager:
-    # fla's Triton launches go to the current CUDA device; only switch when it differs
     if x.device.index is None or x.device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(x.device)
 
 
 def fla_rows(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous().unsqueeze(0)  # [T, ...] -> [1, T, ...], fla's varlen layout
+    return x.contiguous().unsqueeze(0)
 
 
 def _owns_rows(state: torch.Tensor | None) -> bool:
@@ -167,8 +134,7 @@ def fused_recurrent(
     inplace_state: bool,
     state_indices: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fla's fused recurrent KDA kernel on checked hyla inputs (g per key channel [T, HV, K]);
-    shared by `recurrent_kda` and GDN's recurrent op."""
+    """fla's fused recurrent KDA on checked inputs; shared with GDN."""
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
     N = cu_seqlens.numel() - 1
@@ -193,13 +159,13 @@ def fused_recurrent(
             scale=scale,
             initial_state=h0,
             output_final_state=h0 is None,
-            inplace_final_state=h0 is not None,  # into h0: the caller's state or our copy
+            inplace_final_state=h0 is not None,
             cu_seqlens=cu_seqlens,
             ssm_state_indices=state_indices,
             use_qk_l2norm_in_kernel=use_qk_l2norm,
             out=torch.empty_like(v1),  # every row is written: no memset
         )
-    if h0 is not initial_state and not pooled:  # fla wrote our copy: honour inplace_state
+    if h0 is not initial_state and not pooled:
         final = final_state(initial_state, final, inplace_state)
     return o[0], final
 
@@ -218,37 +184,12 @@ def recurrent_kda(
     inplace_state: bool = False,
     state_indices: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA token by token (`reference.recurrent_kda`: same math, arguments and results).
-
-    Args:
-        q, k: [T, H, K] queries and keys (packed varlen rows).
-        v: [T, HV, V] values; HV is a multiple of H (GVA).
-        g: [T, HV, K] log-space decay per key channel (<= 0).
-        beta: [T, HV] write strength of each token.
-        cu_seqlens: [N + 1] int32 (or int64) offsets of the packed sequences (values are not
-            checked here: reading them would sync the device).
-        initial_state: [N, HV, K, V] state before each sequence, or None for zeros; with
-            `state_indices`, the state pool [S, HV, K, V] instead.
-        scale: query scale, default K^-0.5.
-        use_qk_l2norm: L2-normalize q and k per head first.
-        inplace_state: a float32 `initial_state` is updated in place and returned as the final
-            state (fla writes it directly when its rows are contiguous, else it is copied back).
-        state_indices: [N] int slot of each sequence in the pool `initial_state` (optional,
-            hyla extension): sequence i starts from `initial_state[state_indices[i]]`. With
-            `inplace_state`, the final states are written back to those slots and the pool is
-            returned as final_state; a decode step (T == N) on a float32 pool does this inside
-            fla's kernel (`ssm_state_indices`) without gathering or scattering. Without
-            `inplace_state` the pool is untouched and final_state is [N, HV, K, V].
-            Precondition of that in-kernel path (not checked: it would sync the device): T == N
-            means one token per sequence. fla addresses the slot of token j of sequence i as
-            `state_indices[i + j]`, so cu_seqlens with an empty sequence and a 2-token one
-            (T == N, e.g. [0, 0, 2]) writes another sequence's slot or reads past
-            `state_indices`.
-    Returns:
-        o: [T, HV, V] in v's dtype; final_state: [N, HV, K, V] float32 (or the pool, above).
-    Raises:
-        ValueError: inconsistent shapes.
-    """
+    """KDA token by token, as `reference.recurrent_kda`, never reading cu_seqlens on the host.
+    `inplace_state`: a float32 `initial_state` is updated in place and returned. `state_indices`
+    [N]: sequence i starts from row `state_indices[i]` of the pool `initial_state`; with
+    `inplace_state` the final states go back there (in fla's kernel for a float32 decode step).
+    Unchecked (it would sync): there T == N must mean one token per sequence, as fla reads token
+    j of sequence i's slot at `state_indices[i + j]`."""
     check_step_shapes(q, k, v, g, beta, cu_seqlens, initial_state, state_indices, g_dims=3)
     return fused_recurrent(
         q, k, v, g, beta, cu_seqlens, initial_state, scale, use_qk_l2norm, inplace_state,
@@ -257,12 +198,8 @@ def recurrent_kda(
 
 
 class _VarlenOffsets:
-    """One step's `cu_seqlens` as fla wants it: an int64 device tensor and an int64 host copy,
-    remembered for the last `cu_seqlens` object seen. Every linear layer of a step passes the
-    same `batch.cu_seqlens`, so they all hand fla the same two tensors, and fla's chunk plan
-    (memoized by tensor identity, `fla.utils.tensor_cache`) is computed once per step instead of
-    once per layer. The host copy costs one device sync per step unless the caller passes it
-    (`host`, a CPU tensor of the same offsets)."""
+    """The step's `cu_seqlens` as fla wants it (int64 device + host copy), cached for the last
+    object seen so fla's identity-memoized chunk plan is built once per step, not per layer."""
 
     def __init__(self) -> None:
         self._key: weakref.ref | None = None
@@ -296,9 +233,7 @@ def host_offsets(
     chunk_size: int,
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a chunked call (`reference.check_delta_inputs`) on the host copy of cu_seqlens
-    (`cu_seqlens_cpu` when given, else read back); returns (cu_seqlens int64 on the device, the
-    host copy), both from `varlen_offsets`."""
+    """Validate on the host copy of cu_seqlens; returns (int64 cu_seqlens, host copy)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
     cu_long, cu_host = varlen_offsets(cu_seqlens, cu_seqlens_cpu)
@@ -309,7 +244,6 @@ def host_offsets(
 def final_state(
     initial_state: torch.Tensor | None, final: torch.Tensor, inplace_state: bool
 ) -> torch.Tensor:
-    """fla's new final state, or the caller's float32 `initial_state` overwritten with it."""
     if inplace_state and initial_state is not None and initial_state.dtype == torch.float32:
         return initial_state.copy_(final)
     return final
@@ -326,9 +260,7 @@ def run_fla_chunk(
     inplace_state: bool,
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One fla chunked delta-rule call (`chunk_kda` or `chunk_gated_delta_rule`) on hyla's packed
-    inputs (q, k, v, g, beta, cu_seqlens, initial_state): validates them, reshapes to fla's
-    [1, T, ...] varlen layout and returns (o in v's dtype, final state; see `final_state`)."""
+    """One fla chunked delta-rule call on hyla's packed inputs."""
     q, k, v, g, beta, cu_seqlens, initial_state = inputs
     cu_long, cu_host = host_offsets(
         q, k, v, g, beta, cu_seqlens, initial_state, g_dims, chunk_size, cu_seqlens_cpu
@@ -366,28 +298,10 @@ def chunk_kda(
     boundary_states: torch.Tensor | None = None,
     graph_safe: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA in chunks (`reference.chunk_kda`: same arguments and results up to the precision
-    noted in the module docstring). Shapes as in `recurrent_kda` (initial_state [N, HV, K, V]).
-
-    Args:
-        chunk_size: a tiling choice that does not change the result; fla supports 32 and 64,
-            any other value runs with 64.
-        inplace_state: a float32 `initial_state` is overwritten with the final state and
-            returned (fla computes it out of place; it is copied back).
-        cu_seqlens_cpu: the same offsets as a CPU tensor, when the caller has them (the engine
-            does: `ForwardBatch.cu_seqlens_host`): fla plans its chunks on the host, and without
-            them cu_seqlens is copied back, a device sync per step that stops the host from
-            queueing kernels ahead of the GPU. Not checked against cu_seqlens (that would sync).
-        state_boundaries, boundary_states: states inside each sequence, as in
-            `reference.chunk_kda`: the call is split into rounds of fla calls at the boundaries
-            (`boundaries.split_at_boundaries`).
-        graph_safe: no host read of cu_seqlens (a CUDA-graph capture): fla plans a fixed grid
-            of ceil(T / 64) + N - 1 chunks on the device (`use_graph`), zero-length sequences
-            allowed; not with state_boundaries.
-    Raises:
-        ValueError: inconsistent shapes or cu_seqlens, chunk_size < 1, or a `cu_seqlens_cpu`
-            that is not a CPU tensor.
-    """
+    """KDA in chunks, as `reference.chunk_kda`; fla supports chunk_size 32 and 64 (others run
+    with 64). cu_seqlens_cpu: the offsets on the CPU, else fla's planning reads them back (a sync
+    per step). graph_safe: fla plans a fixed grid on the device (CUDA graphs; not with
+    state_boundaries)."""
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
     if state_boundaries is not None and any(state_boundaries):
@@ -418,7 +332,6 @@ def _chunk_kda_fixed_grid(
     use_qk_l2norm: bool,
     inplace_state: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fla's chunk KDA with its chunk plan built on the device for a fixed grid (capturable)."""
     from fla.ops.kda import chunk_kda as fla_chunk_kda
 
     check_step_shapes(q, k, v, g, beta, cu_seqlens, initial_state, None, g_dims=3)

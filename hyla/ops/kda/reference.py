@@ -1,22 +1,5 @@
-"""Kimi Delta Attention (KDA): the gated delta rule with one decay per key channel.
-
-Source: Kimi Linear technical report (arXiv 2510.26692), section 3 ("Kimi Delta Attention"), and
-`recurrent_kimi_delta_attention` / `chunk_kimi_delta_attention` in transformers'
-`models/kimi_linear/modeling_kimi_linear.py`. Per value head, with state S [K, V]:
-
-    S_t = diag(exp(g_t)) S_{t-1}                       decay, one factor per key channel
-    u_t = beta_t * (v_t - S_t^T k_t)                   delta: what the state mispredicts
-    S_t = S_t + k_t u_t^T                              write the correction
-    o_t = S_t^T (scale * q_t)
-
-`recurrent_kda` runs this token by token and is the definition; `chunk_kda` computes the same
-thing in chunks (a triangular solve per chunk, the WY/UT form of Yang et al. 2024, "Parallelizing
-Linear Transformers with the Delta Rule over Sequence Length") and is tested against it.
-
-Both take packed varlen inputs: sequence i owns rows `cu_seqlens[i]:cu_seqlens[i+1]`; sequences
-never mix. Computation is in fp32 (the chunk algebra in float64, see `chunk_kda`); the output
-takes v's dtype, states are fp32.
-"""
+"""Kimi Delta Attention (gated delta rule, one decay per key channel), the readable definition.
+Source: Kimi Linear report (arXiv 2510.26692) section 3; transformers' `modeling_kimi_linear.py`."""
 
 from __future__ import annotations
 
@@ -42,7 +25,6 @@ def check_delta_inputs(
     initial_state: torch.Tensor | None,
     g_dims: int,
 ) -> None:
-    """Raise ValueError unless the shapes of a delta-rule call agree (see `recurrent_kda`)."""
     T, H, K = q.shape
     HV, V = v.shape[1:]
     if k.shape != q.shape:
@@ -64,8 +46,8 @@ def check_delta_inputs(
 def prepare_qk(
     q: torch.Tensor, k: torch.Tensor, num_v_heads: int, scale: float | None, use_qk_l2norm: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 q, k repeated to `num_v_heads` (GVA: value head j reads key head j // (HV // H)),
-    optionally L2-normalized, q multiplied by `scale` (default K^-0.5). Returns [T, HV, K] each."""
+    """fp32 q, k repeated to `num_v_heads` (value head j reads key head j // (HV // H)), optionally
+    L2-normalized, q times `scale` (default K^-0.5). Returns [T, HV, K] each."""
     q, k = q.float(), k.float()
     if use_qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
@@ -96,22 +78,8 @@ def recurrent_kda(
     scale: float | None = None,
     use_qk_l2norm: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA token by token in fp32 (the definition; see the module docstring).
-
-    Args:
-        q, k: [T, H, K] queries and keys.
-        v: [T, HV, V] values; HV is a multiple of H (GVA).
-        g: [T, HV, K] log-space decay per key channel (<= 0; the state is multiplied by exp(g)).
-        beta: [T, HV] write strength of each token.
-        cu_seqlens: [N + 1] int32 offsets of the packed sequences.
-        initial_state: [N, HV, K, V] state before each sequence, or None for zeros.
-        scale: query scale, default K^-0.5.
-        use_qk_l2norm: L2-normalize q and k per head first (in fp32).
-    Returns:
-        o: [T, HV, V] in v's dtype; final_state: [N, HV, K, V] float32.
-    Raises:
-        ValueError: inconsistent shapes.
-    """
+    """KDA token by token in fp32. q, k: [T, H, K]; v: [T, HV, V] (HV a multiple of H); g:
+    [T, HV, K] log decay (<= 0); beta: [T, HV]; initial_state: [N, HV, K, V] or None."""
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=3)
     T, HV, V = v.shape
     K = q.shape[-1]
@@ -121,11 +89,11 @@ def recurrent_kda(
     state = _initial(initial_state, len(bounds) - 1, HV, K, V, v.device).clone()
     o = torch.zeros(T, HV, V, dtype=torch.float32, device=v.device)
     for i in range(len(bounds) - 1):
-        s = state[i]  # [HV, K, V]
+        s = state[i]
         for t in range(bounds[i], bounds[i + 1]):
             s = s * decay[t].unsqueeze(-1)
             predicted = torch.einsum("hkv,hk->hv", s, kf[t])
-            u = bf[t].unsqueeze(-1) * (vf[t] - predicted)  # [HV, V]
+            u = bf[t].unsqueeze(-1) * (vf[t] - predicted)
             s = s + kf[t].unsqueeze(-1) * u.unsqueeze(-2)
             o[t] = torch.einsum("hkv,hk->hv", s, qf[t])
         state[i] = s
@@ -140,19 +108,10 @@ def _chunk_step(
     beta: torch.Tensor,
     s0: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk of c tokens, heads batched. q, k, g: [HV, c, K]; v: [HV, c, V]; beta: [HV, c];
-    s0: [HV, K, V]. Returns (o [HV, c, V], state after the chunk [HV, K, V]).
-
-    With G = cumsum(g) inside the chunk, unrolling the recurrence gives
-      u = (I + diag(beta) A)^-1 diag(beta) (v - (k * exp(G)) s0),
-          A[i, j] = sum_d k_i[d] k_j[d] exp(G_i[d] - G_j[d]) for j < i
-      o = (q * exp(G)) s0 + B u,  B[i, j] = sum_d q_i[d] k_j[d] exp(G_i[d] - G_j[d]) for j <= i
-      s = exp(G_last) * s0 + (k * exp(G_last - G))^T u
-    The pairwise decays are formed as differences before exp, so no factor ever overflows.
-    """
+    """Pairwise decays are differences before exp, so no factor overflows."""
     c = q.shape[1]
-    G = g.cumsum(dim=1)  # [HV, c, K]
-    diff = G.unsqueeze(2) - G.unsqueeze(1)  # [HV, c(i), c(j), K]
+    G = g.cumsum(dim=1)
+    diff = G.unsqueeze(2) - G.unsqueeze(1)
     upper = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
     pair_decay = diff.masked_fill(upper[..., None], float("-inf")).exp()
     A = torch.einsum("hid,hjd,hijd->hij", k, k, pair_decay).tril(-1)
@@ -161,7 +120,7 @@ def _chunk_step(
     rhs = beta.unsqueeze(-1) * (v - (k * G.exp()) @ s0)
     u = torch.linalg.solve_triangular(eye + beta.unsqueeze(-1) * A, rhs, upper=False)
     o = (q * G.exp()) @ s0 + B @ u
-    last = G[:, -1:, :]  # [HV, 1, K]
+    last = G[:, -1:, :]
     s = last.transpose(1, 2).exp() * s0 + (k * (last - G).exp()).transpose(1, 2) @ u
     return o, s
 
@@ -181,32 +140,15 @@ def chunk_kda(
     state_boundaries: Sequence[Sequence[int]] | None = None,
     boundary_states: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA in chunks of `chunk_size` tokens per sequence; same arguments and results as
-    `recurrent_kda` (equal up to fp32 rounding).
-
-    Chunks start at each sequence's first token and restart at each of its `state_boundaries`
-    (token counts inside the sequence, ascending): the state after exactly b tokens is then a
-    chunk's final state, written into row m of `boundary_states: [M, HV, K, V]` for the m-th
-    boundary overall (sequence-major; see `hyla.ops.kda.boundaries`). A sequence's last chunk is
-    simply shorter (no padding), so nothing past a sequence's end can touch its state.
-
-    Inputs are prepared in fp32 (as the recurrence), then the chunk algebra runs in float64 and
-    rounds once at the end: in fp32 the triangular solve loses a few bits more than the
-    recurrence (errors grow with the chunk size), which the gated output norm of the layers
-    amplifies on heads with small outputs. In float64 the result agrees with `recurrent_kda` to
-    fp32 rounding for every chunk size, so a prefill's result does not depend on how it was
-    chunked. GPU kernels compute this in fp32 and are held to a relative bound against it.
-
-    Raises:
-        ValueError: inconsistent shapes, or chunk_size < 1.
-    """
+    """KDA in chunks (WY/UT form, Yang et al. 2024), also restarting at `state_boundaries`, whose
+    states go to `boundary_states: [M, HV, K, V]`. float64: fp32's triangular solve loses bits
+    that the layers' gated output norm amplifies."""
     check_delta_inputs(q, k, v, g, beta, cu_seqlens, initial_state, g_dims=3)
     if chunk_size < 1:
         raise ValueError(f"chunk_size: must be >= 1, got {chunk_size}")
     T, HV, V = v.shape
     K = q.shape[-1]
     qf, kf = prepare_qk(q, k, HV, scale, use_qk_l2norm)
-    # [T, HV, *] -> [HV, T, *]: heads lead so a chunk is one batched matmul
     qf, kf, vf, gf = (x.transpose(0, 1).double() for x in (qf, kf, v.float(), g.float()))
     bf = beta.float().transpose(0, 1).double()
     bounds = cu_seqlens.tolist()

@@ -1,6 +1,4 @@
-"""Pooled DSA indexer (GLM-5.3-Flash `index_kpool`). See `reference.py`; CUDA tensors take the
-Triton kernels of `kernels.py` (same signatures and results, imported on first use). Lengths are
-read on the device on both paths (no host sync)."""
+"""Pooled DSA indexer (GLM-5.3-Flash `index_kpool`); lengths are read on the device."""
 
 from __future__ import annotations
 
@@ -26,7 +24,6 @@ def write_pool_keys(
     slot_mapping: torch.Tensor,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Write the pool keys this step's rows complete; see `reference.write_pool_keys`."""
     args = (key_cache, gate_cache, pool_key_cache, ape, block_tables, cu_seqlens, seq_lens,
             slot_mapping, rows)  # fmt: skip
     if use_triton(key_cache):
@@ -52,9 +49,7 @@ def kpool_indexer_topk(
     static_shapes: bool = False,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """[T, topk (+ P - 1)] int32 selected positions; see `reference.kpool_indexer_topk`.
-    `static_shapes`: a captured decode step (CUDA: the top-k form fastest in a graph; the
-    result is the same); `rows`: `row_positions(cu_seqlens, seq_lens, T)` when known."""
+    """`reference.kpool_indexer_topk`; static_shapes: a captured step (graph-fastest top-k)."""
     args = (q, weights, pool_key_cache, block_tables, cu_seqlens, seq_lens, max_seq_len, topk,
             kpool, always_select_tail, softmax_scale)  # fmt: skip
     if use_triton(q):

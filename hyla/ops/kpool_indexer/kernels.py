@@ -1,20 +1,5 @@
-"""The pooled DSA indexer on the GPU (Triton): `reference.write_pool_keys` and
-`reference.kpool_indexer_topk`, same signatures and results.
-
-    pool keys   one program per row: its last P tokens' keys and gates read through the block
-                table, the per-channel softmax over P, the weighted sum, stored at the row's slot
-    scores      the lightning indexer's key kernel (`hyla.ops.dsa_indexer.kernels`) with
-                POOL = P: column j reads the pool key at position jP + P - 1 and is visible when
-                jP + P - 1 <= the row's position; each score becomes an int64 sort key
-                (score, -pool), so ties go to the lower pool as in the reference
-    top-k       rows of at most SORT_MAX_POOLS pools: one program per row sorts its keys
-                (tl.sort) and writes the expanded selection itself (pools -> their P token
-                positions, then the tail); longer rows: the indexer's `keys_to_topk` (torch.topk
-                eagerly, the radix select in captured steps), then an expansion kernel. Rank r
-                is kept while r < the row's visible pools
-
-Grids depend on shapes only, lengths are read on the device: CUDA-graph safe.
-"""
+"""The pooled DSA indexer in Triton (`reference.py`'s results; CUDA-graph safe), scoring with
+`hyla.ops.dsa_indexer`'s key kernel at POOL = P."""
 
 from __future__ import annotations
 
@@ -46,7 +31,7 @@ def _pool_keys_kernel(
         d = tl.arange(0, BLOCK_D)
         p_mask = i < P
         mask = p_mask[:, None] & (d < DI)[None, :]
-        window = tl.maximum(pos - P + 1 + i, 0)  # [BLOCK_P] positions, clamped at 0
+        window = tl.maximum(pos - P + 1 + i, 0)
         block = tl.load(bt_ptr + seq * stride_bt + window // PAGE, mask=p_mask, other=0)
         block = block.to(tl.int64)
         offset = (window % PAGE).to(tl.int64)
@@ -77,8 +62,7 @@ def write_pool_keys(
     slot_mapping: torch.Tensor,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """`reference.write_pool_keys` in one launch (rows with a slot < 0 are skipped, as the paged
-    writer's padding rows). `rows`: `row_positions(...)` when the caller has them."""
+    """`reference.write_pool_keys` in one launch; rows with a slot < 0 (padding) are skipped."""
     num_rows, kpool, page = slot_mapping.shape[0], ape.shape[0], key_cache.shape[1]
     if num_rows == 0:
         return
@@ -164,9 +148,7 @@ def kpool_indexer_topk(
     static_shapes: bool = False,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """`reference.kpool_indexer_topk` by the kernels of the module docstring; the same result
-    up to fp32 rounding of the scores (near-ties may order differently). `static_shapes`: a
-    captured step (the radix top-k); `rows`: `row_positions(...)` when the caller has them."""
+    """`reference.kpool_indexer_topk` (scores to fp32 rounding: near-ties may order differently)."""
     num_rows = q.shape[0]
     k_pools = topk // kpool
     width = k_pools * kpool + (kpool - 1 if always_select_tail else 0)

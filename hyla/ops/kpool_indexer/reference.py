@@ -1,19 +1,7 @@
-"""GLM-5.3-Flash's pooled DSA indexer (`index_kpool`; transformers' `Glm5NextTextIndexer`):
-the lightning indexer scores groups of P = `index_kpool` consecutive tokens instead of single
-tokens, and a query attends to the tokens of its best `index_topk / P` pools plus its tail.
-
-    pool j          tokens jP .. jP + P - 1, complete once token jP + P - 1 exists
-    pool key j      sum_i softmax_i(gate[jP + i] + ape[i]) * key[jP + i]   (per channel)
-    query at p      sees the complete pools j with jP + P - 1 <= p, i.e. (p + 1) // P of them;
-                    score_j = sum_h w_h Hi^-0.5 relu(scale q_h . poolkey_j) (as `indexer_scores`)
-    selection       tokens of the best min(topk / P, visible) pools (ties: lower pool first)
-                    + the tail (p + 1) // P * P .. p, when `always_select_tail`
-
-Cache (paged, per token): `index_keys` (normed key), `index_gates` (gate scores before `ape`)
-and `index_pool_keys`: the key of pool j is written once, at the slot of its last token
-jP + P - 1, by the step that writes that token. Decode then reads one entry per pool and never
-recompresses history. The entries of `index_pool_keys` at other positions are scratch.
-"""
+"""GLM-5.3-Flash's pooled DSA indexer (`index_kpool`; transformers' `Glm5NextTextIndexer`): a
+query at p reads the tokens of its best topk / P of the (p + 1) // P complete pools of P tokens
+(plus its tail with `always_select_tail`). Pool j's key is written once, at the slot of token jP
++ P - 1."""
 
 from __future__ import annotations
 
@@ -27,8 +15,7 @@ from hyla.ops.paged import write_paged
 
 
 def compress_pools(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
-    """keys, gates [n, P, Di], ape [P, Di] -> pool keys [n, Di] in keys' dtype (softmax over
-    the P tokens per channel in float32)."""
+    """keys, gates [n, P, Di], ape [P, Di] -> pool keys [n, Di] in keys' dtype (fp32 softmax)."""
     probs = torch.softmax(gates.float() + ape.float(), dim=1).to(keys.dtype)
     return (probs * keys).sum(dim=1)
 
@@ -48,21 +35,13 @@ def write_pool_keys(
     slot_mapping: torch.Tensor,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
-    """Write the key of every pool that this step's rows complete (this step's keys and gates
-    already in their caches). Each row writes its own slot: the compression of its last P
-    tokens (positions clamped at 0), which is pool key (p + 1) / P - 1 when (p + 1) % P == 0
-    and an unread scratch value otherwise (so no row needs a host-side filter).
-
-    Args:
-        key_cache, gate_cache, pool_key_cache: [Pg, B, Di]; ape: [P, Di];
-        block_tables: [N, max_blocks] int32; cu_seqlens: [N + 1] int32; seq_lens: N lengths
-        including this step's tokens; slot_mapping: [T] each row's own slot; rows:
-        `row_positions(cu_seqlens, seq_lens, T)` when the caller has them.
-    """
+    """Write the key of every pool this step's rows complete: each row writes its slot with its
+    last P tokens' compression, a pool key when (p + 1) % P == 0, else unread scratch (no host
+    filter)."""
     num_rows, kpool, block = slot_mapping.shape[0], ape.shape[0], key_cache.shape[1]
     row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     window = (row_pos[:, None] - kpool + 1 + torch.arange(kpool, device=row_pos.device)).clamp(0)
-    slots = _slots(block_tables, row_seq.long()[:, None], window, block)  # [T, P]
+    slots = _slots(block_tables, row_seq.long()[:, None], window, block)
     keys = key_cache.flatten(0, 1)[slots]
     gates = gate_cache.flatten(0, 1)[slots]
     pooled = compress_pools(keys, gates, ape)
@@ -80,8 +59,6 @@ def _pool_scores(
     row_seq: torch.Tensor,
     softmax_scale: float,
 ) -> torch.Tensor:
-    """q [T, Hi, Di], weights [T, Hi], keys [N, Np, Di], row_seq [T] -> scores [T, Np] fp32,
-    in row chunks of at most SCORE_ELEMENTS gathered key and per-head score elements."""
     num_heads, num_pools, dim = q.shape[1], keys.shape[1], keys.shape[2]
     step = max(1, SCORE_ELEMENTS // (num_pools * (dim + num_heads)))
     w = weights.float() * num_heads**-0.5
@@ -107,35 +84,25 @@ def kpool_indexer_topk(
     softmax_scale: float,
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Each new row's selected token positions (module docstring).
-
-    Args:
-        q: [T, Hi, Di] indexer queries; weights: [T, Hi] `weights_proj` outputs (unscaled);
-        pool_key_cache: [Pg, B, Di] with this step's pools written (`write_pool_keys`);
-        block_tables: [N, max_blocks] int32; cu_seqlens: [N + 1] int32; seq_lens: N lengths
-        including this step's tokens (host ints or a device tensor); max_seq_len: a host bound
-        on them (sizes the work, no device read); topk: `index_topk`; kpool: P; rows: as
-        `write_pool_keys`.
-    Returns: [T, topk + P - 1] int32 positions (without the tail: [T, topk]), -1 padded, no
-        duplicates; pools best first, then the tail ascending.
-    """
+    """[T, topk + P - 1] int32 positions ([T, topk] without the tail), -1 padded: pools best
+    first, then the tail. max_seq_len: a host bound on seq_lens that sizes the work."""
     num_rows = q.shape[0]
     device = q.device
     row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     num_pools = max(max_seq_len // kpool, 1)
-    pool_ends = torch.arange(num_pools, device=device) * kpool + kpool - 1  # [Np]
+    pool_ends = torch.arange(num_pools, device=device) * kpool + kpool - 1
     block = pool_key_cache.shape[1]
     seqs = torch.arange(block_tables.shape[0], device=device)[:, None]
     ends = pool_ends.clamp(max=block_tables.shape[1] * block - 1)
-    keys = pool_key_cache.flatten(0, 1)[_slots(block_tables, seqs, ends, block)]  # [N, Np, Di]
-    scores = _pool_scores(q, weights, keys, row_seq.long(), softmax_scale)  # [T, Np]
-    visible = (row_pos + 1) // kpool  # complete pools each row sees
-    pools = select_topk(scores, visible, topk // kpool).long()  # [T, topk / P]
+    keys = pool_key_cache.flatten(0, 1)[_slots(block_tables, seqs, ends, block)]
+    scores = _pool_scores(q, weights, keys, row_seq.long(), softmax_scale)
+    visible = (row_pos + 1) // kpool
+    pools = select_topk(scores, visible, topk // kpool).long()
     offsets = torch.arange(kpool, device=device)
     tokens = torch.where(pools[..., None] >= 0, pools[..., None] * kpool + offsets, -1)
-    selected = tokens.flatten(1)  # [T, topk]
+    selected = tokens.flatten(1)
     if not always_select_tail:
         return selected.to(torch.int32)
-    tail = visible[:, None] * kpool + offsets[: kpool - 1]  # [T, P - 1]
+    tail = visible[:, None] * kpool + offsets[: kpool - 1]
     tail = tail.masked_fill(tail > row_pos[:, None], -1)
     return torch.cat([selected, tail], dim=1).to(torch.int32)

@@ -1,8 +1,4 @@
-"""The linear op as the layers run it: `reference.linear` (F.linear), except one-row CUDA inputs
-(a batch-1 decode step; no bias, no autograd, triton installed), which go to the Triton GEMV of
-`gemv.py` (imported on first use, so CPU installs never import triton). The GEMV takes up to
-`gemv.MAX_ROWS` rows, but was measured against cuBLAS at one row only (faster at every
-projection shape of bench/gpu_e2e.py's model: bench/results/gpu_gemv_sweep_h200.json)."""
+"""F.linear, except one-row CUDA inputs without bias or grad: the Triton GEMV."""
 
 from __future__ import annotations
 
@@ -11,13 +7,11 @@ import torch
 from hyla.ops.gpu import needs_grad, use_triton
 from hyla.ops.linear import reference
 
-GEMV_ROWS = 1  # rows sent to the GEMV (see the module docstring)
+GEMV_ROWS = 1  # the GEMV beats cuBLAS at one row; more rows were not measured
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`reference.linear`: x [..., D_in], weight [D_out, D_in] in x's dtype, bias [D_out] or
-    None -> [..., D_out] in x's dtype (the GEMV's fp32 sums may differ from cuBLAS's in order
-    only)."""
+    """x [..., D_in], weight [D_out, D_in], bias [D_out] or None -> [..., D_out]."""
     if bias is None and x.dtype == weight.dtype and _gemv_takes(x, weight):
         from hyla.ops.linear import gemv
 
@@ -26,9 +20,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`reference.linear(x.float(), weight)` for a float32 weight [D_out, D_in] (router logits):
-    [..., D_in] of any float dtype -> [..., D_out] float32. One-row CUDA inputs skip the cast
-    kernel: the GEMV reads x's values and sums in fp32."""
+    """`linear(x.float(), weight)` for a float32 weight (router logits); the GEMV skips the cast."""
     if weight.dtype == torch.float32 and _gemv_takes(x, weight):
         from hyla.ops.linear import gemv
 

@@ -1,15 +1,4 @@
-"""Triton GEMV for decode-sized linear projections: out = x W^T for x of 1 to `MAX_ROWS` rows, the
-weight streamed once by programs that each own `BLOCK_N` output columns (all rows of x at once).
-
-    program n0 (columns n0 .. n0 + BLOCK_N of N):
-        for d0 in 0, BLOCK_D, ..:  acc[m, n] += sum_d x[m, d0 + d] * W[n, d0 + d]   (fp32)
-        out[m, n] = round(acc[m, n])
-
-Same result as `reference.linear` (F.linear, no bias) up to the order of the fp32 sums. cuBLAS
-picks tile shapes made for larger M; at one row its kernels reached ~35 % of the H200's copy
-bandwidth in the decode profile (bench/results/gpu_profile_decode_B1_h200_21c4189.txt). No host
-sync: capturable.
-"""
+"""Triton GEMV for decode-sized projections, where cuBLAS's tiles (made for larger M) lag."""
 
 from __future__ import annotations
 
@@ -20,7 +9,7 @@ import triton
 import triton.language as tl
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-MAX_ROWS = 4  # rows of x the kernel takes (its [rows, BLOCK_N, BLOCK_D] product lives in registers)
+MAX_ROWS = 4  # the [rows, BLOCK_N, BLOCK_D] product lives in registers
 
 
 @triton.jit
@@ -57,8 +46,7 @@ def _gemv_kernel(
 
 @dataclass(frozen=True)
 class GemvTiles:
-    """Tile sizes of `gemv` (tuning only): `cols` output columns per program, `depth` of D per
-    load, `warps` per program."""
+    """`gemv` tiles: output columns per program, D per load, warps."""
 
     cols: int = 4
     depth: int = 2048
@@ -66,16 +54,12 @@ class GemvTiles:
 
 
 def pick_tiles(rows: int, out_features: int, in_features: int) -> GemvTiles:
-    """The tiles for an [rows, in_features] x [out_features, in_features]^T product: the picks
-    of bench/gpu_gemv_sweep.py on the H200 (bench/results/gpu_gemv_sweep_h200.json: 4 columns
-    and the whole D <= 2048 per load won on most shapes; one column per program below 512
-    outputs, where 4 would leave most SMs idle)."""
+    """H200 sweep picks; one column per program below 512 outputs, where 4 leave SMs idle."""
     return GemvTiles(cols=4 if out_features >= 512 else 1, depth=2048, warps=4)
 
 
 def fits_rows(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
-    """The layout the row kernel takes: x [..., D] with 1 to max_rows rows in all, weight
-    [N, D], unit-stride last dims, one device (dtypes not checked)."""
+    """x [..., D] of 1 to max_rows rows, weight [N, D], unit last strides, one device."""
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     return (
         0 < rows <= max_rows
@@ -88,20 +72,11 @@ def fits_rows(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """True when `gemv` takes (x, weight): `fits_rows` with MAX_ROWS, fp16/bf16/fp32 each."""
     return fits_rows(x, weight, MAX_ROWS) and x.dtype in FLOATS and weight.dtype in FLOATS
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, tiles: GemvTiles | None = None) -> torch.Tensor:
-    """x W^T (`reference.linear` without bias) for a few rows.
-
-    Args:
-        x: [..., D] with 1 to MAX_ROWS rows in all; weight: [N, D], unit-stride rows (a float32
-            weight with a bf16 x is `F.linear(x.float(), weight)`: the kernel reads x's values
-            and sums in fp32 either way); tiles: overrides `pick_tiles` (the tuning bench).
-    Returns: [..., N] in the promoted dtype of x and weight.
-    Raises: ValueError when `supports(x, weight)` is false.
-    """
+    """x [..., D] (1 to MAX_ROWS rows) @ weight [N, D]^T -> [..., N] in the promoted dtype."""
     if not supports(x, weight):
         raise ValueError(f"gemv: unsupported x {tuple(x.shape)} {x.dtype} / weight "
                          f"{tuple(weight.shape)} {weight.dtype} "

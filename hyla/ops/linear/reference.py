@@ -1,4 +1,4 @@
-"""Linear projection, the definition: `F.linear` (x @ W^T + b), computed by torch's CPU BLAS."""
+"""Linear projection, the definition: `F.linear` (x @ W^T + b)."""
 
 from __future__ import annotations
 
@@ -7,5 +7,4 @@ import torch.nn.functional as F
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [..., D_in]; weight: [D_out, D_in]; bias: [D_out] or None -> [..., D_out]."""
     return F.linear(x, weight, bias)

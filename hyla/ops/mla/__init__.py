@@ -1,9 +1,4 @@
-"""Multi-head latent attention over the paged latent cache: expanded (prefill) and absorbed
-(decode) forms. See `reference.py` for the definitions; `mla_absorbed_batched` (`cpu.py`) is the
-absorbed form with all sequences in two matmuls, for decode steps, tested against the reference;
-`mla_paged` (`paged.py`) takes the lengths as a device tensor: the CUDA path (Triton) and the
-op of captured decode steps; `mla_prefill` (`prefill.py`) is the expanded form through the tiled
-GQA kernel, for the prefill sequences of an eager CUDA step."""
+"""Multi-head latent attention over the paged latent cache."""
 
 from hyla.ops.mla.cpu import mla_absorbed_batched
 from hyla.ops.mla.paged import mla_paged

@@ -1,7 +1,4 @@
-"""`mla_paged` on CUDA: the absorbed query and value projections as PyTorch bmm around the
-split-k latent-attention kernel of `hyla.ops.sparse_attention.kernels` in its dense mode (each
-row walks positions 0 .. its own instead of a top-k list). Same signature and results as
-`hyla.ops.mla.paged.mla_paged_reference` up to fp32 rounding; imported only with triton."""
+"""`mla_paged` on CUDA: bmm projections around `hyla.ops.sparse_attention.kernels` in dense mode."""
 
 from __future__ import annotations
 
@@ -26,10 +23,9 @@ def mla_paged(
     rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """See `hyla.ops.mla.paged.mla_paged` ([T, H, Dv] in q's dtype); no host sync."""
     num_rows, num_heads, dn = q_nope.shape
     w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
-    q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R] (strided)
+    q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
     row_seq, row_pos = rows if rows is not None else row_positions(cu_seqlens, seq_lens, num_rows)
     o_lat = dense_latent_attention(
         q_lat,

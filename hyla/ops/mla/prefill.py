@@ -1,25 +1,6 @@
-"""MLA prefill in the expanded form on the GPU: each prefill sequence's context latents gathered
-through its block table, expanded through kv_b_proj into per-head keys and values, and attended
-by the paged FlashAttention-style GQA kernel (`hyla.ops.gqa.kernels.paged_gqa`, H kv heads).
-The definition is `reference.mla_expanded` (same signature and result); on other devices
-`mla_prefill` is that reference.
-
-Why expanded: the absorbed kernel (`mla_paged`) walks a row's 0 .. p latents alone, with
-576-wide dot products; a prefill chunk's rows share their keys, which the tiled kernel loads
-once per BLOCK_M rows, and its dot products are Dn + Dr = 192 and Dv = 128 wide (the form vLLM
-and SGLang take for prefill). Keys are padded to the kernel's BLOCK_DK = 256 (a power of two).
-
-Workspace, a contiguous "paged" copy with the latent cache's page size B:
-
-    latent pages of seq i  block_tables[i, 0 .. ceil(L_i / B) - 1]  -> gathered, dequantized
-    workspace page j       k [P', B, H, Dn + Dr], v [P', B, H, Dv]   (P' = sum ceil(L_i / B))
-    workspace table        row i = first_i, first_i + 1, ... (identity, sequence after sequence)
-
-It costs `workspace_token_bytes` per context token (slots past a sequence's length ride along in
-its last page and are never read by the kernel). Consecutive sequences are attended together
-while their workspace fits `workspace_bytes` (default WORKSPACE_BYTES); a sequence whose
-context alone exceeds it takes `mla_paged` (absorbed, no workspace) instead.
-"""
+"""MLA prefill in the expanded form: context latents gathered into a paged workspace, expanded by
+kv_b_proj and attended by the tiled GQA kernel (shared keys, 192/128-wide dots instead of 576). A
+sequence whose workspace alone exceeds `workspace_bytes` takes `mla_paged`."""
 
 from __future__ import annotations
 
@@ -50,15 +31,7 @@ def mla_prefill(
     latent_scale: torch.Tensor | None = None,
     workspace_bytes: int = WORKSPACE_BYTES,
 ) -> torch.Tensor:
-    """Causal MLA of prefill sequences, expanded form (`reference.mla_expanded`, see there for
-    the shapes): `mla_prefill_flash` for CUDA tensors, the reference elsewhere.
-
-    Args (besides the reference's):
-        query_lens: N host ints, this step's tokens per sequence; spares a read of cu_seqlens
-            when the workspace cap splits the sequences into groups.
-        workspace_bytes: the cap on the expanded keys and values held at once.
-    Returns: [T, H, Dv] in q's dtype.
-    """
+    """`reference.mla_expanded`, by `mla_prefill_flash` for CUDA tensors."""
     args = (q_nope, q_rope, latent_cache, block_tables, cu_seqlens, seq_lens, kv_b_weight, scale)
     if use_triton(q_nope) and not needs_grad(q_nope, q_rope, kv_b_weight):
         return mla_prefill_flash(
@@ -85,13 +58,13 @@ def mla_prefill_flash(
     """`mla_prefill` through the Triton GQA kernel (CUDA, or CPU under TRITON_INTERPRET=1)."""
     num_heads, dn = q_nope.shape[1], q_nope.shape[2]
     dv = kv_b_weight.shape[0] // num_heads - dn
-    q = torch.cat([q_nope, q_rope], dim=-1)  # [T, H, Dn + Dr]
+    q = torch.cat([q_nope, q_rope], dim=-1)
     seq_lens = list(seq_lens)
     page = latent_cache.shape[1]
     per_token = workspace_token_bytes(latent_cache.shape[-1], kv_b_weight.shape[-1], num_heads,
                                       dn, dv, q.element_size())  # fmt: skip
     groups = plan_groups(seq_lens, page, per_token, workspace_bytes)
-    attend = {True: _attend_expanded, False: _attend_paged}  # by `expanded`
+    attend = {True: _attend_expanded, False: _attend_paged}
     if not groups:
         return q.new_empty(0, num_heads, dv)
     if len(groups) == 1:
@@ -112,8 +85,7 @@ def mla_prefill_flash(
 def workspace_token_bytes(
     latent_dim: int, rank: int, num_heads: int, dn: int, dv: int, itemsize: int
 ) -> int:
-    """Bytes of the expanded form per context token: the gathered latent (and its float32
-    dequantized copy), kv_b_proj's output [H, Dn + Dv], and the keys [H, Dn + Dr]."""
+    """Bytes of the expanded form per context token."""
     dr = latent_dim - rank
     return latent_dim * (itemsize + 4) + num_heads * (2 * dn + dv + dr) * itemsize
 
@@ -121,9 +93,8 @@ def workspace_token_bytes(
 def plan_groups(
     seq_lens: Sequence[int], page: int, token_bytes: int, workspace_bytes: int
 ) -> list[tuple[int, int, bool]]:
-    """Consecutive sequence ranges (start, end, expanded): expanded ranges whose workspace
-    (whole pages of context) fits `workspace_bytes`; a sequence that alone does not fit is a
-    range of its own with expanded False (absorbed, `mla_paged`)."""
+    """Consecutive (start, end, expanded) ranges whose workspace fits; a misfit alone is not
+    expanded."""
     groups: list[tuple[int, int, bool]] = []
     used = 0
     for i, n in enumerate(seq_lens):
@@ -154,11 +125,11 @@ def _attend_expanded(
     num_heads, page = q.shape[1], latent_cache.shape[1]
     blocks, table = _workspace_layout(block_tables, seq_lens, page)
     raw = latent_cache.view(torch.uint8) if latent_cache.element_size() == 1 else latent_cache
-    rows = raw.index_select(0, blocks).view(latent_cache.dtype)  # [P', B, R + Dr]
+    rows = raw.index_select(0, blocks).view(latent_cache.dtype)
     scales = None if latent_scale is None else latent_scale.index_select(0, blocks)
-    latents = dequantized(rows, scales).to(q.dtype).flatten(0, 1)  # [P' * B, R + Dr]
-    k, v = expand_latents(latents, kv_b_weight, num_heads, dn)  # [S, H, Dn + Dr], [S, H, Dv]
-    k, v = k.unflatten(0, (-1, page)), v.unflatten(0, (-1, page))  # [P', B, H, ...]
+    latents = dequantized(rows, scales).to(q.dtype).flatten(0, 1)
+    k, v = expand_latents(latents, kv_b_weight, num_heads, dn)
+    k, v = k.unflatten(0, (-1, page)), v.unflatten(0, (-1, page))
     lens = to_device(torch.tensor(seq_lens, dtype=torch.int32), q.device)
     return gqa_kernels.paged_gqa(q, k, v, table, cu_seqlens, lens, scale)
 
@@ -166,8 +137,6 @@ def _attend_expanded(
 def _workspace_layout(
     block_tables: torch.Tensor, seq_lens: list[int], page: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cache block of each workspace page [P'] int64, workspace block table [N, W] int32), on
-    block_tables' device; built from host ints (no device read)."""
     device = block_tables.device
     pages = torch.tensor([-(-n // page) for n in seq_lens])
     first = pages.cumsum(0) - pages
@@ -198,8 +167,7 @@ def _attend_paged(
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor copied to `device`; to a GPU from pinned memory, queued on the stream (a
-    copy from pageable memory would make the host wait for the queued work)."""
+    """Copy from pinned memory: a pageable copy would make the host wait for queued work."""
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)

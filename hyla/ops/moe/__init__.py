@@ -1,12 +1,5 @@
-"""Mixture-of-experts routing and expert computation. See `reference.py` for the definitions.
-
-`moe_experts` is the grouped form of `cpu.py` (tokens sorted by expert once) for CPU tensors and
-the sync-free form of `kernels.py` for CUDA tensors; both are tested against the per-expert
-reference; `moe_experts_and_shared` adds an ungated shared expert (inside the same GEMV kernels
-where it fits). `route_sigmoid` / `route_softmax` are the reference's for CPU tensors and one Triton
-kernel each (`route_kernels.py`, imported on first use) for CUDA tensors; the interpreter tests
-patch `use_triton` here to send CPU tensors there too.
-"""
+"""Mixture-of-experts routing and experts: `cpu.py` (grouped) on the CPU, the sync-free Triton
+kernels on CUDA; the interpreter tests patch `use_triton` here to send CPU tensors there too."""
 
 import torch
 
@@ -31,7 +24,7 @@ def route_sigmoid(
     norm_topk_prob: bool = True,
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.route_sigmoid` (see there for shapes): one Triton kernel for CUDA tensors."""
+    """`reference.route_sigmoid` (shapes there)."""
     args = (top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
     if use_triton(router_logits):
         from hyla.ops.moe import route_kernels
@@ -44,7 +37,7 @@ def route_sigmoid(
 def route_softmax(
     router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.route_softmax` (see there for shapes): one Triton kernel for CUDA tensors."""
+    """`reference.route_softmax` (shapes there)."""
     if use_triton(router_logits):
         from hyla.ops.moe import route_kernels
 
@@ -63,9 +56,7 @@ def moe_experts(
     packed: tuple | None = None,
     limit: float | None = None,
 ) -> torch.Tensor:
-    """`reference.moe_experts` (see there for shapes): `kernels.moe_experts` for CUDA tensors
-    (no host sync for decode-sized batches), `cpu.moe_experts` otherwise. `limit`: the clamped
-    SwiGLU (`hyla.ops.moe_clamped`; off CUDA its reference)."""
+    """`reference.moe_experts` (shapes there); `limit`: the clamped SwiGLU (GLM-5.3-Flash)."""
     args = (hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids)
     if hidden_states.is_cuda:
         return kernels.moe_experts(*args, packed=packed, limit=limit)
@@ -84,9 +75,7 @@ def fuses_shared(
     shared_gate_up: torch.Tensor,
     shared_down: torch.Tensor,
 ) -> bool:
-    """Whether `moe_experts_and_shared` runs the shared expert inside the routed experts' GEMV
-    kernels (CUDA with triton, T k <= E, a shared expert as wide as a routed one, laid out
-    alike: `gemv.shared_fits`) instead of as separate ops."""
+    """Whether the shared expert runs inside the routed experts' GEMV kernels."""
     if not (use_triton(hidden_states) and 0 < topk_ids.numel() <= gate_up_proj.shape[0]):
         return False
     from hyla.ops.moe import gemv
@@ -104,12 +93,8 @@ def moe_experts_and_shared(
     shared_down: torch.Tensor,
     limit: float | None = None,
 ) -> torch.Tensor:
-    """`moe_experts(...) + linear(silu_and_mul(linear(x, shared_gate_up)), shared_down)`: the
-    routed experts plus an ungated shared expert (DeepSeek-V3, Kimi), each op rounded to the
-    hidden dtype as it would be alone. Shapes as `moe_experts`; shared_gate_up [2I', D] (gate
-    rows, then up rows), shared_down [D, I']. Where `fuses_shared` holds, two kernels in all
-    (`gemv.moe_gemv(..., shared=)`); otherwise the ops one after another. `limit`: the clamped
-    SwiGLU in both (GLM-5.3-Flash)."""
+    """`moe_experts` plus an ungated shared expert (shared_gate_up [2I', D], shared_down [D, I']),
+    each rounded to the hidden dtype as it would be alone."""
     if fuses_shared(hidden_states, gate_up_proj, down_proj, topk_ids, shared_gate_up, shared_down):
         from hyla.ops.moe import gemv
 

@@ -1,28 +1,5 @@
-"""Routed experts for a few tokens on CUDA (Triton): each (token, slot) pair's expert matrices are
-read in place from the fused [E, ...] weights by two GEMV kernels, with no copy of the experts
-(the PyTorch form `kernels._gathered` copies each pair's matrices with `index_select` first,
-moving them three times) and the weighted sum fused into the second kernel.
-
-    kernel 1, program (pair p = t * k + j, rows i0 .. i0 + BLOCK_I of I):
-        g = W_gate[e] x_t, u = W_up[e] x_t      (fp32 sums, each rounded to the hidden dtype)
-        h[p] = silu(g) * up                     (rounded as PyTorch rounds each op)
-    kernel 2, program (token t, columns d0 .. d0 + BLOCK_D of D), all k slots' tiles at once:
-        y_j = W_down[e_j] h[t * k + j]          (fp32 sums, rounded)
-        out = sum of round(w_j * y_j) over the slots in ascending expert id (each add rounded:
-              `kernels._weighted_sum`)
-
-With a shared expert of the routed width (`shared=`), kernel 1 has T more programs (token t
-through the shared gate/up rows, h[P + t]) and kernel 2 ends with out = round(out +
-round(W_shared_down h[P + t])): the value of `out + shared_mlp(x)` computed op by op.
-
-`combine` is kernel 2's weighted sum alone, for the dense form of `kernels.py` (every expert's
-output of every token already computed): one kernel instead of a gather, a multiply, a cast, an
-argsort, a gather and k - 1 adds.
-
-Same arguments and results as `kernels.moe_experts` (`reference.moe_experts` to rounding of the
-fp32 sums); `kernels._gathered` + `kernels._weighted_sum` is the readable definition, and
-tests/gpu/test_moe_gpu.py holds them together. No host sync: capturable in a CUDA graph.
-"""
+"""Triton routed experts for a few tokens: two GEMVs read each pair's expert in place, rounded
+as `kernels._gathered` + `kernels._weighted_sum`. No host sync."""
 
 from __future__ import annotations
 
@@ -53,8 +30,7 @@ def _gate_up_kernel(
     BLOCK_D: tl.constexpr,
     CLAMP: tl.constexpr,
 ):
-    # programs p < P: pair p (token p // k, its expert's rows); p >= P: token p - P through the
-    # shared expert (sw_ptr, same row stride), when the launch has those programs
+    # programs p >= P: token p - P through the shared expert (sw_ptr, same row stride)
     p = tl.program_id(0).to(tl.int64)
     pid_i = tl.program_id(1)
     routed = p < P
@@ -79,7 +55,7 @@ def _gate_up_kernel(
     dtype = h_ptr.dtype.element_ty
     g = acc_g.to(dtype).to(tl.float32)
     u = acc_u.to(dtype).to(tl.float32)
-    if CLAMP:  # GLM-5.3-Flash's swiglu_limit (`silu_and_mul_clamped`)
+    if CLAMP:
         g = tl.minimum(g, limit)
         u = tl.minimum(tl.maximum(u, -limit), limit)
     s = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
@@ -116,8 +92,7 @@ def _down_sum_kernel(
     wts = tl.load(wts_ptr + t * TOPK + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    # every slot's [BLOCK_D, BLOCK_I] tile is loaded at once (a [BLOCK_K, BLOCK_D, BLOCK_I] block):
-    # k times the bytes in flight of a loop over the slots
+    # all k slots' tiles loaded at once: k times the bytes in flight of a loop over the slots
     w_rows = w_ptr + ids[:, None, None] * stride_we + offs_d[None, :, None].to(tl.int64) * stride_wr
     h_rows = h_ptr + (t * TOPK + offs_k)[:, None] * stride_hp
     acc = tl.zeros([BLOCK_K, BLOCK_D], tl.float32)
@@ -131,7 +106,7 @@ def _down_sum_kernel(
     dtype = out_ptr.dtype.element_ty
     terms = (acc.to(dtype).to(tl.float32) * wts[:, None]).to(dtype).to(tl.float32)
     out = _sum_ascending(terms, ids, mask_k, TOPK, dtype)
-    if SHARED:  # + the shared expert's output (h row P + t), rounded, then the add rounded
+    if SHARED:
         s_rows = sw_ptr + offs_d[:, None].to(tl.int64) * stride_swr
         acc_s = tl.zeros([BLOCK_D], tl.float32)
         for i0 in range(0, I, BLOCK_I):
@@ -148,8 +123,7 @@ def _down_sum_kernel(
 
 @triton.jit
 def _sum_ascending(terms, ids, mask_k, TOPK: tl.constexpr, dtype: tl.constexpr):
-    """sum over the rows of terms [BLOCK_K, BLOCK_D] in ascending id order, each add rounded to
-    dtype (the reference's per-expert `index_add_`); ids distinct among the valid rows."""
+    """Rows of terms summed in ascending id order, each add rounded (the reference's index_add_)."""
     big = tl.where(mask_k, ids, 1 << 62)
     rank = tl.sum((big[None, :] < big[:, None]).to(tl.int32), axis=1)
     out = tl.sum(tl.where((rank == 0)[:, None], terms, 0.0), axis=0)
@@ -189,9 +163,7 @@ def _combine_kernel(
 
 @dataclass(frozen=True)
 class GemvBlocks:
-    """Tile sizes of the two GEMV kernels (tuning only: results do not depend on them beyond
-    the fp32 summation order). gate_up: `gate_rows` rows of I per program, `gate_cols` of D per
-    load; down: `down_rows` output columns of D per program, `down_cols` of I per load."""
+    """GEMV tiles (tuning only): rows per program and columns per load of each kernel."""
 
     gate_rows: int = 4
     gate_cols: int = 2048
@@ -202,11 +174,7 @@ class GemvBlocks:
 
 
 def pick_blocks(num_tokens: int, inter: int, dim: int) -> GemvBlocks:
-    """The tiles for T = num_tokens tokens of [I, D] experts: the picks of
-    bench/gpu_gemv_sweep.py on the H200 (bench/results/gpu_gemv_sweep_h200.json; within ~5 %
-    of the best tiles it found at each swept shape): 4 rows of I per gate/up program, the whole
-    D <= 2048 per load; 4 down columns per program when T * D < 4096 (more programs), else 8;
-    256 of I per down load for I <= 512, else 128."""
+    """The H200 sweep's picks (bench/gpu_gemv_sweep.py)."""
     return GemvBlocks(
         down_rows=4 if num_tokens * dim < 4096 else 8, down_cols=256 if inter <= 512 else 128
     )
@@ -222,19 +190,9 @@ def moe_gemv(
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
     limit: float | None = None,
 ) -> torch.Tensor:
-    """Routed experts of T tokens, experts read in place (see the module docstring); `limit`:
-    the clamped SwiGLU (`silu_and_mul_clamped`) for routed and shared experts alike.
-
-    Shapes: hidden_states [T, D]; gate_up_proj [E, 2I, D]; down_proj [E, D, I] (last dims
-    contiguous); topk_weights [T, k] float; topk_ids [T, k] int, distinct within a row;
-    `blocks` overrides `pick_blocks` (the tuning bench); `shared` = (gate_up [2I, D] with the
-    routed experts' row stride, down [D, I]): a shared expert of the same width added to every
-    token's output (`down (silu(gate x) * up x)`, rounded, then the add rounded: the result of
-    `out + shared_mlp(x)`), computed by extra programs of the same two kernels.
-    Returns: [T, D] in hidden_states' dtype.
-    Raises: ValueError when an expert weight's last dim is not contiguous, or `shared` does not
-        match the routed experts' shapes and strides.
-    """
+    """hidden_states [T, D], gate_up_proj [E, 2I, D], down_proj [E, D, I], topk_weights /
+    topk_ids [T, k] (distinct ids per row) -> [T, D]. `shared` = (gate_up [2I, D], down [D, I]):
+    a shared expert added to every token (`shared_fits`); `limit`: the clamped SwiGLU."""
     num_tokens, topk = topk_ids.shape
     inter, dim = down_proj.shape[2], hidden_states.shape[1]
     out = hidden_states.new_empty(num_tokens, dim)
@@ -275,9 +233,7 @@ def shared_fits(
     shared_gate_up: torch.Tensor,
     shared_down: torch.Tensor,
 ) -> bool:
-    """Whether `moe_gemv` can run a shared expert (gate_up [2I', D], down [D, I']) with the
-    routed experts (gate_up_proj [E, 2I, D], down_proj [E, D, I]): the same width I' = I, the
-    same dtype and device, unit-stride rows, and gate/up rows spaced as the routed experts'."""
+    """Same width, dtype, device and row stride as the routed experts."""
     return (
         shared_gate_up.shape == gate_up_proj.shape[1:]
         and shared_down.shape == down_proj.shape[1:]
@@ -289,20 +245,13 @@ def shared_fits(
     )
 
 
-COMBINE_BLOCK_D = 512  # output columns per program of `combine`
+COMBINE_BLOCK_D = 512
 
 
 def combine(
     y: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """`kernels._weighted_sum(y[topk_ids, t], ...)` in one kernel: each token's k expert outputs
-    read from the dense [E, T, D] outputs of all experts, weighted, rounded to `dtype` and summed
-    in ascending expert order (each add rounded).
-
-    Shapes: y [E, T, D] (last dim contiguous); topk_weights [T, k] float; topk_ids [T, k] int,
-    distinct within a row. Returns: [T, D] in `dtype`.
-    Raises: ValueError when y's last dim is not contiguous.
-    """
+    """`kernels._weighted_sum` of the dense outputs y [E, T, D] in one kernel -> [T, D]."""
     num_tokens, topk = topk_ids.shape
     dim = y.shape[2]
     out = torch.empty(num_tokens, dim, dtype=dtype, device=y.device)

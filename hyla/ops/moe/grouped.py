@@ -1,20 +1,8 @@
-"""Routed experts for multi-token steps on a GPU: tokens sorted by expert on the device, then one
-grouped-GEMM Triton launch per projection. `reference.moe_experts` (same signature; results to
-the GEMMs' accumulation order) without its per-expert Python loop and without a host sync, so
-the launch shapes depend only on T, k and E (CUDA-graph safe).
+"""Triton grouped-GEMM routed experts: pairs sorted by expert on the device (no host sync), then
+gate_up, down and combine launches. `align`'s layout (-- = P: no pair; -1: past the last):
 
-    align     (token, slot) pairs sorted by expert, each expert's run padded to BLOCK_M rows:
-              sorted_pairs  | e0: p3 p9 -- -- | e2: p0 p4 p5 p8 | e2: p11 -- -- -- | ...
-              block_expert  |       0         |        2        |        2         | -1 ...
-              (-- = P, no pair; -1 = a block past the last expert: the program returns).
-              At most cdiv(P, BLOCK_M) + E blocks: the grid is fixed by P and E.
-    gate_up   h[p] = silu(x[p // k] @ W1[e, :I].T) * (x[p // k] @ W1[e, I:].T)     [P, I]
-    down      y[p] = w[p] * (h[p] @ W2[e].T), rounded to the hidden dtype               [P, D]
-    combine   out[t] = sum of token t's k rows of y in ascending expert order, each partial
-              sum rounded to the hidden dtype (the reference's one `index_add_` per expert)
-
-Every matmul result is rounded to the hidden dtype where the reference's `F.linear` rounds it.
-Imports triton at module level: `hyla.ops.moe.kernels` imports this module where it runs.
+    sorted_pairs  | e0: p3 p9 -- -- | e2: p0 p4 p5 p8 | e2: p11 -- -- -- | ...
+    block_expert  |       0         |        2        |        2         | -1 ...
 """
 
 from __future__ import annotations
@@ -54,17 +42,17 @@ def _gate_up_kernel(
             mask=valid[:, None] & k_ok[None, :], other=0.0,
         )  # fmt: skip
         w_mask = k_ok[:, None] & col_ok[None, :]
-        wg = tl.load(w_rows + ks[:, None] * stride_wd, mask=w_mask, other=0.0)  # [K, N]
+        wg = tl.load(w_rows + ks[:, None] * stride_wd, mask=w_mask, other=0.0)
         wu = tl.load(w_rows + I * stride_wn + ks[:, None] * stride_wd, mask=w_mask, other=0.0)
         acc_g = tl.dot(a, wg, acc_g, input_precision=PRECISION)
         acc_u = tl.dot(a, wu, acc_u, input_precision=PRECISION)
     out_ty = h_ptr.dtype.element_ty
     gate = acc_g.to(out_ty).to(tl.float32)
     up = acc_u.to(out_ty).to(tl.float32)
-    if CLAMP:  # GLM-5.3-Flash's swiglu_limit (`silu_and_mul_clamped`)
+    if CLAMP:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ty).to(tl.float32)  # F.silu rounds, then the *
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ty).to(tl.float32)  # F.silu rounds
     tl.store(
         h_ptr + pairs[:, None] * stride_hp + cols[None, :] * stride_hi,
         (act * up).to(out_ty), mask=valid[:, None] & col_ok[None, :],
@@ -130,9 +118,8 @@ def _combine_kernel(
 def align(
     topk_ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted_pairs [num_blocks * block_m], block_expert [num_blocks]) of the module docstring,
-    on topk_ids' device with no host sync; num_blocks = cdiv(P, block_m) + E (an upper bound).
-    Pairs of one expert keep their flat order (token-major); padding entries hold P."""
+    """topk_ids [T, k] -> (sorted_pairs [num_blocks * block_m], block_expert [num_blocks]) with
+    num_blocks = cdiv(P, block_m) + E, no host sync."""
     flat = topk_ids.reshape(-1)
     P, device = flat.numel(), flat.device
     num_blocks = triton.cdiv(P, block_m) + num_experts
@@ -168,14 +155,7 @@ def moe_experts(
     packed: tuple | None = None,
     limit: float | None = None,
 ) -> torch.Tensor:
-    """`reference.moe_experts` as align + three Triton launches (CUDA, or TRITON_INTERPRET=1 on
-    CPU tensors); `packed` is accepted for the dispatcher's signature and not used; `limit`:
-    the clamped SwiGLU (`hyla.ops.moe_clamped`).
-
-    Shapes: hidden_states [T, D]; gate_up_proj [E, 2I, D]; down_proj [E, D, I];
-    topk_weights [T, k]; topk_ids [T, k] int64 in [0, E), distinct within a row.
-    Returns: [T, D] in hidden_states' dtype.
-    """
+    """`reference.moe_experts` (ids distinct per row; `packed` unused); `limit`: clamped SwiGLU."""
     del packed
     T, k = topk_ids.shape
     num_experts, two_i, D = gate_up_proj.shape
@@ -204,7 +184,7 @@ def moe_experts(
         PRECISION=prec, BLOCK_M=BLOCK_M, BLOCK_N=bn_down, BLOCK_K=bk,
         num_warps=4, num_stages=3,
     )  # fmt: skip
-    order = topk_ids.argsort(dim=1).contiguous()  # each token's slots by ascending expert
+    order = topk_ids.argsort(dim=1).contiguous()
     out = torch.empty(T, D, dtype=dtype, device=x.device)
     block_d = min(1024, triton.next_power_of_2(D))
     _combine_kernel[(T, triton.cdiv(D, block_d))](

@@ -1,24 +1,5 @@
-"""MoE routing after the router logits in one Triton kernel per call (one program per token row):
-the ~12 small PyTorch kernels of `reference.route_sigmoid` (sigmoid, bias add, group mask, sort,
-gather, sum, divide, scale) or `reference.route_softmax` become one launch.
-
-    program t (the row's E experts laid out as [n_group, E / n_group]):
-        s = fp32(sigmoid(fp64(logits[t])))        scores, rounded as the reference rounds them
-        c = s + bias                              biased scores: they choose, s weighs
-        n_group > 1: group score = sum of the group's two best c; keep the best topk_group
-                     groups (lowest group index on ties), other experts' c = -inf
-        k times: the best c still free (lowest expert index on ties) -> ids[t, j], w_j = s[id]
-        w = w / (sum(w) + 1e-20) (norm_topk_prob), then w * routed_scaling_factor
-
-Iterated arg-max with the lowest index winning ties picks the same experts, in the same order,
-as `reference.stable_topk` (a stable descending sort), -inf entries included. Same arguments and
-results as the reference functions (ids exactly, weights to fp32 rounding of the sums); no host
-sync and a grid of T programs, so a decode step can be captured in a CUDA graph. Runs on CUDA
-tensors, or on CPU tensors under TRITON_INTERPRET=1 (the tests).
-
-Sources: `reference.route_sigmoid` (DeepSeek-V3 report 2.1.2; `DeepseekV32TopkRouter` /
-`KimiLinearTopkRouter` in transformers) and `reference.route_softmax` (`Qwen3NextTopKRouter`).
-"""
+"""`reference.route_sigmoid` / `route_softmax`, one Triton program per row: an iterated arg-max
+(lowest index on ties) picks what `reference.stable_topk` picks."""
 
 from __future__ import annotations
 
@@ -26,12 +7,11 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_EXPERTS = 1024  # one program holds a row's E scores in registers
+MAX_EXPERTS = 1024  # a row's E scores live in registers
 
 
 @triton.jit
 def _take_best(values, avail, offs):
-    """Index of the largest `values` among `avail` lanes, the lowest `offs` on ties."""
     vals = tl.where(avail, values, float("-inf"))
     best = tl.max(tl.max(vals, axis=1), axis=0)
     hit = avail & (vals == best)
@@ -43,8 +23,6 @@ def _select_store(
     choice, scores, valid, offs, w_ptr, ids_ptr, t, scale,
     TOPK: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, NORM_EPS: tl.constexpr,
 ):  # fmt: skip
-    """Top-k of `choice` ([G, S] lanes, `valid` ones), weights gathered from `scores`; stores the
-    row's k ids and (normalised, scaled) weights."""
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < TOPK
     weights = tl.zeros([BLOCK_K], tl.float32)
@@ -70,17 +48,16 @@ def _group_limit(
     GROUP_SIZE: tl.constexpr, TOPK_GROUP: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr,
 ):  # fmt: skip
-    """`reference.group_limited_mask` applied: experts outside the best TOPK_GROUP groups (group
-    score = sum of its two best choices) get -inf."""
+    """`reference.group_limited_mask` applied (-inf outside the chosen groups)."""
     vals = tl.where(valid, choice, float("-inf"))
-    top1 = tl.max(vals, axis=1)  # [G]
+    top1 = tl.max(vals, axis=1)
     group_score = top1
     if GROUP_SIZE > 1:
         hit = valid & (vals == top1[:, None])
-        first = tl.min(tl.where(hit, offs_s[None, :], BLOCK_S), axis=1)  # [G]
+        first = tl.min(tl.where(hit, offs_s[None, :], BLOCK_S), axis=1)
         rest = valid & (offs_s[None, :] != first[:, None])
         group_score = top1 + tl.max(tl.where(rest, vals, float("-inf")), axis=1)
-    group_valid = tl.max(valid.to(tl.int32), axis=1) > 0  # [G]
+    group_valid = tl.max(valid.to(tl.int32), axis=1) > 0
     avail = group_valid
     chosen = offs_g < 0
     for _ in tl.static_range(TOPK_GROUP):
@@ -103,10 +80,9 @@ def _route_sigmoid_kernel(
     t = tl.program_id(0).to(tl.int64)
     offs_g = tl.arange(0, BLOCK_G)
     offs_s = tl.arange(0, BLOCK_S)
-    offs = offs_g[:, None] * GROUP_SIZE + offs_s[None, :]  # [G, S] expert index
+    offs = offs_g[:, None] * GROUP_SIZE + offs_s[None, :]
     valid = (offs_g[:, None] < N_GROUP) & (offs_s[None, :] < GROUP_SIZE)
     x = tl.load(logits_ptr + t * stride_t + offs, mask=valid, other=0.0).to(tl.float64)
-    # fp64 then round, as the reference: exact ties stay ties whatever the batch
     scores = (1.0 / (1.0 + tl.exp(-x))).to(tl.float32)
     choice = scores
     if HAS_BIAS:
@@ -128,17 +104,15 @@ def _route_softmax_kernel(
     TOPK: tl.constexpr, NORM: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_E)[None, :]  # [1, E]
+    offs = tl.arange(0, BLOCK_E)[None, :]
     valid = offs < E
     x = tl.load(logits_ptr + t * stride_t + offs, mask=valid, other=float("-inf")).to(tl.float32)
     e = tl.exp(x - tl.max(tl.max(x, axis=1), axis=0))
     probs = e / tl.sum(tl.sum(e, axis=1), axis=0)
-    # select on the logits (softmax is monotonic), as the reference
     _select_store(x, probs, valid, offs, w_ptr, ids_ptr, t, 1.0, TOPK, BLOCK_K, NORM, 0.0)
 
 
 def supports(router_logits: torch.Tensor, top_k: int) -> bool:
-    """Whether the kernels take these logits ([T, E], E <= MAX_EXPERTS, 1 <= top_k <= E)."""
     num_experts = router_logits.shape[-1]
     return router_logits.dim() == 2 and 1 <= top_k <= num_experts <= MAX_EXPERTS
 
@@ -158,15 +132,8 @@ def route_sigmoid(
     norm_topk_prob: bool = True,
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.route_sigmoid` in one launch (see there and the module doc).
-
-    Args:
-        router_logits: [T, E] float32 (check `supports`).
-        correction_bias: [E] float32 or None.
-        top_k: experts per token; n_group must divide E, topk_group <= n_group.
-    Returns: (topk_weights [T, top_k] float32, topk_ids [T, top_k] int64), new tensors.
-    Raises: ValueError when n_group does not divide E or topk_group is out of [1, n_group].
-    """
+    """`reference.route_sigmoid`; needs `supports`. Raises ValueError unless n_group divides E
+    and 1 <= topk_group <= n_group."""
     T, E = router_logits.shape
     if E % n_group or not 1 <= topk_group <= n_group:
         raise ValueError(f"n_group {n_group} / topk_group {topk_group} do not fit E = {E}")
@@ -191,12 +158,7 @@ def route_sigmoid(
 def route_softmax(
     router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.route_softmax` in one launch (see there and the module doc).
-
-    Args:
-        router_logits: [T, E] any float dtype (check `supports`); the softmax runs in float32.
-    Returns: (topk_weights [T, top_k] in router_logits' dtype, topk_ids [T, top_k] int64).
-    """
+    """`reference.route_softmax`; needs `supports`."""
     T, E = router_logits.shape
     logits = router_logits.contiguous()
     weights, ids = _outputs(logits, top_k, logits.dtype)

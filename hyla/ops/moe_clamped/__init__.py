@@ -1,8 +1,5 @@
-"""Clamped-SwiGLU routed experts (GLM-5.3-Flash). See `reference.py`. CUDA tensors with triton
-take `hyla.ops.moe`'s kernels with the clamp (`limit`: GEMVs for decode, the dense or grouped
-forms for larger steps, all sync-free); without triton, small CUDA batches (T E <= DENSE_MAX)
-take the sync-free dense form here and the rest the grouped reference, which reads the routing
-on the host."""
+"""Clamped-SwiGLU routed experts (GLM-5.3-Flash): `hyla.ops.moe`'s kernels; without triton, the
+sync-free dense form for small CUDA batches, else the grouped reference."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ def moe_experts_clamped(
     topk_ids: torch.Tensor,
     limit: float,
 ) -> torch.Tensor:
-    """hidden_states [T, D], gate_up_proj [E, 2I, D], down_proj [E, D, I], topk_weights
-    [T, k], topk_ids [T, k] int64 -> [T, D] (`reference.moe_experts_clamped`)."""
+    """`reference.moe_experts_clamped`: hidden_states [T, D] -> [T, D]."""
     args = (hidden_states, gate_up_proj, down_proj, topk_weights, topk_ids, limit)
     if use_triton(hidden_states) and not needs_grad(hidden_states, gate_up_proj, down_proj):
         from hyla.ops.moe import kernels

@@ -1,10 +1,4 @@
-"""Routed SwiGLU experts with GLM-5.3-Flash's clamp (`swiglu_limit`), as transformers'
-`Glm5NextTextExperts`: for each token and each of its k experts e,
-
-    out[t] += w[t, j] * down_e(silu(min(gate_e x, L)) * clamp(up_e x, -L, L))
-
-Grouped by expert (one matmul pair per expert hit), any device.
-"""
+"""Routed SwiGLU experts with GLM-5.3-Flash's `swiglu_limit` clamp (`Glm5NextTextExperts`)."""
 
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ def moe_experts_clamped(
     limit: float,
 ) -> torch.Tensor:
     """hidden_states [T, D], gate_up_proj [E, 2I, D], down_proj [E, D, I], topk_weights [T, k],
-    topk_ids [T, k] int64 -> [T, D] in hidden_states' dtype."""
+    topk_ids [T, k] int64 -> [T, D]; grouped by expert, any device."""
     out = torch.zeros_like(hidden_states)
     flat_ids = topk_ids.flatten()
     for expert in torch.unique(flat_ids).tolist():
@@ -42,12 +36,10 @@ def moe_experts_clamped_dense(
     topk_ids: torch.Tensor,
     limit: float,
 ) -> torch.Tensor:
-    """`moe_experts_clamped` as every expert over every token (two batched matmuls, each token's
-    k outputs picked by a [T, E] weight matrix): no host read of the routing, so a decode step
-    can be captured in a CUDA graph; E times the expert work, for small T only."""
+    """Every expert over every token: no host sync, but E times the work (small T only)."""
     num_experts = gate_up_proj.shape[0]
-    gate_up = torch.einsum("td,efd->etf", hidden_states, gate_up_proj)  # [E, T, 2I]
+    gate_up = torch.einsum("td,efd->etf", hidden_states, gate_up_proj)
     y = torch.einsum("eti,edi->etd", silu_and_mul_clamped(gate_up, limit), down_proj)
     dense_w = hidden_states.new_zeros(hidden_states.shape[0], num_experts, dtype=y.dtype)
-    dense_w.scatter_add_(1, topk_ids, topk_weights.to(y.dtype))  # [T, E]
+    dense_w.scatter_add_(1, topk_ids, topk_weights.to(y.dtype))
     return torch.einsum("te,etd->td", dense_w, y).to(hidden_states.dtype)

@@ -1,5 +1,4 @@
-"""RMSNorm variants. See `reference.py`; CUDA tensors go to the Triton kernels of `kernels.py`
-and `gated_kernels.py` (imported on first use, so CPU installs never import triton)."""
+"""RMSNorm variants (`reference.py`); CUDA tensors go to the Triton kernels, imported on use."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ __all__ = ["fused_add_rms_norm", "gated_rms_norm", "rms_norm", "rms_norm_unweigh
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
 ) -> torch.Tensor:
-    """`x / sqrt(mean(x^2) + eps) * (offset + weight)` over the last dim; see
-    `reference.rms_norm` (shapes, dtypes). CUDA tensors use the Triton kernel."""
+    """`x / sqrt(mean(x^2) + eps) * (offset + weight)` over the last dim (`reference.rms_norm`)."""
     if use_triton(x):
         from hyla.ops.norm import kernels
 
@@ -32,8 +30,7 @@ def fused_add_rms_norm(
     eps: float,
     offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`h = x + residual; return rms_norm(h), h`; see `reference.fused_add_rms_norm`. CUDA
-    tensors use one Triton kernel."""
+    """`h = x + residual; return rms_norm(h), h` (`reference.fused_add_rms_norm`)."""
     if use_triton(x):
         from hyla.ops.norm import kernels
 
@@ -50,9 +47,7 @@ def gated_rms_norm(
     activation: str = "silu",
     weight_in_fp32: bool = False,
 ) -> torch.Tensor:
-    """RMSNorm of x times `act(gate)`; see `reference.gated_rms_norm` (shapes, dtypes, errors).
-    CUDA tensors use one Triton kernel (`gated_kernels`) when it supports the arguments and no
-    gradient is needed (it has no backward)."""
+    """RMSNorm of x times `act(gate)` (`reference.gated_rms_norm`)."""
     if use_triton(x) and not needs_grad(x, gate, weight):
         from hyla.ops.norm import gated_kernels
 

@@ -1,18 +1,5 @@
-"""Triton gated RMSNorm, the output norm of the KDA / Gated DeltaNet layers: one program per
-row, one pass over x and gate instead of ~10 elementwise and reduction kernels.
-
-Same signature and numerics as `reference.gated_rms_norm` (fp32 statistics, the same casts):
-
-    xf = x * rsqrt(mean(x^2) + eps)                               fp32
-    normed = w * xf                  (weight_in_fp32: w in fp32; else xf rounded to x's dtype,
-                                      the product rounded to x's dtype again, as torch does)
-    y = (normed * act(gate)).to(x.dtype)    act = sigmoid (Kimi-Linear) or silu (Qwen3-Next),
-                                            in fp32
-
-The only differences from the reference are the order of the fp32 sum of squares, `rsqrt`'s and
-`exp`'s last-bit rounding. Imports triton at module level; `hyla.ops.norm` imports this module
-only where the kernel runs.
-"""
+"""Triton gated RMSNorm (KDA / Gated DeltaNet output norm), one program per row; same casts as
+`reference.gated_rms_norm`, differing only in sum order and rsqrt/exp last-bit rounding."""
 
 from __future__ import annotations
 
@@ -23,8 +10,7 @@ import triton.language as tl
 from hyla.ops.norm.kernels import MAX_FUSED_DIM
 
 ACTIVATIONS = {"sigmoid": 0, "silu": 1}
-# x dtypes the kernel reproduces: it computes in fp32, so a float64 x would lose precision the
-# reference keeps (its weight product and output stay in float64).
+# no float64: the kernel computes in fp32, the reference would keep float64
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -53,7 +39,7 @@ def _gated_rms_norm_kernel(
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if WEIGHT_IN_FP32:
         normed = w * xf
-    else:  # weight (x's dtype) * xf.to(dtype), the product rounded to dtype
+    else:  # as the reference: the product rounded to dtype
         normed = (w * xf.to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     act = 1.0 / (1.0 + tl.exp(-g))
@@ -65,9 +51,7 @@ def _gated_rms_norm_kernel(
 def supports(
     x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, weight_in_fp32: bool
 ) -> bool:
-    """True when the kernel reproduces the reference for these arguments: x in fp32 / bf16 /
-    fp16, gate of x's shape, a [D] weight in x's dtype (or any float dtype with
-    `weight_in_fp32`), 0 < D <= MAX_FUSED_DIM, unit stride along the last dims."""
+    """True when the kernel reproduces the reference for these arguments."""
     return (
         x.dtype in DTYPES
         and gate.shape == x.shape
@@ -88,18 +72,7 @@ def gated_rms_norm(
     activation: str = "silu",
     weight_in_fp32: bool = False,
 ) -> torch.Tensor:
-    """`hyla.ops.norm.reference.gated_rms_norm` in one Triton kernel (CUDA, or TRITON_INTERPRET=1).
-
-    Args:
-        x: [..., D] float tensor, last dim contiguous.
-        gate: [..., D] same shape, last dim contiguous (any float dtype).
-        weight: [D]; x's dtype unless `weight_in_fp32` (check `supports` first).
-        eps: added to the mean square.
-        activation: "sigmoid" or "silu".
-        weight_in_fp32: the reference's flag (Kimi-Linear True, Qwen3-Next False).
-    Returns: [..., D] in x's dtype (a new tensor).
-    Raises: ValueError for an unknown activation.
-    """
+    """`reference.gated_rms_norm` in one Triton kernel; check `supports` first."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation: {activation!r} not in {sorted(ACTIVATIONS)}")
     shape, D = x.shape, x.shape[-1]

@@ -1,13 +1,5 @@
-"""Triton RMSNorm and fused residual-add + RMSNorm: one program per row, one pass over memory.
-
-Same signatures and numerics as `reference.py` (fp32 statistics, the same casts): the only
-differences are the order of the fp32 sum of squares and `rsqrt`'s rounding. Imports triton at
-module level; `hyla.ops.norm` imports this module only for CUDA tensors.
-
-    fused_add_rms_norm(x, residual):   h = x + residual      (rounded to x's dtype, like torch)
-                                       y = rms_norm(h)
-    one kernel reads x, residual, weight and writes h, y (4 row passes instead of 6).
-"""
+"""Triton RMSNorm and fused residual-add + RMSNorm, one program per row; same casts as
+`reference.py`, differing only in sum order and rsqrt rounding."""
 
 from __future__ import annotations
 
@@ -58,8 +50,7 @@ def _rms_norm_kernel(
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
-    """True when the kernel reproduces the reference for these arguments: same dtypes (no type
-    promotion), a row no wider than MAX_FUSED_DIM, and unit stride along the last dim."""
+    """True when the kernel reproduces the reference (same dtypes, unit last stride)."""
     ok = (
         x.is_cuda
         and weight.dtype == x.dtype
@@ -74,7 +65,6 @@ def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | Non
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    # [..., D] -> [R, D] without copying when the leading dims are collapsible
     t = t if t.stride(-1) == 1 else t.contiguous()
     return t.reshape(-1, t.shape[-1])
 
@@ -87,7 +77,7 @@ def _launch(
     offset: float,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     shape, D = x.shape, x.shape[-1]
-    weight = weight.contiguous()  # read with unit stride (a no-op for parameters)
+    weight = weight.contiguous()
     x2 = _rows(x)
     y = torch.empty_like(x2)
     r2 = _rows(residual) if residual is not None else x2
@@ -111,15 +101,7 @@ def _launch(
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
 ) -> torch.Tensor:
-    """`hyla.ops.norm.reference.rms_norm` in one Triton kernel (CUDA, or TRITON_INTERPRET=1).
-
-    Args:
-        x: [..., D] float tensor, last dim contiguous.
-        weight: [D] in x's dtype (check `supports` first).
-        eps: added to the mean square.
-        offset: 1.0 for zero-centred weights, else 0.0.
-    Returns: [..., D] in x's dtype (a new tensor).
-    """
+    """`reference.rms_norm` in one Triton kernel; check `supports` first."""
     return _launch(x, None, weight, eps, offset)[0]
 
 
@@ -130,16 +112,7 @@ def fused_add_rms_norm(
     eps: float,
     offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`hyla.ops.norm.reference.fused_add_rms_norm` in one Triton kernel.
-
-    Args:
-        x: [..., D] the sublayer output to add.
-        residual: [..., D] the residual stream, x's dtype.
-        weight: [D] in x's dtype.
-        eps, offset: as `rms_norm`.
-    Returns: (normed [..., D], new_residual [..., D] = x + residual rounded to x's dtype); both
-        new tensors, the inputs are not modified.
-    """
+    """`reference.fused_add_rms_norm` in one Triton kernel (out of place)."""
     y, h = _launch(x, residual, weight, eps, offset)
     assert h is not None
     return y, h

@@ -8,15 +8,8 @@ import torch
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
 ) -> torch.Tensor:
-    """`x / sqrt(mean(x^2) + eps) * (offset + weight)` over the last dim.
-
-    Args:
-        x: [..., D] any float dtype.
-        weight: [D].
-        eps: added to the mean square.
-        offset: 1.0 for zero-centred weights (Qwen3-Next `Qwen3NextRMSNorm`), else 0.0.
-    Returns: [..., D] in x's dtype.
-    """
+    """`x / sqrt(mean(x^2) + eps) * (offset + weight)` over the last dim. x: [..., D];
+    weight: [D]; offset: 1.0 for zero-centred weights (Qwen3-Next). Returns x's dtype."""
     dtype = x.dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
@@ -32,19 +25,8 @@ def fused_add_rms_norm(
     eps: float,
     offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Residual add then RMSNorm: `h = x + residual`, returns `(rms_norm(h), h)`.
-
-    The pre-norm decoder's `h = h + sublayer(...)` followed by the next norm, as one op (vLLM's
-    `fused_add_rms_norm` convention, out of place). The add rounds to the inputs' dtype first,
-    exactly as the unfused `x + residual` does.
-
-    Args:
-        x: [..., D] the sublayer output.
-        residual: [..., D] the residual stream.
-        weight: [D].
-        eps, offset: as `rms_norm`.
-    Returns: (normed [..., D], new_residual [..., D]).
-    """
+    """`h = x + residual` (rounded to the inputs' dtype), returns `(rms_norm(h), h)` (vLLM's
+    convention, out of place). x, residual: [..., D]."""
     h = residual + x
     return rms_norm(h, weight, eps, offset), h
 
@@ -60,23 +42,9 @@ def gated_rms_norm(
     activation: str = "silu",
     weight_in_fp32: bool = False,
 ) -> torch.Tensor:
-    """RMSNorm of x, times `act(gate)`: the output norm of linear-attention layers.
-
-    Matches transformers' `Qwen3NextRMSNormGated` (activation "silu", `weight_in_fp32=False`: the
-    normed x is cast to x's dtype before the weight multiplies it) and `KimiLinearRMSNormGated`
-    (activation "sigmoid", `weight_in_fp32=True`: normed x times the fp32 weight, no downcast).
-    In both, the gate is applied in fp32 and the result cast back to x's dtype.
-
-    Args:
-        x: [..., D] any float dtype.
-        gate: [..., D] same leading shape.
-        weight: [D].
-        eps: added to the mean square.
-        activation: "silu" or "sigmoid".
-        weight_in_fp32: see above; the two only differ below fp32.
-    Returns: [..., D] in x's dtype.
-    Raises: ValueError for an unknown activation.
-    """
+    """RMSNorm of x times `act(gate)`, the gate in fp32. x, gate: [..., D]; weight: [D].
+    Qwen3-Next `Qwen3NextRMSNormGated`: "silu", weight_in_fp32=False (normed x cast to x's
+    dtype first); Kimi `KimiLinearRMSNormGated`: "sigmoid", weight_in_fp32=True."""
     if activation not in _GATE_ACTIVATIONS:
         raise ValueError(f"activation: {activation!r} not in {sorted(_GATE_ACTIVATIONS)}")
     dtype = x.dtype
@@ -87,7 +55,5 @@ def gated_rms_norm(
 
 
 def rms_norm_unweighted(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """`x / sqrt(mean(x^2) + eps)` over the last dim, no weight (DeepSeek-V4's per-head
-    `q_b_norm`, `DeepseekV4UnweightedRMSNorm`): the scale in float32, the product in x's
-    dtype."""
+    """RMSNorm without weight (DeepSeek-V4 `q_b_norm`): scale in fp32, product in x's dtype."""
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)

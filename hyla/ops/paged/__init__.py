@@ -1,5 +1,4 @@
-"""Paged per-token cache reads and writes. See `reference.py`; `write_paged` on CUDA tensors
-goes to the Triton kernel of `kernels.py` (imported on first use)."""
+"""Paged per-token cache reads and writes (`reference.py`); `write_paged` has a Triton kernel."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ __all__ = [
 
 
 def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
-    """Store `values[t]` at flat slot `slot_mapping[t]` of `cache` ([P, B, ...]), in place; see
-    `reference.write_paged`. CUDA tensors use one Triton launch, which also skips slots < 0."""
+    """`reference.write_paged`; on CUDA slots < 0 are skipped."""
     if use_triton(cache):
         from hyla.ops.paged import kernels
 
@@ -44,6 +42,5 @@ def write_paged_entries(
     slot_mapping: torch.Tensor,
     values: torch.Tensor,
 ) -> None:
-    """`reference.write_paged_entries` with this module's `write_paged` (Triton on CUDA): an
-    fp8 layer cache gets e4m3 values and their per-vector scales."""
+    """`reference.write_paged_entries` with this module's `write_paged`."""
     reference.write_paged_entries(layer_cache, name, slot_mapping, values, write_paged)

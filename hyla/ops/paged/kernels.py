@@ -1,12 +1,5 @@
-"""Triton `write_paged`: scatter T new entries into a paged cache, negative slots skipped.
-
-Same signature as `reference.write_paged`. One program per (token, tile of the entry); an entry
-is the cache's trailing dims flattened (E elements). Values are cast to the cache dtype by
-torch first (so fp8 rounding is torch's, bit-identical to the reference) and moved as raw
-elements (fp8 as bytes). A slot < 0 is skipped: padding rows of a fixed-size (CUDA-graph)
-batch write nothing. Imports triton at module level; `hyla.ops.paged` imports this module only
-for CUDA tensors.
-"""
+"""Triton `write_paged`: negative slots (padding rows of a CUDA-graph batch) are skipped; values
+are cast by torch first, so fp8 rounding is bit-identical to the reference."""
 
 from __future__ import annotations
 
@@ -50,23 +43,16 @@ def supports(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tens
 
 
 def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
-    """Store `values[t]` at flat slot `slot_mapping[t]` of `cache`, in place (one launch).
-
-    Args:
-        cache: [P, B, ...] contiguous, any dtype (values are cast to it).
-        slot_mapping: [T] int32/int64 flat slots (block_id * B + offset), distinct where >= 0;
-            a negative slot skips its token (the reference requires all slots valid).
-        values: [T, ...] matching cache's trailing dims.
-    Raises: ValueError on a shape mismatch. Slots >= P * B are not checked (undefined).
-    """
+    """`reference.write_paged` in one launch; cache contiguous; a slot < 0 skips its token.
+    Slots >= P * B are not checked (undefined)."""
     check_write_shapes(cache, slot_mapping, values)
     T = values.shape[0]
     if T == 0:
         return
-    slot_mapping = slot_mapping.contiguous()  # the kernel reads slot t at offset t
+    slot_mapping = slot_mapping.contiguous()
     E = cache[0, 0].numel()
-    flat = _raw(cache).view(cache.shape[0] * cache.shape[1], E)  # [P * B, E]
-    rows = _raw(values.to(cache.dtype)).reshape(T, E).contiguous()  # [T, E]
+    flat = _raw(cache).view(cache.shape[0] * cache.shape[1], E)
+    rows = _raw(values.to(cache.dtype)).reshape(T, E).contiguous()
     block = min(BLOCK_E, triton.next_power_of_2(E))
     grid = (T, triton.cdiv(E, block))
     _write_paged_kernel[grid](

@@ -1,13 +1,5 @@
-"""Paged per-token cache: write new tokens' entries, read a sequence's entries back.
-
-A cache tensor is `[P, B, ...]` (P blocks of B tokens). Token j of a sequence lives at
-
-    block_table[j // B] * B + j % B        (its flat slot in the [P * B, ...] view)
-
-    block_table = [7, 2, 9]   B = 4
-    token j:      0 1 2 3 | 4 5 6 7 | 8 9 ...
-    slot:        28 ... 31| 8 ... 11|36 37 ...
-"""
+"""Paged per-token cache of `[P, B, ...]` (P blocks of B tokens): token j of a sequence lives
+at flat slot `block_table[j // B] * B + j % B` of the [P * B, ...] view."""
 
 from __future__ import annotations
 
@@ -28,7 +20,6 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
 def check_write_shapes(
     cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor
 ) -> None:
-    """Raise ValueError unless `values` [T, ...] and `slot_mapping` [T] fit `cache` [P, B, ...]."""
     if values.shape[1:] != cache.shape[2:] or values.shape[0] != slot_mapping.shape[0]:
         raise ValueError(
             f"write_paged: values {tuple(values.shape)} / slot_mapping "
@@ -37,14 +28,8 @@ def check_write_shapes(
 
 
 def write_paged(cache: torch.Tensor, slot_mapping: torch.Tensor, values: torch.Tensor) -> None:
-    """Store `values[t]` at flat slot `slot_mapping[t]` of `cache`, in place.
-
-    Args:
-        cache: [P, B, ...] any dtype (values are cast to it).
-        slot_mapping: [T] int64 flat slots (block_id * B + offset), all distinct.
-        values: [T, ...] matching cache's trailing dims.
-    Raises: ValueError on a shape mismatch.
-    """
+    """Store `values[t]` ([T, ...], cast to cache's dtype) at flat slot `slot_mapping[t]`
+    (distinct) of `cache` [P, B, ...], in place. Raises ValueError on a shape mismatch."""
     check_write_shapes(cache, slot_mapping, values)
     _raw(_flat(cache)).index_copy_(0, slot_mapping.long(), _raw(values.to(cache.dtype)))
 
@@ -56,10 +41,8 @@ def write_paged_entries(
     values: torch.Tensor,
     write=None,
 ) -> None:
-    """Store `values` [T, ...] in `layer_cache[name]` at `slot_mapping`; when the layer keeps
-    `name + "_scale"` (an fp8 cache, `hyla.cache.spec`), as e4m3 with one float32 scale per
-    vector of the last dim (`hyla.ops.fp8.quantize_per_token`). `write`: the writer of one
-    tensor (default `write_paged`)."""
+    """Store `values` in `layer_cache[name]`; as e4m3 plus per-vector scales when the layer
+    keeps `name + "_scale"` (an fp8 cache)."""
     write = write or write_paged
     scale_cache = layer_cache.get(name + "_scale")
     if scale_cache is None:
@@ -71,22 +54,14 @@ def write_paged_entries(
 
 
 def dequantized(rows: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
-    """Gathered cache rows as read: `rows` itself, or fp8 rows times their per-vector scales
-    (float32) when `scales` (gathered alike, rows' shape without the last dim) is given."""
+    """`rows`, or fp8 rows times their per-vector scales (fp32) when `scales` is given."""
     return rows if scales is None else dequantize_per_token(rows, scales)
 
 
 def token_slots(
     block_table: torch.Tensor, token_indices: torch.Tensor, block_size: int
 ) -> torch.Tensor:
-    """Flat cache slots of a sequence's tokens.
-
-    Args:
-        block_table: [max_blocks] int32 block ids of one sequence.
-        token_indices: [...] int64 token indices within the sequence (all >= 0).
-        block_size: B.
-    Returns: [...] int64 flat slots.
-    """
+    """Flat cache slots [...] of `token_indices` [...] of one sequence."""
     idx = token_indices.long()
     blocks = block_table.long()[idx // block_size]
     return blocks * block_size + idx % block_size
@@ -98,16 +73,8 @@ def gather_paged(
     length: int,
     scale_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A sequence's first `length` entries, in token order.
-
-    Args:
-        cache: [P, B, ...].
-        block_table: [max_blocks] int32 block ids of the sequence.
-        length: tokens to read (<= max_blocks * B).
-        scale_cache: [P, B, ...] without cache's last dim: per-vector scales of an fp8 cache.
-    Returns: [length, ...] in cache's dtype (a copy); float32, dequantized, with scale_cache.
-    Raises: ValueError when the block table is too short for `length`.
-    """
+    """A sequence's first `length` entries [length, ...] (fp32 dequantized with scale_cache).
+    Raises ValueError when the block table is too short."""
     block_size = cache.shape[1]
     if length > block_table.shape[0] * block_size:
         raise ValueError(f"gather_paged: {block_table.shape[0]} blocks cannot hold {length} tokens")
@@ -123,15 +90,7 @@ def gather_paged_tokens(
     token_indices: torch.Tensor,
     scale_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Entries of selected tokens of one sequence (sparse read: only these slots are touched).
-
-    Args:
-        cache: [P, B, ...].
-        block_table: [max_blocks] int32 block ids of the sequence.
-        token_indices: [k] int64 token indices within the sequence (all >= 0).
-        scale_cache: per-vector scales of an fp8 cache (see `gather_paged`).
-    Returns: [k, ...] in cache's dtype (float32, dequantized, with scale_cache).
-    """
+    """Entries [k, ...] of selected tokens [k] of one sequence (only their slots are read)."""
     slots = token_slots(block_table, token_indices, cache.shape[1]).reshape(-1)
     rows = _raw(_flat(cache)).index_select(0, slots).view(cache.dtype)
     rows = dequantized(rows, None if scale_cache is None else _flat(scale_cache)[slots])
@@ -144,19 +103,8 @@ def gather_paged_padded(
     seq_lens: list[int],
     scale_cache: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every sequence's entries at once, padded to the longest (`gather_paged` per row).
-
-    Args:
-        cache: [P, B, ...].
-        block_tables: [N, max_blocks] int32, rows padded with any valid block id.
-        seq_lens: N host ints, entries to read per sequence (<= max_blocks * B).
-        scale_cache: per-vector scales of an fp8 cache (see `gather_paged`).
-    Returns: (entries [N, L, ...] in cache's dtype (float32, dequantized, with scale_cache)
-        with L = max(seq_lens), valid [N, L] bool).
-        Padding entries (valid False) hold whatever the padded block ids point at: callers
-        mask them.
-    Raises: ValueError when the block tables are too short.
-    """
+    """Every sequence's entries padded to the longest: (entries [N, L, ...], valid [N, L]);
+    padding holds garbage, callers mask it. Raises ValueError when the tables are too short."""
     N, block_size = len(seq_lens), cache.shape[1]
     longest = max(seq_lens, default=0)
     if longest > block_tables.shape[1] * block_size:

@@ -1,5 +1,4 @@
-"""Rotary position embedding: frequencies (default, linear, YaRN), cos/sin, apply. See
-`reference.py`."""
+"""Rotary position embedding: frequencies (default, linear, YaRN), cos/sin, apply."""
 
 from hyla.ops.rotary.pairs import apply_rope_pairs_tail
 from hyla.ops.rotary.reference import (

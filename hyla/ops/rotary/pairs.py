@@ -1,9 +1,5 @@
-"""DeepSeek-V4's rope: adjacent channel pairs (2i, 2i + 1) rotated in place on the *trailing*
-`R` channels of each head ([nope | rope] layout), as transformers' `deepseek_v4`
-`apply_rotary_pos_emb`; the output keeps the pairs interleaved (unlike `apply_rope`'s
-"interleave" style, which de-interleaves as DeepSeek-V3's does). V4 reads the rotated tokens
-as values too, and undoes the rotation on the attention output with -sin.
-"""
+"""DeepSeek-V4 rope (transformers `deepseek_v4`): adjacent pairs of the trailing R channels,
+output kept interleaved (unlike `apply_rope`'s "interleave", which de-interleaves)."""
 
 from __future__ import annotations
 
@@ -11,12 +7,7 @@ import torch
 
 
 def apply_rope_pairs_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the last `R = 2 * cos.shape[-1]` channels of each head in adjacent pairs.
-
-    Args:
-        x: [T, H, D] (or [T, D]: one head); cos, sin: [T, R/2] from `rope_cos_sin`.
-    Returns: x's shape and dtype; the rotation runs in float32.
-    """
+    """Rotate the last R channels of x [T, H, D] or [T, D] in pairs (fp32); cos, sin: [T, R/2]."""
     half = cos.shape[-1]
     heads = x if x.dim() == 3 else x[:, None]
     rest, rot = heads[..., : -2 * half], heads[..., -2 * half :].float()

@@ -1,18 +1,6 @@
-"""Rotary position embedding (Su et al. 2021, RoFormer) with default, linear and YaRN frequencies.
-
-Frequencies follow the Hugging Face rope init functions (`transformers/modeling_rope_utils.py`:
-the default init, `_compute_linear_scaling_rope_parameters`, `_compute_yarn_parameters`, YaRN:
-Peng et al. 2023, section 3) so cos/sin are bit-identical to the HF rotary embedding classes.
-
-Two layouts rotate the first `rotary_dim` channels of a head; the rest pass through:
-
-    neox:        pairs (x[i], x[i + d/2])           -> output in place
-    interleave:  pairs (x[2i], x[2i + 1]) (DeepSeek) -> output de-interleaved:
-                 [x0', x2', x4', ..., x1', x3', ...]   (as HF `apply_rotary_pos_emb_interleave`)
-
-The de-interleaved output of "interleave" is a fixed channel permutation applied to q and k alike,
-so q.k is unchanged; hyla keeps HF's layout so cached rope keys match the HF model's bit for bit.
-"""
+"""Rotary position embedding (RoFormer) with default, linear and YaRN frequencies, bit-identical
+to transformers' `modeling_rope_utils.py`. "interleave" de-interleaves its output as HF
+`apply_rotary_pos_emb_interleave` does (q.k unchanged), so cached keys match HF's bit for bit."""
 
 from __future__ import annotations
 
@@ -73,11 +61,8 @@ def _yarn_inv_freq(rope: RopeConfig) -> tuple[torch.Tensor, float]:
 
 
 def rope_inv_freq(rope: RopeConfig) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and the cos/sin scale ("attention factor") of a rope config.
-
-    Returns: (inv_freq [rotary_dim // 2] float32, attention_factor float).
-    Raises: ValueError for an unknown `scaling_type` or missing YaRN parameters.
-    """
+    """(inv_freq [rotary_dim // 2] fp32, attention_factor) of a rope config.
+    Raises ValueError for an unknown `scaling_type` or missing YaRN parameters."""
     if rope.scaling_type == "default":
         return _default_inv_freq(rope.theta, rope.rotary_dim), 1.0
     if rope.scaling_type == "linear":
@@ -89,11 +74,7 @@ def rope_inv_freq(rope: RopeConfig) -> tuple[torch.Tensor, float]:
 
 
 def rope_softmax_mscale(rope: RopeConfig | None) -> float:
-    """Extra softmax-scale factor of DeepSeek MLA under YaRN: `mscale(factor, mscale_all_dim)^2`.
-
-    1.0 without rope scaling or without `mscale_all_dim` (HF `yarn_apply_mscale`,
-    `deepseek_v32/modeling_deepseek_v32.py`).
-    """
+    """DeepSeek MLA's extra softmax scale under YaRN, `mscale(factor, mscale_all_dim)^2`."""
     if rope is None or rope.scaling_type == "default":
         return 1.0
     s = rope.scaling_dict()
@@ -107,33 +88,18 @@ def rope_softmax_mscale(rope: RopeConfig | None) -> float:
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of each position's angles.
-
-    Args:
-        positions: [T] int64 absolute positions.
-        inv_freq: [R/2] float32 from `rope_inv_freq`.
-        attention_factor: multiplies cos and sin (YaRN).
-    Returns: (cos, sin), each [T, R/2] float32 (one angle per rotated pair).
-    """
+    """positions [T], inv_freq [R/2] -> (cos, sin), each [T, R/2] fp32."""
     freqs = positions[:, None].float() * inv_freq.to(positions.device, torch.float32)[None, :]
     return freqs.cos() * attention_factor, freqs.sin() * attention_factor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:
-    """Rotate the first `R = 2 * cos.shape[-1]` channels of each head; pass the rest through.
-
-    Args:
-        x: [T, H, D] with D >= R.
-        cos, sin: [T, R/2] from `rope_cos_sin` (cast to x's dtype here).
-        style: "neox" (rotate halves) or "interleave" (rotate adjacent pairs, output
-            de-interleaved as HF does).
-    Returns: [T, H, D] in x's dtype.
-    Raises: ValueError for an unknown style or a head narrower than R.
-    """
+    """Rotate the first R = 2 * cos.shape[-1] channels of x [T, H, D]; cos, sin: [T, R/2];
+    style "neox" or "interleave". Raises ValueError for an unknown style or D < R."""
     half = cos.shape[-1]
     if x.shape[-1] < 2 * half:
         raise ValueError(f"apply_rope: head dim {x.shape[-1]} < rotary dim {2 * half}")
-    c = cos.to(x.dtype)[:, None, :]  # [T, 1, R/2]
+    c = cos.to(x.dtype)[:, None, :]
     s = sin.to(x.dtype)[:, None, :]
     rot, rest = x[..., : 2 * half], x[..., 2 * half :]
     if style == "neox":

@@ -1,8 +1,5 @@
-"""Short causal depthwise convolution with a carried state. See `reference.py` for the
-definition; the public function is the vectorized one of `cpu.py`, tested against it. The
-decode step on a slot pool has a Triton kernel (`kernels.conv_update_slots`), imported on
-first use where `hyla.ops.gpu.triton_runs_on` says it runs, so CPU installs never import
-triton."""
+"""Short causal depthwise convolution with a carried state (definition: `reference.py`). The
+Triton slot-pool kernels are imported only where they run, so CPU installs never import triton."""
 
 from __future__ import annotations
 

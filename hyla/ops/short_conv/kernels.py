@@ -1,17 +1,5 @@
-"""The decode step of the short conv in one Triton kernel: every sequence brings one token,
-reads its conv state from a slot pool and writes the shifted state back in place.
-
-Same numerics as `cpu.causal_conv1d` on one token per sequence (`cpu._one_token_each`): fp32
-taps summed newest first, then the older ones oldest first; bias added after the sum, then the
-activation; y rounded once to x's dtype, the new state once to the pool's dtype. Replaces the
-gather of the slots, the casts, the per-tap multiply-adds, the concatenation of the new state,
-the activation, the output cast and the scatter back (about 14 launches) by one launch.
-
-    pool[slot]  | s0 s1 s2 |  + x      (W = 4)    y = act(b + x*w3 + s0*w0 + s1*w1 + s2*w2)
-    pool[slot] <- | s1 s2 x |
-
-Imports triton at module level; `hyla.layers.state_slots` imports it only where it runs.
-"""
+"""Short-conv decode step in one Triton kernel: each sequence's state is read from its slot
+of a pool and the shifted state written back in place. Same numerics as `cpu.causal_conv1d`."""
 
 from __future__ import annotations
 
@@ -44,7 +32,7 @@ def _conv_update_slots_kernel(
     stride_b,
     W: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    ACTIVATION: tl.constexpr,  # 0 none, 1 silu, 2 sigmoid
+    ACTIVATION: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     n = tl.program_id(0).to(tl.int64)
@@ -55,13 +43,12 @@ def _conv_update_slots_kernel(
     w_ptrs = w_ptr + cols * stride_w_c
     x = tl.load(x_ptr + n * stride_x_n + cols * stride_x_c, mask=mask, other=0.0)
     xf = x.to(tl.float32)
-    # the current token's tap first, then the carried ones oldest first (cpu._tap_sum)
     y = xf * tl.load(w_ptrs + (W - 1) * stride_w_w, mask=mask, other=0.0).to(tl.float32)
     for j in tl.static_range(W - 1):
         s = tl.load(state_ptrs + j * stride_p_w, mask=mask, other=0.0).to(tl.float32)
         wj = tl.load(w_ptrs + j * stride_w_w, mask=mask, other=0.0).to(tl.float32)
         y = tl.fma(s, wj, y)  # addcmul_ rounds once, as an fma
-        if j > 0:  # tap j moves to j - 1 (read before written: same program, same columns)
+        if j > 0:  # read before written: same program, same columns
             tl.store(state_ptrs + (j - 1) * stride_p_w, s.to(pool_ptr.dtype.element_ty), mask=mask)
     tl.store(state_ptrs + (W - 2) * stride_p_w, xf.to(pool_ptr.dtype.element_ty), mask=mask)
     if HAS_BIAS:
@@ -84,7 +71,6 @@ def check_slot_inputs(
     state_indices: torch.Tensor,
     activation: str | None,
 ) -> None:
-    """Raise ValueError unless the arguments of a `conv_update_slots` call agree."""
     if x.dim() != 2:
         raise ValueError(f"x: shape {tuple(x.shape)}, expected [N, C]")
     N, C = x.shape
@@ -111,27 +97,9 @@ def conv_update_slots(
     state_indices: torch.Tensor,
     activation: str | None = "silu",
 ) -> torch.Tensor:
-    """One decode token per sequence through `reference.causal_conv1d`, the conv states read
-    from and written back to their slots of a pool, in one kernel (CUDA, or TRITON_INTERPRET=1
-    on CPU tensors). No host sync and a grid fixed by the shapes: CUDA-graph capturable.
-
-    Equals `cpu.causal_conv1d(x, weight, bias, arange(N + 1), conv_pool[state_indices],
-    activation)` followed by `conv_pool.index_copy_(0, state_indices, new_state)`.
-
-    Args:
-        x: [N, C] the new token of each sequence (bf16, fp16 or fp32; any strides).
-        weight: [C, W] taps, the last one multiplying x (any float dtype, read in fp32); W >= 2.
-        bias: [C] or None (any float dtype, added in fp32 after the sum).
-        conv_pool: [S, C, W - 1] the state slots, oldest input first (any float dtype). Rows
-            state_indices are updated in place (last W - 1 inputs, rounded to the pool's dtype);
-            other rows are not touched.
-        state_indices: [N] int32 or int64 device tensor, distinct slots in [0, S) (not
-            checked: it is never read back to the host).
-        activation: "silu", "sigmoid" or None.
-    Returns: y [N, C] in x's dtype (computed in fp32).
-    Raises: ValueError: inconsistent shapes, an index tensor that is not int32/int64, or an
-        unknown activation.
-    """
+    """One decode token per sequence, states updated in their pool slots (graph capturable).
+    x: [N, C]; weight: [C, W]; conv_pool: [S, C, W - 1]; state_indices: [N], distinct.
+    Returns y [N, C] in x's dtype."""
     check_slot_inputs(x, weight, bias, conv_pool, state_indices, activation)
     N, C = x.shape
     W = weight.shape[1]

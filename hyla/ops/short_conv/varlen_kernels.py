@@ -1,16 +1,5 @@
-"""The short conv of a packed multi-token step (prefill chunks and decodes mixed) in two Triton
-launches, the conv states read from and written back to their slots of a pool in place:
-
-    conv    y[t] = act(b + x[t] w[W-1] + sum_{j<W-1} w[j] tap_j(t))      grid (T / BT, C / BC)
-            tap_j(t) = x[t - (W-1) + j] inside t's sequence, else its slot's carried input
-            (zero for a sequence without history)
-    state   pool[slot_i] <- last W-1 of (pool[slot_i] ++ x_i)               grid (N, C / BC)
-
-The state launch runs after the conv launch on the stream, so no conv program reads a slot
-that was already overwritten. Same numerics as `cpu.causal_conv1d` (fp32 taps, the current
-token's first, then the older ones oldest first as fmas; bias after the sum; y rounded once).
-No host sync, and the grid depends on T, N and C only. Imports triton at module level.
-"""
+"""Short conv of a packed step in two Triton launches; the state update runs after the conv
+launch, so no conv program reads an overwritten slot. Numerics as `cpu.causal_conv1d`."""
 
 from __future__ import annotations
 
@@ -39,7 +28,7 @@ def _conv_varlen_kernel(
     col_ok = cols < C
     mask = row_ok[:, None] & col_ok[None, :]
     seq = tl.load(seq_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    pos = rows - tl.load(cu_ptr + seq, mask=row_ok, other=0).to(tl.int64)  # index in its sequence
+    pos = rows - tl.load(cu_ptr + seq, mask=row_ok, other=0).to(tl.int64)
     slot = tl.load(idx_ptr + seq, mask=row_ok, other=0).to(tl.int64)
     carried = tl.load(has_state_ptr + seq, mask=row_ok, other=0).to(tl.int32) != 0
     rows64 = rows.to(tl.int64)
@@ -48,13 +37,12 @@ def _conv_varlen_kernel(
     w_last = tl.load(w_cols + (W - 1) * stride_w_w, mask=col_ok, other=0.0).to(tl.float32)
     y = x_cur.to(tl.float32) * w_last[None, :]
     for j in tl.static_range(W - 1):
-        back = W - 1 - j  # tap j reads `back` tokens earlier
+        back = W - 1 - j
         inside = pos >= back
         x_tap = tl.load(
             x_ptr + (rows64 - back)[:, None] * stride_x_t + cols[None, :] * stride_x_c,
             mask=mask & inside[:, None], other=0.0,
         ).to(tl.float32)  # fmt: skip
-        # before the sequence: entry W-1 - (back - pos) of the slot (oldest first)
         s_col = W - 1 - back + pos
         s_mask = mask & (~inside & carried)[:, None]
         s_tap = tl.load(
@@ -91,10 +79,9 @@ def _state_varlen_kernel(
     slot = tl.load(idx_ptr + i).to(tl.int64)
     carried = tl.load(has_state_ptr + i).to(tl.int32)
     state_ptrs = pool_ptr + slot * stride_p_s + cols * stride_p_c
-    # ascending j: entry j is written after the read of entry length + j >= j, and an entry
-    # once written is never read again (a later j' reads length + j' > j)
+    # ascending j: entry j is written after its read of entry length + j >= j
     for j in tl.static_range(W - 1):
-        e = length + j  # element of the window (old state ++ x_i), oldest first
+        e = length + j
         from_x = (tl.zeros_like(cols) + e) >= W - 1  # per column: masks must be blocks
         from_state = (tl.zeros_like(cols) + e < W - 1) & (tl.zeros_like(cols) + carried != 0)
         xv = tl.load(
@@ -119,24 +106,9 @@ def conv_varlen_slots(
     has_initial_state: torch.Tensor,
     activation: str | None = "silu",
 ) -> torch.Tensor:
-    """Packed sequences of any lengths through `reference.causal_conv1d`, each sequence's conv
-    state read from its slot of `conv_pool` and the new one written back there (two launches).
-
-    Equals `cpu.causal_conv1d(x, weight, bias, cu_seqlens, state, activation)` with
-    state = conv_pool[state_indices] (rows of sequences without history zeroed), followed by
-    `conv_pool.index_copy_(0, state_indices, new_state)`.
-
-    Args:
-        x: [T, C] (any strides); weight: [C, W], W >= 2; bias: [C] or None.
-        cu_seqlens: [N + 1] int32/int64 device offsets (never read back to the host).
-        conv_pool: [S, C, W - 1] state slots, oldest input first; rows state_indices updated.
-        state_indices: [N] int device tensor, distinct slots (not checked).
-        has_initial_state: [N] bool/int device tensor: False reads zeros instead of the slot
-            (whose contents may be garbage, NaN included).
-        activation: "silu", "sigmoid" or None.
-    Returns: y [T, C] in x's dtype.
-    Raises: ValueError: inconsistent shapes or an unknown activation.
-    """
+    """Packed sequences through the short conv, states read from and written to their pool
+    slots. x: [T, C]; cu_seqlens: [N + 1]; conv_pool: [S, C, W - 1]; state_indices: [N];
+    has_initial_state: [N], False reads zeros instead of the slot. Returns y [T, C]."""
     T, C = x.shape
     N = state_indices.shape[0]
     check_slot_inputs(x.new_empty(N, C), weight, bias, conv_pool, state_indices, activation)
@@ -147,7 +119,6 @@ def conv_varlen_slots(
             f"has_initial_state: shape {tuple(has_initial_state.shape)}, expected ({N},)"
         )
     W = weight.shape[1]
-    # read with unit element strides by the kernels (no-ops when already so)
     cu_seqlens, state_indices = cu_seqlens.contiguous(), state_indices.contiguous()
     has_initial_state = has_initial_state.contiguous()
     y = torch.empty(T, C, dtype=x.dtype, device=x.device)

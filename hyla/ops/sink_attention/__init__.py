@@ -1,5 +1,4 @@
-"""DeepSeek-V4's shared-KV attention with sinks over a sliding window and compressed entries.
-See `reference.py` (PyTorch only)."""
+"""DeepSeek-V4's shared-KV attention with sinks over a sliding window and compressed entries."""
 
 from hyla.ops.sink_attention.reference import sink_window_attention
 

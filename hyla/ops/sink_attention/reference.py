@@ -1,12 +1,6 @@
-"""DeepSeek-V4's attention (transformers' `DeepseekV4Attention` with eager attention), readable
-PyTorch over one sequence: shared-KV multi-query attention (one head read as keys and values)
-over a sliding window of the sequence's own tokens plus compressed entries, with a learned
-per-head "sink" logit that takes probability mass but contributes no value (gpt-oss's sinks).
-
-    query at position p reads   tokens j with p - W < j <= p          (sliding window W)
-                                entries w it may see (`selected`, or all w < (p + 1) // m)
-    probs = softmax([q.k_1 .. q.k_n] * scale ++ [sink_h]) without its last column
-"""
+"""DeepSeek-V4's attention (transformers' `DeepseekV4Attention`, eager) over one sequence:
+shared-KV MQA over a sliding window plus compressed entries, with per-head sink logits
+(gpt-oss's) that take probability mass but add no value."""
 
 from __future__ import annotations
 
@@ -26,16 +20,9 @@ def sink_window_attention(
     ratio: int = 1,
     selected: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of one sequence's queries.
-
-    Args:
-        q: [T, H, D]; kv: [S, D] the sequence's tokens 0..S-1 (keys = values); entries: [E, D]
-        compressed entries, or None (a sliding-only layer); positions: [T] int64 (< S);
-        sinks: [H] float32; window: W; ratio: m (entries visible once their window closed);
-        selected: [T, k] int64 entry indices (-1: none) that replace "every visible entry"
-        (CSA's indexer top-k), or None.
-    Returns: [T, H, D] float32.
-    """
+    """Position p reads tokens p - W < j <= p and its visible entries. q: [T, H, D]; kv: [S, D]
+    (keys = values); entries: [E, D] or None; selected: [T, k] entry indices (-1: none) replacing
+    "all visible" (CSA's top-k). Returns [T, H, D] fp32."""
     keys = kv.float()
     token = torch.arange(kv.shape[0], device=q.device)
     mask = (token[None, :] <= positions[:, None]) & (token[None, :] > positions[:, None] - window)

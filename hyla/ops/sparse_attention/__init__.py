@@ -1,5 +1,4 @@
-"""Sparse MLA over the tokens the DSA indexer selected. See `reference.py`; CUDA tensors take
-the Triton path in `kernels.py` (same signature; triton is imported only then)."""
+"""Sparse MLA over the tokens the DSA indexer selected."""
 
 from __future__ import annotations
 
@@ -24,15 +23,9 @@ def sparse_mla(
     latent_scale: torch.Tensor | None = None,
     valid_selection: bool = False,
 ) -> torch.Tensor:
-    """MLA of each new token over its selected tokens: `reference.sparse_mla` (args, [T, H, Dv]
-    result), dispatched to `kernels.sparse_mla` for CUDA tensors (which returns NaN rows instead
-    of raising when a row selects no token). With `seq_lens` the selection is made safe first
-    (`valid_topk_indices`: no duplicate, future or out-of-range entry is read) and a row left
-    empty gets zeros on both paths. `latent_scale` [P, B] float32: per-token scales of an fp8
-    latent cache (read as e4m3 and scaled on load), else None. `valid_selection`: the caller
-    guarantees distinct positions within 0 .. the row's own (`kpool_indexer_topk` builds them
-    so), so the kernel path skips `valid_topk_indices` (a sort per row); empty rows still get
-    zeros. The result is the same either way."""
+    """`reference.sparse_mla`, by `kernels.py` for CUDA tensors (NaN rows where the reference
+    raises, unless `seq_lens` is given). valid_selection: positions are known distinct and causal
+    (as `kpool_indexer_topk` builds them), which skips `valid_topk_indices`' sort."""
     if use_triton(q_nope):
         return kernel_sparse_mla(
             q_nope, q_rope, latent_cache, block_tables, cu_seqlens, topk_indices, kv_b_weight,

@@ -1,27 +1,5 @@
-"""Sparse MLA on the GPU (Triton): the fast path of `reference.sparse_mla`, same signature.
-
-    q_lat = q_nope W_UK                         PyTorch bmm        [T, H, R]
-    o_lat = softmax(scale * (q_lat . c + q_rope . k_rope)) . c      Triton, selected tokens only
-    out   = o_lat W_UV^T                        PyTorch bmm        [T, H, Dv]
-
-The kernel runs one program per (head block, query row, split of the top-k list). In its dense
-mode (`dense_latent_attention`, the CUDA path of `hyla.ops.mla.mla_paged`) a row walks the
-positions 0 .. its own instead of a top-k list: dense causal MLA, decode or prefill. A program walks
-its slice of `topk_indices[t]` BLOCK_N entries at a time, maps positions to cache slots through
-the row's block table, loads only those latent rows `[c | k_rope]` (entries < 0 are masked: never
-read), and keeps an online softmax in fp32:
-
-    topk_indices[t] = [ 17, 3, 950, -1, ... ]      split 0        split 1  ...
-                        |  block_table[seq(t)][pos // B] * B + pos % B -> latent row
-
-With one split the program normalises and writes o_lat; with several (decode: few rows, so the
-top-k list is split to fill the GPU, flash-decoding style) each writes an unnormalised partial
-(acc, max, sum) and a second kernel merges them. The same kernel serves decode and prefill.
-
-`hyla.ops.dsa_indexer.rows.dense_topk_indices` builds the "every visible token" selection for
-sequences no longer than k: sparse MLA over it is exact dense causal MLA, so the layer can skip
-the indexer there.
-"""
+"""Sparse MLA in Triton: o_lat over the selected latent rows with an online fp32 softmax, one
+program per (head block, row, split of the top-k list); a second kernel merges decode splits."""
 
 from __future__ import annotations
 
@@ -35,7 +13,7 @@ from hyla.ops.mla.reference import split_kv_b
 
 # Tunables (sweep on the H200: bench/gpu_dsa_decode.py reads overrides from the environment).
 BLOCK_H = 32  # heads per program (>= 16 for tl.dot)
-BLOCK_N = 32  # selected tokens per inner step
+BLOCK_N = 32
 NUM_WARPS = 8
 NUM_STAGES = 2
 PROGRAMS_PER_SM = 2  # decode: split the top-k list until about this many programs per SM
@@ -89,8 +67,7 @@ def _sparse_mla_kernel(
     pid_h = tl.program_id(0)
     t = tl.program_id(1).to(tl.int64)
     pid_s = tl.program_id(2)
-    # int64: q_lat is a transposed bmm result, head stride T * R (past 2^31 elements at ~33k
-    # rows with H = 128, R = 512)
+    # int64: q_lat's head stride is T * R (a transposed bmm), past 2^31 at ~33k rows, H = 128
     heads = (pid_h * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     offs_dr = tl.arange(0, BLOCK_DR)
@@ -111,7 +88,7 @@ def _sparse_mla_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_R], tl.float32)
     start = pid_s * idx_per_split
     end = tl.minimum(start + idx_per_split, num_idx)
-    if DENSE:  # positions 0 .. pos(t) instead of a top-k list
+    if DENSE:
         end = tl.minimum(end, (tl.load(pos_ptr + t) + 1).to(tl.int32))
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -143,7 +120,7 @@ def _sparse_mla_kernel(
                 kr = kr.to(q_lat.dtype)
                 s = tl.dot(q_lat, tl.trans(c))
                 s = tl.dot(q_rope, tl.trans(kr), s)
-            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
+            s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s - m_new[:, None])
@@ -190,7 +167,7 @@ def _merge_splits_kernel(
     ml_rows = ml_ptr + t * stride_mt + h * stride_mh + offs_s * 2
     m = tl.load(ml_rows, mask=mask_s, other=-1.0e30)
     lsum = tl.load(ml_rows + 1, mask=mask_s, other=0.0)
-    w = tl.exp2(m - tl.max(m, axis=0))  # [BLOCK_S]; empty splits have lsum = 0, acc = 0
+    w = tl.exp2(m - tl.max(m, axis=0))  # empty splits have lsum = 0, acc = 0
     parts = part_ptr + t * stride_pt + h * stride_ph + offs_s[:, None] * stride_ps
     acc = tl.load(parts + offs_r[None, :], mask=mask_s[:, None] & (offs_r < R)[None, :], other=0.0)
     o = tl.sum(acc * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
@@ -221,16 +198,8 @@ def sparse_latent_attention(
     *,
     latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Latent-space attention of each row over its selected tokens (the Triton part).
-
-    Args:
-        q_lat: [T, H, R]; q_rope: [T, H, Dr] (last dims contiguous; same dtype).
-        latent_cache: [P, B, R + Dr]; block_tables: [N, max_blocks] int32.
-        row_seq: [T] int32 sequence of each row; topk_indices: [T, k] int32 (-1 = none).
-        scale: softmax scale; latent_scale: [P, B] float32 per-token scales of an fp8 cache.
-    Returns: o_lat [T, H, R] in q_lat's dtype (softmax in fp32). A row selecting no token
-        gives NaN (the reference raises; checking here would cost a host sync).
-    """
+    """q_lat: [T, H, R], q_rope: [T, H, Dr]; topk_indices: [T, k] (-1: none). Returns o_lat
+    [T, H, R]; a row selecting no token gives NaN (checking would sync)."""
     topk_indices = topk_indices.to(torch.int32).contiguous()  # the kernel reads unit strides
     return _latent_attention(
         q_lat, q_rope, latent_cache, block_tables, row_seq, topk_indices, None,
@@ -250,10 +219,7 @@ def dense_latent_attention(
     *,
     latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Latent-space attention of each row over positions 0 .. row_pos[t] of its sequence (dense
-    causal MLA; `hyla.ops.mla.paged`): the same kernel walking positions, split by
-    `max_seq_len`. Args as `sparse_latent_attention` with row_pos [T] int64 instead of the
-    top-k list; max_seq_len: host bound on row_pos + 1. Returns o_lat [T, H, R]."""
+    """`sparse_latent_attention` over positions 0 .. row_pos[t] (dense causal MLA)."""
     return _latent_attention(
         q_lat, q_rope, latent_cache, block_tables, row_seq, None, row_pos.contiguous(),
         max_seq_len, scale, latent_scale,
@@ -272,9 +238,6 @@ def _latent_attention(
     scale: float,
     latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch the kernel (and the merge) over `topk_indices` or, when None, over positions
-    0 .. row_pos[t]; num_idx: the top-k width or the bound on row_pos + 1; latent_scale: the
-    per-token scales [P, B] of an fp8 cache, or None."""
     num_rows, num_heads, rank = q_lat.shape
     dr = q_rope.shape[-1]
     o_lat = q_lat.new_empty(num_rows, num_heads, rank)
@@ -299,7 +262,7 @@ def _latent_attention(
         out, strides = o_lat, (o_lat.stride(0), o_lat.stride(1), 0)
     idx_arg = row_pos if dense else topk_indices  # a placeholder pointer where unused
     has_scale = latent_scale is not None
-    cs = latent_scale if has_scale else latent_cache  # a placeholder pointer where unused
+    cs = latent_scale if has_scale else latent_cache
     cs_strides = (cs.stride(0), cs.stride(1)) if has_scale else (0, 0)
     _sparse_mla_kernel[(num_head_blocks, num_rows, splits)](
         q_lat, q_rope, latent_cache, cs, block_tables, row_seq, idx_arg,
@@ -348,16 +311,11 @@ def sparse_mla(
     *,
     latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MLA of each new token over its selected tokens only (CUDA tensors).
-
-    Args and result as `reference.sparse_mla` ([T, H, Dv] in q's dtype), except that a row
-    selecting no token gives NaN instead of raising ValueError (no host sync). Differences from
-    the reference are fp32 rounding: scores and the softmax run in fp32, probabilities enter the
-    value sum in the latent dtype (q's dtype for an fp8 cache, whose rows are scaled on load).
-    """
+    """`reference.sparse_mla` on CUDA (no sync: NaN for an empty row); probabilities enter the
+    value sum in the latent dtype."""
     num_rows, num_heads, dn = q_nope.shape
     w_uk, w_uv = split_kv_b(kv_b_weight, num_heads, dn)
-    q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R] (strided)
+    q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
     row_seq = row_sequences(cu_seqlens, num_rows)
     o_lat = sparse_latent_attention(
         q_lat,
@@ -369,4 +327,4 @@ def sparse_mla(
         scale,
         latent_scale=latent_scale,
     )
-    return torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)  # [T, H, Dv]
+    return torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)

@@ -1,12 +1,5 @@
-"""Sparse MLA: each query attends only to the tokens its indexer selected (DeepSeek-V3.2-Exp
-report, section 2.1), in the absorbed latent form (DeepSeek-V2 appendix C).
-
-Only the selected tokens' latents are read: `topk_indices[t]` are token positions within t's
-sequence, mapped to cache slots through that sequence's block table; -1 entries are skipped, so
-an unwritten or recycled slot is never touched. Given `seq_lens`, the op first drops duplicate,
-future and out-of-range entries itself (`indices.valid_topk_indices`) and a row left with no
-token gets zeros (attention over an empty set).
-"""
+"""Sparse MLA (DeepSeek-V3.2-Exp report section 2.1) in the absorbed latent form (DeepSeek-V2
+appendix C): each query attends only to its selected tokens; -1 entries are never read."""
 
 from __future__ import annotations
 
@@ -30,22 +23,9 @@ def sparse_mla(
     *,
     latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MLA of each new token over its selected tokens only.
-
-    Args:
-        q_nope: [T, H, Dn]; q_rope: [T, H, Dr].
-        latent_cache: [P, B, R + Dr] rows `[c_kv | k_rope]`.
-        block_tables: [N, max_blocks] int32; cu_seqlens: [N + 1] int32 (row t belongs to the
-            sequence i with cu_seqlens[i] <= t < cu_seqlens[i + 1]).
-        topk_indices: [T, k] int32 token positions within the row's sequence, -1 = none; each
-            row needs at least one entry >= 0.
-        kv_b_weight: [H * (Dn + Dv), R]; scale: softmax scale.
-        seq_lens: [N] lengths including this step's tokens; given, entries that are repeated,
-            in the row's future or outside the sequence are dropped, and an empty row is 0.
-        latent_scale: [P, B] float32 per-token scales of an fp8 latent cache, else None.
-    Returns: [T, H, Dv] in q's dtype.
-    Raises: ValueError when a row selects no token (without `seq_lens`).
-    """
+    """q_nope: [T, H, Dn]; q_rope: [T, H, Dr]; latent_cache: [P, B, R + Dr]; topk_indices: [T, k]
+    positions (-1: none); seq_lens: given, bad entries are dropped and an empty row is 0. Returns
+    [T, H, Dv]. Raises ValueError when a row selects no token (without seq_lens)."""
     if seq_lens is not None:
         topk_indices = valid_topk_indices(topk_indices, cu_seqlens, seq_lens)
     num_heads, dn = q_nope.shape[1], q_nope.shape[2]
@@ -60,10 +40,8 @@ def sparse_mla(
                 continue
             if selected.numel() == 0:
                 raise ValueError(f"sparse_mla: row {t} selects no token")
-            latents = gather_paged_tokens(
-                latent_cache, block_tables[i], selected, latent_scale
-            )  # [k', R+Dr]
-            q_lat = absorb_query(q_nope[t : t + 1], w_uk)  # [1, H, R]
+            latents = gather_paged_tokens(latent_cache, block_tables[i], selected, latent_scale)
+            q_lat = absorb_query(q_nope[t : t + 1], w_uk)
             o_lat = latent_attention(
                 q_lat, q_rope[t : t + 1], latents.to(q_nope.dtype), None, scale
             )

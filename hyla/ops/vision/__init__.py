@@ -1,5 +1,4 @@
-"""Vision-encoder ops (axial rope, per-image bidirectional attention). See `reference.py`;
-PyTorch on every device (an image is encoded once per request, off the decode hot path)."""
+"""Vision-encoder ops; PyTorch only (an image is encoded once, off the decode hot path)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Vision-encoder ops of the GLM / Qwen-VL family (transformers' `Glm5NextVisionModel`):
-2-D axial rotary positions of the patches and bidirectional attention within each image.
-
-Patches come in spatial-merge-block order: for a grid of h x w patches and merge size m, the
-m x m patches that merge into one LLM token are consecutive:
-
-    grid 4 x 4, m = 2:   (0,0) (0,1) (1,0) (1,1) | (0,2) (0,3) (1,2) (1,3) | (2,0) ...
-"""
+"""Vision-encoder ops of the GLM / Qwen-VL family (transformers `Glm5NextVisionModel`): axial
+rope and per-image attention. Patches come in merge-block order (each m x m block consecutive)."""
 
 from __future__ import annotations
 
@@ -14,8 +8,7 @@ import torch.nn.functional as F
 
 
 def patch_positions(grid_thw: list[tuple[int, int, int]], merge: int) -> torch.Tensor:
-    """(h, w) grid coordinates of every patch in merge-block order, frames repeated:
-    [sum t*h*w, 2] int64."""
+    """(h, w) of every patch in merge-block order, frames repeated: [sum t*h*w, 2]."""
     out = []
     for t, h, w in grid_thw:
         hh, ww = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
@@ -28,19 +21,17 @@ def patch_positions(grid_thw: list[tuple[int, int, int]], merge: int) -> torch.T
 def axial_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [N, head_dim] float32 of the axial rope: frequencies over head_dim / 2 channels
-    shared by the h and w coordinates, laid out [h | w | h | w] for rotate-half."""
+    """cos, sin [N, head_dim] fp32 of the axial rope, laid out [h | w | h | w] (rotate-half)."""
     spatial = head_dim // 2
     steps = torch.arange(0, spatial, 2, dtype=torch.float, device=positions.device)
     inv_freq = 1.0 / (theta ** (steps / spatial))
-    freqs = positions.float()[..., None] * inv_freq  # [N, 2, head_dim / 4]
+    freqs = positions.float()[..., None] * inv_freq
     angles = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
 
 
 def apply_rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, H, Dh] rotated in float32 (cos, sin [N, Dh]), returned in x's dtype."""
     xf = x.float()
     half = x.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
@@ -50,11 +41,10 @@ def apply_rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 def segment_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: list[int], scale: float
 ) -> torch.Tensor:
-    """Bidirectional attention within each segment [cu[i], cu[i + 1]) (one image frame):
-    q, k, v [N, H, Dh] -> [N, H, Dh]; softmax in float32."""
+    """Bidirectional attention within each segment (frame); q, k, v [N, H, Dh]."""
     out = torch.empty_like(q)
     for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:], strict=True):
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))  # [H, n, Dh]
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
         weights = F.softmax((qs @ ks.transpose(1, 2)) * scale, dim=-1, dtype=torch.float32)
         out[start:end] = (weights.to(q.dtype) @ vs).transpose(0, 1)
     return out

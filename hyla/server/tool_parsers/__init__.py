@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hyla.config import REASONING_PARSERS, TOOL_CALL_PARSERS
 from hyla.server.tool_parsers.base import ParsedCall, ParsedText, ToolParser
-from hyla.server.tool_parsers.names import REASONING_PARSERS, TOOL_CALL_PARSERS
 from hyla.server.tool_parsers.sections import DeepSeekV31Parser, HermesParser, KimiK2Parser
 from hyla.server.tool_parsers.xml_formats import DeepSeekV32Parser, Glm45Parser, Qwen3CoderParser
 

@@ -1,9 +1,5 @@
-"""Typed reads of Hugging Face `config.json` fields, raising ConfigError that names the field.
-
-Used by the per-family adapters. A field may have aliases (the original checkpoint's name and the
-transformers name, e.g. Kimi's `num_experts_per_token` / `num_experts_per_tok`); the first present
-one wins. Defaults, where given, are the transformers config class defaults of that family.
-"""
+"""Typed reads of Hugging Face `config.json` fields, raising ConfigError naming the field.
+Aliases: the first present wins; defaults are the family's transformers defaults."""
 
 from __future__ import annotations
 
@@ -23,10 +19,8 @@ class HFFields:
         self.data = data
 
     def raw(self, names: str | tuple[str, ...], default: Any = _MISSING) -> Any:
-        """The value of the first alias present (null counts as absent), else `default`.
-
-        Raises: ConfigError when present aliases disagree, or the field is required (no
-        default) and absent."""
+        """The first alias present (null counts as absent), else `default`. Raises ConfigError
+        when present aliases disagree or a required field is absent."""
         aliases = (names,) if isinstance(names, str) else names
         present = [n for n in aliases if self.data.get(n) is not None]
         if len({repr(self.data[n]) for n in present}) > 1:
@@ -41,7 +35,7 @@ class HFFields:
     def integer(
         self, names: str | tuple[str, ...], default: Any = _MISSING, minimum: int = 1
     ) -> int:
-        """An integer >= `minimum` (None passes through). Raises ConfigError naming the field."""
+        """An integer >= `minimum` (None passes through)."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if value is None:
@@ -51,7 +45,6 @@ class HFFields:
         return value
 
     def number(self, names: str | tuple[str, ...], default: Any = _MISSING) -> float:
-        """An int or float, as float. Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -59,7 +52,6 @@ class HFFields:
         return float(value)
 
     def flag(self, names: str | tuple[str, ...], default: Any = _MISSING) -> bool:
-        """A JSON boolean. Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if not isinstance(value, bool):
@@ -67,7 +59,6 @@ class HFFields:
         return value
 
     def sequence(self, names: str | tuple[str, ...], default: Any = _MISSING) -> list:
-        """A list (or None). Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if value is not None and not isinstance(value, (list, tuple)):
@@ -75,7 +66,6 @@ class HFFields:
         return value
 
     def string(self, names: str | tuple[str, ...], default: Any = _MISSING) -> str:
-        """A string. Raises ConfigError naming the field."""
         value = self.raw(names, default)
         name = names if isinstance(names, str) else names[0]
         if not isinstance(value, str):
@@ -84,10 +74,7 @@ class HFFields:
 
 
 def layer_list(fields: HFFields, name: str, num_layers: int, kinds: dict[str, str]) -> list[str]:
-    """Map a per-layer type list (e.g. HF `layer_types`) to hyla kinds via `kinds`.
-
-    Raises: ConfigError naming `name[i]` for an unknown type, or `name` for a wrong length.
-    """
+    """Map a per-layer type list (e.g. `layer_types`) to hyla kinds; ConfigError names `name[i]`."""
     values = fields.sequence(name)
     if len(values) != num_layers:
         raise ConfigError(f"{name}: length {len(values)} != num_hidden_layers={num_layers}")
@@ -100,7 +87,6 @@ def layer_list(fields: HFFields, name: str, num_layers: int, kinds: dict[str, st
 
 
 def eos_ids(fields: HFFields) -> tuple[int, ...]:
-    """`eos_token_id` as a tuple (it may be an int, a list or absent)."""
     value = fields.raw("eos_token_id", None)
     if value is None:
         return ()
@@ -130,11 +116,8 @@ def rope_config(
     default_theta: float,
     default_partial: float = 1.0,
 ) -> RopeConfig:
-    """RoPE settings from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`
-    (older configs). `rotary_dim = head_dim * partial_rotary_factor` (read from the rope dict,
-    else the top level, else `default_partial`); scaling extras (e.g. yarn's `factor`,
-    `original_max_position_embeddings`, `mscale_all_dim`) go to `RopeConfig.scaling`.
-    """
+    """RoPE from `rope_parameters` or `rope_theta` + `rope_scaling`; rotary_dim = head_dim *
+    partial_rotary_factor (else `default_partial`); extras go to `RopeConfig.scaling`."""
     params = fields.raw("rope_parameters", None)
     if params is None:
         params = dict(fields.raw("rope_scaling", None) or {})

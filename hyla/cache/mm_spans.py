@@ -1,12 +1,5 @@
-"""Image placeholder spans of a prompt, as the scheduler and the prefix cache see them (plain
-Python, no torch).
-
-    prompt   a b <s> I I I I I I <e> c d        I: the image's placeholder tokens
-    span               offset=3, length=6, hash=h(pixels, grid)
-
-A block's prefix-cache key carries the hashes of the spans it overlaps, so two prompts with
-the same token ids but different images never share a block (vLLM's extra keys).
-"""
+"""Image placeholder spans as the scheduler and prefix cache see them: a block's key carries the
+hashes of the spans it overlaps, so different images never share a block (vLLM's extra keys)."""
 
 from __future__ import annotations
 
@@ -35,7 +28,6 @@ class ImageSpan:
 
 
 def spans_in(spans: Sequence[ImageSpan], start: int, end: int) -> list[ImageSpan]:
-    """The spans with a placeholder among tokens [start, end)."""
     return [s for s in spans if s.overlaps(start, end)]
 
 
