@@ -35,19 +35,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve(mode: str, log: Path) -> tuple[subprocess.Popen, str]:
+def serve(flags: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+    """`hyla serve *flags` (embedded model) in a subprocess, once /health answers."""
     port = free_port()
-    cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", str(port), f"--{mode}"]
+    cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", str(port),
+           "--disable-uvicorn-access-log", *flags]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(240):
+    for _ in range(480):
+        if proc.poll() is not None:
+            break
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
-            time.sleep(0.5)
+            time.sleep(0.25)
     proc.kill()
-    raise RuntimeError(f"hyla serve --{mode} not ready: {log.read_text()[-2000:]}")
+    raise RuntimeError(f"hyla serve {' '.join(flags)} not ready: {log.read_text()[-2000:]}")
 
 
 def bench(url: str, concurrency: int, num: int, out: Path) -> dict:
@@ -70,7 +74,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             for mode in MODES if rep % 2 == 0 else MODES[::-1]:  # alternate the order
-                proc, url = serve(mode, Path(tmp) / f"{mode}.log")
+                proc, url = serve([f"--{mode}"], Path(tmp) / f"{mode}.log")
                 try:
                     for name, (c, n) in LOADS.items():
                         row = bench(url, c, n, Path(tmp) / f"{name}.json")

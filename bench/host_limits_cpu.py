@@ -16,25 +16,11 @@ turned off (`requests_without_size_gate`: validated, rendered, tokenized, then r
 same-run baseline. On a machine shared with other work the worst case mostly measures the
 neighbours: compare the medians.
 
-`--scenario admitted`: the same kind of requests, but legitimate ones, ADMITTED under
-max_model_len 1,048,576 (the server's tokenizer pool on, `hyla/server/tokenizer_pool.py`):
-
-    chat_100k_messages    100,000 messages (3.8 MB, 400k tokens once rendered)
-    token_ids_500k        a completion prompt of 500,000 token ids
-
-each sent streaming with max_tokens 1; the client closes the connection as soon as the response
-headers arrive (the request is admitted: validated, rendered, tokenized, in the engine), so the
-server aborts it before its prefill costs anything. Per run: the running stream's largest and
-median inter-token gap from the send until 0.3 s after admission (the engine's own work on the
-new request, e.g. hashing its blocks, is inside). Each request alternates between the pool
-(`pool`) and the in-process path (`in_process`: the same server with the pool's threshold out of
-reach), `--reps` times each; the figures are medians over the repetitions, and ratio = in-process
-/ pool. The prefill chunk is 256 tokens (max_num_batched_tokens) so that the tiny model's few
-prefill steps inside the window stay small next to the host work measured.
+For the same requests against a real `hyla serve` (the engine core in its own process or in
+a thread), measured from a client: `bench/stall_cpu.py`.
 
     python3 bench/host_limits_cpu.py                # writes bench/results/host_limits_cpu.json
     python3 bench/host_limits_cpu.py --no-save --max-model-len 131072  # 100k messages fit
-    python3 bench/host_limits_cpu.py --scenario admitted --reps 3  # adds "admitted" to the JSON
 """
 
 from __future__ import annotations
@@ -185,79 +171,6 @@ def measure(reps: int, max_model_len: int) -> dict:
     return results
 
 
-# -- admitted: legitimate large requests, with and without the tokenizer pool ------------------
-
-ADMITTED_MAX_MODEL_LEN = 1 << 20
-
-
-def admitted_requests() -> dict[str, tuple[str, bytes]]:
-    messages = [{"role": "user", "content": "hello"}] * 100_000
-    chat = {"model": MODEL, "messages": messages, "max_tokens": 1, "stream": True}
-    ids = {"model": MODEL, "prompt": [5] * 500_000, "max_tokens": 1, "stream": True}
-    return {
-        "chat_100k_messages": ("/v1/chat/completions", json.dumps(chat).encode()),
-        "token_ids_500k": ("/v1/completions", json.dumps(ids).encode()),
-    }
-
-
-def admit_once(parent, url: str, body: bytes, stream: Stream) -> dict:  # noqa: ANN001
-    parent.send((url, body, True))
-    status, param, start, admitted = parent.recv()
-    time.sleep(0.3 + 0.3)  # the engine's work on the new request; then let the stream settle
-    gaps = gaps_within(stream.times, start, admitted + 0.3) * 1e3
-    assert status == 200, (status, param)
-    return {"admit_ms": (admitted - start) * 1e3, "max_gap_ms": float(gaps.max()),
-            "median_gap_ms": float(np.median(gaps))}  # fmt: skip
-
-
-def measure_admitted(reps: int, max_model_len: int) -> dict:
-    """Per admitted request and path: the stream's gaps, median over `reps` alternating runs."""
-    parent, child = multiprocessing.get_context("fork").Pipe()
-    proc = multiprocessing.get_context("fork").Process(target=sender, args=(child,))
-    proc.start()  # forked before the server's threads exist
-    engine = tiny_engine(load_tokenizer(), max_model_len=max_model_len,
-                         kv_cache_memory=(max_model_len // 16 + 1024) * 6 << 10,
-                         max_num_batched_tokens=256)  # fmt: skip
-    server = start_server(engine, tokenizer_pool_size=1)
-    pool = server.server.config.app.state.ctx.pool
-    thresholds = {"pool": pool.min_bytes, "in_process": 1 << 62}
-    stream = Stream(server.url, max_tokens=max_model_len - 64)
-    stream.start()
-    requests = admitted_requests()
-    for path, body in requests.values():  # warm both paths (the worker's first render)
-        for threshold in thresholds.values():
-            pool.min_bytes = threshold
-            admit_once(parent, f"{server.url}{path}", body, stream)
-    base_start = stream.times[-1]
-    time.sleep(3.0)
-    base = gaps_within(stream.times, base_start, stream.times[-1]) * 1e3
-    runs: dict = {name: {mode: [] for mode in thresholds} for name in requests}
-    for _ in range(reps):
-        for name, (path, body) in requests.items():
-            for mode, threshold in thresholds.items():
-                pool.min_bytes = threshold
-                runs[name][mode].append(admit_once(parent, f"{server.url}{path}", body, stream))
-    parent.send(None)
-    proc.join()
-    server.async_engine.abort_all()
-    server.stop()
-    results: dict = {"unloaded": {"p50_ms": float(np.median(base)),
-                                  "p99_ms": float(np.percentile(base, 99)),
-                                  "max_ms": float(base.max())}}  # fmt: skip
-    for name, by_mode in runs.items():
-        row = {"bytes": len(requests[name][1])}
-        for mode, rows in by_mode.items():
-            row[mode] = {key: float(np.median([r[key] for r in rows])) for key in rows[0]}
-            row[mode]["runs"] = rows
-        row["ratio_max_gap"] = row["in_process"]["max_gap_ms"] / row["pool"]["max_gap_ms"]
-        row["ratio_median_gap"] = (
-            row["in_process"]["median_gap_ms"] / row["pool"]["median_gap_ms"]
-        )
-        results[name] = row
-    return results
-
-
-
 def run_header() -> dict:
     """The figures' provenance: command, commit, CPU and count, load average at start."""
     commit = subprocess.run(
@@ -274,28 +187,14 @@ def run_header() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="default: 32768 (refused), 1048576 (admitted)")  # fmt: skip
-    parser.add_argument("--scenario", choices=("refused", "admitted"), default="refused")
+    parser.add_argument("--max-model-len", type=int, default=32768)
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
-    run = run_header()
-    out = ROOT / "bench" / "results" / "host_limits_cpu.json"
-    if args.scenario == "refused":
-        max_model_len = args.max_model_len or 32768
-        report = {**run, "max_model_len": max_model_len, **measure(args.reps, max_model_len)}
-        if out.exists() and "admitted" in (kept := json.loads(out.read_text())):
-            report["admitted"] = kept["admitted"]
-    else:
-        max_model_len = args.max_model_len or ADMITTED_MAX_MODEL_LEN
-        admitted = {**run, "max_model_len": max_model_len,
-                    **measure_admitted(args.reps, max_model_len)}  # fmt: skip
-        report = json.loads(out.read_text()) if out.exists() else {}
-        report["admitted"] = admitted
-        print(json.dumps(admitted, indent=1))
-    if args.scenario == "refused":
-        print(json.dumps(report, indent=1))
+    report = {**run_header(), "max_model_len": args.max_model_len,
+              **measure(args.reps, args.max_model_len)}  # fmt: skip
+    print(json.dumps(report, indent=1))
     if not args.no_save:
+        out = ROOT / "bench" / "results" / "host_limits_cpu.json"
         out.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {out}")
 

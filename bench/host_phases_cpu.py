@@ -2,14 +2,12 @@
 hot path): a 100k-message chat and a 500k-token-id completion, through the functions the server
 calls, timed one after the other in one process (median of --reps).
 
-    in_process    what the server process does without the tokenizer pool
-    pool_server   what it still does with the pool (`hyla/server/tokenizer_pool.py`)
-    pool_worker   what the worker process does instead (the whole `prepare_*` call)
-    engine        engine-thread work on the new request: `add_request`, the block hashes of its
+    in_process    what the server process does (`from_json`: the parse `limits.raw_json`
+                  does, pydantic-core's; `json_loads`: the standard library's, for comparison)
+    engine        engine work on the new request: `add_request`, the block hashes of its
                   prompt (prefix caching) and the first step that schedules it (admission:
                   hashes, prefix match, in-flight announcement; plus a 256-token prefill chunk
-                  of the tiny model, and a plain step for comparison), with the hashes computed
-                  on the engine thread (in-process path) or taken from the pool (`_seeded`)
+                  of the tiny model, and a plain step for comparison)
 
 Whether a phase holds the GIL is noted in the JSON (`gil`): pydantic-core, json, Jinja and the
 id checks do; the Rust tokenizer mostly releases it (a thread ticking every 1 ms saw gaps of
@@ -33,10 +31,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import pydantic_core  # noqa: E402
+
 from hyla.cache.prefix import extend_block_hashes  # noqa: E402
 from hyla.engine.validate import prompt_token_ids  # noqa: E402
 from hyla.request import RequestOutputKind, SamplingParams  # noqa: E402
-from hyla.server import convert, limits, tokenizer_pool  # noqa: E402
+from hyla.server import convert, limits  # noqa: E402
 from hyla.server.protocol import ChatCompletionRequest, CompletionRequest  # noqa: E402
 from tests.server.conftest import MODEL, load_tokenizer, tiny_engine  # noqa: E402
 
@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from host_limits_cpu import run_header  # noqa: E402
 
 MAX_MODEL_LEN = 1 << 20
-GIL = {"json_loads": "yes", "pydantic": "yes", "render": "yes (Jinja, Python)",
-       "tokenize": "mostly released (Rust)", "id_check": "yes", "decode_ids": "yes (C)",
-       "slim_pydantic": "yes", "normalize": "yes", "message_dicts": "yes"}  # fmt: skip
+GIL = {"json_loads": "yes", "from_json": "yes", "pydantic": "yes", "render": "yes (Jinja, Python)",
+       "tokenize": "mostly released (Rust)", "id_check": "yes", "normalize": "yes",
+       "message_dicts": "yes"}  # fmt: skip
 
 
 def timed(phases: dict[str, list[float]], name: str, fn: Callable[[], Any]) -> Any:
@@ -56,8 +56,9 @@ def timed(phases: dict[str, list[float]], name: str, fn: Callable[[], Any]) -> A
     return out
 
 
-def chat_phases(tok: Any, vocab: int, body: bytes, t: dict, worker: Callable) -> None:
-    data = timed(t, "in_process.json_loads", lambda: json.loads(body))
+def chat_phases(tok: Any, vocab: int, body: bytes, t: dict) -> None:
+    timed(t, "in_process.json_loads", lambda: json.loads(body))
+    data = timed(t, "in_process.from_json", lambda: pydantic_core.from_json(body))
     timed(t, "in_process.size_gate", lambda: limits.check_chat_sizes(data, MAX_MODEL_LEN))
     req = timed(t, "in_process.pydantic", lambda: ChatCompletionRequest.model_validate(data))
     messages = list(enumerate(req.messages))
@@ -67,49 +68,34 @@ def chat_phases(tok: Any, vocab: int, body: bytes, t: dict, worker: Callable) ->
     ids = timed(t, "in_process.tokenize",
                 lambda: tok(text, add_special_tokens=False)["input_ids"])  # fmt: skip
     timed(t, "in_process.id_check", lambda: prompt_token_ids(ids, None, vocab))
-    timed(t, "pool_server.json_loads", lambda: json.loads(body))
-    outcome = timed(t, "pool_worker.prepare_chat", lambda: worker(body, vocab))
-    timed(t, "pool_server.decode_ids", lambda: outcome.prompt_list(vocab))
-    data["messages"] = tokenizer_pool.STUB_MESSAGES
-    timed(t, "pool_server.slim_pydantic", lambda: ChatCompletionRequest.model_validate(data))
 
 
-def ids_phases(vocab: int, body: bytes, t: dict, worker: Callable) -> None:
-    data = timed(t, "in_process.json_loads", lambda: json.loads(body))
+def ids_phases(vocab: int, body: bytes, t: dict) -> None:
+    timed(t, "in_process.json_loads", lambda: json.loads(body))
+    data = timed(t, "in_process.from_json", lambda: pydantic_core.from_json(body))
     timed(t, "in_process.size_gate", lambda: limits.check_completion_sizes(data, MAX_MODEL_LEN))
     req = timed(t, "in_process.pydantic", lambda: CompletionRequest.model_validate(data))
     prompts = timed(t, "in_process.normalize", lambda: convert.normalize_prompts(req.prompt))
     timed(t, "in_process.id_check", lambda: prompt_token_ids(prompts[0], None, vocab))
-    timed(t, "pool_server.json_loads", lambda: json.loads(body))
-    outcome = timed(t, "pool_worker.prepare_completion", lambda: worker(body, vocab))
-    timed(t, "pool_server.decode_ids", lambda: outcome.prompt_list(vocab))
-    data["prompt"] = tokenizer_pool.STUB_PROMPT
-    timed(t, "pool_server.slim_pydantic", lambda: CompletionRequest.model_validate(data))
 
 
 def engine_phases(engine: Any, ids: list[int], t: dict, rep: int) -> None:
-    """`first_step_with_it`: the step that admits the request, hashing its blocks (in-process
-    path); `first_step_seeded`: the same with the hashes the pool computed (`seed_hashes`)."""
+    """`first_step_with_it`: the step that admits the request, hashing its blocks."""
     params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.DELTA)
     block = engine.cache.block_size
-    for phase in ("first_step_with_it", "first_step_seeded"):
-        checked = prompt_token_ids(ids, None, engine.model_config.vocab_size)
-        if phase == "first_step_seeded":
-            checked.block_size, checked.block_hashes = block, extend_block_hashes([], ids, block)
-        else:
-            timed(t, "engine.block_hashes", lambda c=checked: extend_block_hashes([], c, block))
-        timed(t, "engine.plain_step", engine.step)
-        rid = f"big-{rep}-{phase}"
-        timed(t, "engine.add_request", lambda r=rid, c=checked: engine.add_request(r, c, params))
-        timed(t, f"engine.{phase}", engine.step)
-        engine.abort_request(rid)
-        engine.step()
+    checked = prompt_token_ids(ids, None, engine.model_config.vocab_size)
+    timed(t, "engine.block_hashes", lambda c=checked: extend_block_hashes([], c, block))
+    timed(t, "engine.plain_step", engine.step)
+    rid = f"big-{rep}"
+    timed(t, "engine.add_request", lambda r=rid, c=checked: engine.add_request(r, c, params))
+    timed(t, "engine.first_step_with_it", engine.step)
+    engine.abort_request(rid)
+    engine.step()
 
 
 def measure(reps: int) -> dict:
     tok = load_tokenizer()
     vocab = len(tok)
-    tokenizer_pool._init_worker(tok)  # the worker's functions, run here to time them alone
     engine = tiny_engine(tok, max_model_len=MAX_MODEL_LEN, kv_cache_memory=420 << 20,
                          max_num_batched_tokens=256)  # fmt: skip
     running = SamplingParams(max_tokens=1 << 19, ignore_eos=True,
@@ -120,9 +106,8 @@ def measure(reps: int) -> dict:
     ids_body = json.dumps({"model": MODEL, "prompt": [5] * 500_000}).encode()
     out: dict = {"chat_100k_messages": {}, "token_ids_500k": {}}
     for rep in range(reps):
-        chat_phases(tok, vocab, chat_body, out["chat_100k_messages"],
-                    tokenizer_pool.prepare_chat)  # fmt: skip
-        ids_phases(vocab, ids_body, out["token_ids_500k"], tokenizer_pool.prepare_completion)
+        chat_phases(tok, vocab, chat_body, out["chat_100k_messages"])
+        ids_phases(vocab, ids_body, out["token_ids_500k"])
         engine_phases(engine, [5] * 400_000, out["chat_100k_messages"], rep)
         engine_phases(engine, [5] * 500_000, out["token_ids_500k"], rep)
     return {

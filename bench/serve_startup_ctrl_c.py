@@ -32,7 +32,7 @@ READY = "Application startup complete."
 
 def start(drain_timeout: float) -> tuple[subprocess.Popen, list[tuple[float, str]], float]:
     cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", "0", "--max-model-len", "4096",
-           "--drain-timeout", str(drain_timeout), "--tokenizer-pool-size", "1"]  # fmt: skip
+           "--drain-timeout", str(drain_timeout)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,

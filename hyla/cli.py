@@ -227,13 +227,6 @@ def serve(
         help="Larger request bodies get 413 (default: 8 MiB; for a vision model "
         "enough for one image of --max-image-bytes as a base64 data URL, plus 1 MiB).",
     ),
-    tokenizer_pool_size: int = typer.Option(
-        1,
-        min=0,
-        help="Worker processes that validate, render and tokenize request bodies of "
-        "64 KiB or more, so a large request does not stall running streams (0: all in the "
-        "server process). Vision models use none.",
-    ),
     engine_core_process: bool = typer.Option(
         True,
         help="Run the engine core (scheduler and steps) in a process of its own, so "
@@ -315,7 +308,6 @@ def serve(
             max_request_bytes=max_request_bytes,
             drain_timeout=drain_timeout,
             body_timeout=body_timeout,
-            tokenizer_pool_size=tokenizer_pool_size,
         )
         typer.echo(
             f"hyla: serving {name!r} (max_model_len {async_engine.max_model_len}) on "

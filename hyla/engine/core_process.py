@@ -209,7 +209,7 @@ def _serve(loop: CoreLoop, commands: Any, engine: Any, parent_pid: int) -> int:
                     batch.append(pickle.loads(commands.recv(zmq.NOBLOCK)))
                 except zmq.Again:
                     break
-        elif wait and os.getppid() != parent_pid:  # the front end is gone
+        if os.getppid() != parent_pid:  # the front end is gone (also while streams run)
             return 0
         if loop.run_once(batch):
             return 0

@@ -10,14 +10,12 @@ the OpenAPI schema.
 from __future__ import annotations
 
 import asyncio
-import email.message
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from hyla.engine.async_engine import AsyncEngine
@@ -65,7 +63,6 @@ from hyla.server.serving import (
     start_streams,
     usage_of,
 )
-from hyla.server.tokenizer_pool import POOL_MIN_BYTES, Outcome, TokenizerPool, swap_in_stub
 
 logger = logging.getLogger("hyla.server")
 
@@ -85,8 +82,6 @@ def build_app(
     max_request_bytes: int | None = None,
     drain_timeout: float | None = 30.0,
     body_timeout: float = 30.0,
-    tokenizer_pool_size: int = 0,
-    tokenizer_pool_min_bytes: int = POOL_MIN_BYTES,
 ) -> FastAPI:
     """The FastAPI app serving `engine` under the name `served_model_name`.
 
@@ -99,29 +94,23 @@ def build_app(
             model: `limits.request_bytes_limit`).
         body_timeout: a request body not received in full within this many seconds gets 408.
         drain_timeout: on shutdown, seconds to let requests in flight finish before aborting.
-        tokenizer_pool_size: worker processes that validate, render and tokenize request
-            bodies of `tokenizer_pool_min_bytes` or more (`tokenizer_pool.py`); 0: none, all
-            of it in this process (`hyla serve` starts one). Vision models use none.
     """
     metrics = ServerMetrics(engine)
     ctx = Context(engine, served_model_name or engine.model_name, metrics,
-                  pool=_make_pool(engine, tokenizer_pool_size, tokenizer_pool_min_bytes),
-                  media_executor=_make_media_executor(engine))  # fmt: skip
+                  media_executor=_make_media_executor(engine))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):  # noqa: ANN202
         engine.start()
-        _start_pool(ctx)
         try:
             yield
             await engine.shutdown(drain=True, timeout=drain_timeout)
         finally:
-            if ctx.pool is not None:  # not in a worker thread: all may be busy tokenizing
-                ctx.pool.close()
             if ctx.media_executor is not None:
                 ctx.media_executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="hyla", version="0.1.0", lifespan=lifespan)
+    app.router.route_class = limits.FastJSONRoute  # before the routes are added
     app.state.ctx = ctx
     install_error_handlers(app)
     max_bytes = limits.request_bytes_limit(max_request_bytes, engine)
@@ -157,51 +146,29 @@ def _add_routes(app: FastAPI, ctx: Context) -> None:
         card = ModelCard(id=ctx.model_name, max_model_len=ctx.engine.max_model_len)
         return _json(ModelList(data=[card]))
 
-    # Sizes are checked on the raw JSON before the body is validated (`limits.py`); then a
-    # large body is validated and its prompt prepared in the tokenizer pool.
-    async def completion_input(request: Request) -> Outcome | None:
+    # Sizes are checked on the raw JSON before the body is validated (`limits.py`).
+    async def completion_input(request: Request) -> None:
         data = await limits.raw_json(request)
         limits.check_completion_sizes(data, ctx.engine.max_model_len)
-        return await _prepare_in_pool(ctx, request, data, "prompt")
 
-    async def chat_input(request: Request) -> Outcome | None:
+    async def chat_input(request: Request) -> None:
         data = await limits.raw_json(request)
         limits.check_chat_sizes(data, ctx.engine.max_model_len)
-        return await _prepare_in_pool(ctx, request, data, "messages")
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES)
-    async def completions(body: CompletionRequest, request: Request,
-                          pooled: Outcome | None = Depends(completion_input)) -> Response:
-        return await _guard(create_completion(ctx, body, request, pooled),
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=POST_RESPONSES,
+              dependencies=[Depends(completion_input)])
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await _guard(create_completion(ctx, body, request),
                             {"prompt_logprobs": "logprobs"})  # echo's logprobs
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-              responses=POST_RESPONSES)
-    async def chat_completions(body: ChatCompletionRequest, request: Request,
-                               pooled: Outcome | None = Depends(chat_input)) -> Response:
+              responses=POST_RESPONSES, dependencies=[Depends(chat_input)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         # the engine checks the rendered prompt; the client sent `messages`
         sent = {"prompt": "messages"}
         if body.max_completion_tokens is not None:
             sent["max_tokens"] = "max_completion_tokens"
-        return await _guard(create_chat_completion(ctx, body, request, pooled), sent)
-
-
-def _start_pool(ctx: Context) -> None:
-    """Spawn the pool's workers; without them (no processes allowed, ...) serve without a pool."""
-    if ctx.pool is None:
-        return
-    try:
-        ctx.pool.start()
-    except Exception:
-        logger.exception("tokenizer pool did not start; large requests are prepared in-process")
-        ctx.pool.close()
-        ctx.pool = None
-
-
-def _make_pool(engine: AsyncEngine, size: int, min_bytes: int) -> TokenizerPool | None:
-    if size <= 0 or getattr(getattr(engine, "engine", None), "multimodal", None) is not None:
-        return None
-    return TokenizerPool(engine.tokenizer, size, min_bytes)
+        return await _guard(create_chat_completion(ctx, body, request), sent)
 
 
 def _make_media_executor(engine: AsyncEngine) -> ThreadPoolExecutor | None:
@@ -220,49 +187,6 @@ def _fetches_media(req: ChatCompletionRequest) -> bool:
         and str(part["image_url"].get("url", ""))[:8].lower().startswith(("http:", "https:"))
         for m in req.messages if isinstance(m.content, list) for part in m.content
     )  # fmt: skip
-
-
-async def _prepare_in_pool(ctx: Context, request: Request, data: Any,
-                           field: str) -> Outcome | None:
-    """The pool's outcome for a JSON body of at least its `min_bytes` (None: too small, not
-    JSON, no pool, or the pool gave up). Raises RequestValidationError with the errors
-    FastAPI would find."""
-    pool = ctx.pool
-    if pool is None or not isinstance(data, dict) or not _parsed_as_json(request):
-        return None
-    body = await request.body()
-    if not pool.wants(len(body)):
-        return None
-    prepare = pool.prepare_chat if field == "messages" else pool.prepare_completion
-    outcome = await prepare(body, _vocab_size(ctx.engine), _block_size(ctx.engine))
-    if outcome is None:  # the pool gave up: in-process, as without one
-        return None
-    if outcome.errors is not None:
-        raise RequestValidationError(outcome.errors)
-    swap_in_stub(data, field)
-    return outcome
-
-
-def _parsed_as_json(request: Request) -> bool:
-    """Whether FastAPI reads the body as JSON (else it validates the bytes): its test, the
-    content type parsed as an email header is application/json or application/*+json."""
-    message = email.message.Message()
-    message["content-type"] = request.headers.get("content-type", "")
-    subtype = message.get_content_subtype()
-    return message.get_content_maintype() == "application" and (
-        subtype == "json" or subtype.endswith("+json")
-    )
-
-
-def _block_size(engine: AsyncEngine) -> int | None:
-    """The cache's block size when prefix caching is on: the pool hashes prompt blocks too."""
-    return getattr(getattr(engine, "engine", None), "prefix_block_size", None)
-
-
-def _vocab_size(engine: AsyncEngine) -> int | None:
-    vocab = getattr(getattr(getattr(engine, "engine", None), "model_config", None),
-                    "vocab_size", None)
-    return vocab if isinstance(vocab, int) else None
 
 
 async def _guard(coro: Any, sent: dict[str, str] | None = None) -> Response:
@@ -290,13 +214,9 @@ def _json(model: Any) -> Response:
 # -- completions ----------------------------------------------------------------------------
 
 
-async def create_completion(ctx: Context, req: CompletionRequest, request: Request,
-                            pooled: Outcome | None = None) -> Response:
+async def create_completion(ctx: Context, req: CompletionRequest, request: Request) -> Response:
     convert.check_model(req.model, ctx.model_name)
-    if pooled is None:
-        prompts = convert.normalize_prompts(req.prompt)
-    else:  # `req.prompt` is a stub: the worker normalized the prompts
-        prompts = pooled.prompt_list(_vocab_size(ctx.engine))
+    prompts = convert.normalize_prompts(req.prompt)
     params = convert.completion_params(req, ctx.engine.max_model_len)
     batch = await start_streams(ctx, prompts, params, random_id("cmpl"))
     if req.stream:
@@ -383,18 +303,15 @@ async def _completion_events(ctx: Context, req: CompletionRequest, batch: Batch)
 # -- chat completions -----------------------------------------------------------------------
 
 
-async def create_chat_completion(
-    ctx: Context, req: ChatCompletionRequest, request: Request, pooled: Outcome | None = None
-) -> Response:
+async def create_chat_completion(ctx: Context, req: ChatCompletionRequest,
+                                 request: Request) -> Response:
     convert.check_model(req.model, ctx.model_name)
     params = convert.chat_params(req, ctx.engine.max_model_len)
-    if pooled is None and ctx.media_executor is not None and _fetches_media(req):
+    if ctx.media_executor is not None and _fetches_media(req):
         loop = asyncio.get_running_loop()
         prompt = await loop.run_in_executor(ctx.media_executor, _chat_prompt, ctx, req)
-    elif pooled is None:  # not on the loop: a few ms for a small conversation
+    else:  # not on the loop: a few ms for a small conversation
         prompt = await asyncio.to_thread(_chat_prompt, ctx, req)
-    else:  # `req.messages` is a stub: the worker rendered and tokenized them
-        prompt = pooled.prompt_list(_vocab_size(ctx.engine))[0]
     output = ChatOutput.for_request(req, ctx.engine, prompt)  # content, reasoning, calls
     batch = await start_streams(ctx, [prompt], params, random_id("chatcmpl"))
     if req.stream:

@@ -34,7 +34,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 logger = logging.getLogger("hyla.server")
 
-# File descriptors kept free of connections for the model files, the tokenizer pool's pipes,
+# File descriptors kept free of connections for the model files, the engine core's sockets,
 # logs and the listener.
 FD_RESERVE = 128
 # The soft RLIMIT_NOFILE the server raises itself to (never above the hard limit).

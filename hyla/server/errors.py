@@ -9,7 +9,9 @@ too for a field hyla does not implement, 503 queue full, timed out in the queue 
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -231,8 +233,6 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         if isinstance(e.__cause__, RecursionError):  # FastAPI's json.loads of the body
-            from hyla.server.limits import nested_too_deep
-
             err = nested_too_deep(getattr(request, "_body", None))
             return error_response(err.status, err.message, err.param, err.code)
         message = e.detail if isinstance(e.detail, str) else str(e.detail)
@@ -242,3 +242,45 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(_: Request, e: Exception) -> JSONResponse:
         err = to_api_error(e)
         return error_response(err.status, err.message, err.param, err.code, err.headers)
+
+
+def nested_too_deep(body: bytes | None) -> APIError:
+    """The 400 for a body json.loads refused with RecursionError, naming the top-level field
+    whose value is nested too deep (each top-level value is decoded on its own, at C speed,
+    until one fails)."""
+    limit = sys.getrecursionlimit()
+    field = _deep_field(body or b"")
+    where = f"{field}: its value" if field else "request body"
+    return APIError(400, f"{where} is JSON nested deeper than the parser's limit (about "
+                    f"{limit} levels of arrays and objects)", param=field or None,
+                    code="json_too_deep")  # fmt: skip
+
+
+def _deep_field(body: bytes) -> str | None:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    decoder = json.JSONDecoder()
+    i = _skip(text, 0)
+    if not text.startswith("{", i):
+        return None
+    i = _skip(text, i + 1)
+    while i < len(text) and text[i] == '"':
+        try:
+            key, i = decoder.raw_decode(text, i)
+            i = _skip(text, _skip(text, i) + 1)  # past the colon
+            _, i = decoder.raw_decode(text, i)
+        except RecursionError:
+            return key
+        except ValueError:
+            return None
+        i = _skip(text, i)
+        i = _skip(text, i + 1) if text.startswith(",", i) else i
+    return None
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i

@@ -25,14 +25,12 @@ from hyla.server.protocol import ErrorInfo, ErrorResponse, UsageInfo
 
 @dataclass
 class Context:
-    """What the routes share: the engine, the served name, the metrics, the tokenizer pool
-    (`hyla.server.tokenizer_pool.TokenizerPool`, None: none) and the threads that render
-    chats with http(s) images (`media_executor`, None: no remote images)."""
+    """What the routes share: the engine, the served name, the metrics and the threads that
+    render chats with http(s) images (`media_executor`, None: no remote images)."""
 
     engine: AsyncEngine
     model_name: str
     metrics: ServerMetrics
-    pool: Any = None
     media_executor: Any = None
 
 

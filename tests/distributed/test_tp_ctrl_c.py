@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_ctrl_c_of_a_tp_server_prints_no_rank_traceback():
     cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", "0", "--max-model-len", "512",
-           "--tensor-parallel-size", "2", "--tokenizer-pool-size", "0"]  # fmt: skip
+           "--tensor-parallel-size", "2"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -33,7 +33,7 @@ def test_serve_with_replicas_gets_the_replica_client(monkeypatch):
     monkeypatch.setattr(hyla.replicas, "serve_replicas", start)
     monkeypatch.setattr(hyla.server.launch, "run_until_signal", lambda s, sockets: served.append(s))
     result = _serve("--data-parallel-size", "2", "--ray-address", "auto", "--max-model-len",
-                    "2048", "--tokenizer-pool-size", "0")  # fmt: skip
+                    "2048")  # fmt: skip
     assert result.exit_code == 0, result.output
     assert calls == [(None, 2048, 2, "auto")]
     assert served[0].async_engine is fake

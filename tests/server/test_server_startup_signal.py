@@ -1,7 +1,7 @@
 """One Ctrl-C at a random moment of `hyla serve`'s start-up ends the process (issue 41).
 
-Ctrl-C in a terminal sends SIGINT to the whole process group: the server and the tokenizer
-pool's worker it spawns during the application start-up. Oracle: the process exits by itself,
+Ctrl-C in a terminal sends SIGINT to the whole process group: the server and the engine-core
+process it spawns before the application start-up. Oracle: the process exits by itself,
 within the drain timeout, with the code of a clean interrupt (0 after a drain, 130 while the
 model is still loading), and no process of its group is left. The moments are drawn from a
 seeded generator; every moment must end the process, so the outcome does not depend on speed.
@@ -31,7 +31,7 @@ def _ctrl_c_at(after_line: str, delay: float) -> tuple[int | None, str]:
     containing `after_line`; the exit code (None: still running after the drain timeout and
     the start-up's own time) and what it printed."""
     cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", "0", "--max-model-len", "4096",
-           "--drain-timeout", str(DRAIN_TIMEOUT), "--tokenizer-pool-size", "1"]  # fmt: skip
+           "--drain-timeout", str(DRAIN_TIMEOUT)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -51,7 +51,7 @@ def _ctrl_c_at(after_line: str, delay: float) -> tuple[int | None, str]:
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGINT)
         try:
-            # the drain (nothing in flight), the rest of the start-up, the pool's close
+            # the drain (nothing in flight), the rest of the start-up, the core's stop
             return proc.wait(timeout=DRAIN_TIMEOUT + 20), "".join(lines)
         except subprocess.TimeoutExpired:
             return None, "".join(lines)

@@ -45,7 +45,7 @@ def test_validate_takes_every_engine_option_serve_takes():
     serve = {p.name for p in _command("serve").params}
     validate = {p.name for p in _command("validate").params}
     own_serve = {"model", "host", "port", "api_key", "served_model_name", "max_request_bytes",
-                 "tokenizer_pool_size", "drain_timeout", "log_level", "disable_uvicorn_access_log",
+                 "drain_timeout", "log_level", "disable_uvicorn_access_log",
                  "header_timeout", "body_timeout", "timeout_keep_alive", "max_connections",
                  "chat_template", "data_parallel_size", "ray_address",
                  "engine_core_process"}  # fmt: skip
