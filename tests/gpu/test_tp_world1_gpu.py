@@ -2,7 +2,7 @@
 `tensor_parallel_size=1`: the executor, the per-step plan, the driver runner, CUDA graphs)
 against the plain in-process engine on the same checkpoint, in the same test.
 
-Oracle: the plain engine (no executor) through the same scripted scenario
+Oracle: the plain engine (`LocalExecutor`) through the same scripted scenario
 (`tests.distributed.tp_util.run_scenario`: chunked prefill beside decodes, an abort, a
 prefix-cache hit, 32 greedy tokens per request): identical tokens, the same sampled-row logits
 (the same kernels on the same weights: within 1e-5), every block and slot free afterwards, and
