@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
     total = [0, 0, 0]
     for f in files:
         row = counts(f.read_text())
-        total = [a + b for a, b in zip(total, row)]
+        total = [a + b for a, b in zip(total, row, strict=True)]
         if by_file:
             print(f"{(row[1] + row[2]) / max(row[0], 1):6.1%} {row[0]:6d} {f}")
     lines, doc, com = total

@@ -133,7 +133,7 @@ def test_serve_prints_an_access_log_line_per_request():
     turns it off (the option reaches uvicorn's config)."""
     from hyla.server.launch import make_server
 
-    cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", "0", "--max-model-len", "256"]  # fmt: skip
+    cmd = [sys.executable, "-m", "hyla.cli", "serve", "--port", "0", "--max-model-len", "256"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     # uvicorn writes its access log to stdout, the rest to stderr
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -143,7 +143,7 @@ def test_a_poisoned_step_read_after_its_request_released_its_cache(kimi, end):
     if end == "abort":
         engine.abort_request("bad")
     else:
-        engine.faults.hold("bad#0")  # what `FaultPolicy.step_failed` does to a neighbour of a culprit
+        engine.faults.hold("bad#0")  # as `FaultPolicy.step_failed` holds a culprit's neighbour
     engine.sampler.launch = launch
     final = {o.request_id: o for o in engine.flush() if o.finished}
     final.update(run_all(engine))

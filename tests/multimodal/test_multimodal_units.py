@@ -9,11 +9,11 @@ import io
 import pytest
 import torch
 
+from hyla.cache.mm_spans import ImageSpan
 from hyla.cache.prefix import request_block_hashes
 from hyla.multimodal.budget import EncoderBudget
 from hyla.multimodal.encoder_cache import EncoderCache
 from hyla.multimodal.media import MediaOptions, MediaTooLargeError, load_image_url
-from hyla.cache.mm_spans import ImageSpan
 from hyla.request import InvalidRequestError, Request, SamplingParams
 
 IDS = [7] * 4 + [250] * 8 + [9] * 6  # text 0-3, image 4-11, text 12-17
