@@ -84,9 +84,8 @@ class LiveServer:
         """Wait until the engine holds no request; return its stats."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            stats = self.engine.get_stats()
             if self.async_engine.num_in_flight() == 0 and not self.engine.has_unfinished_requests():
-                return stats
+                return self.engine.get_stats()  # read after the check: not a running snapshot
             time.sleep(0.01)
         raise AssertionError(f"engine not idle after {timeout}s: {self.engine.get_stats()}")
 
