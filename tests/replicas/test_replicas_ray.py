@@ -92,7 +92,9 @@ def test_a_repeated_prefix_goes_to_the_replica_that_cached_it(replicas):
             before = [await _stats(replicas, i) for i in range(2)]
             await _run(client, questions[0], _params(2))
             first = next(r for (r, _), n in client.router.decisions.items() if n)
-            await asyncio.sleep(0.3)  # one cache report
+            deadline = time.monotonic() + 30  # until a cache report holds its checkpoints
+            while not client.router.views[first].checkpoints and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
             for q in questions[1:]:
                 await _run(client, q, _params(2))
             after = [await _stats(replicas, i) for i in range(2)]
