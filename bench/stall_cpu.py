@@ -18,6 +18,8 @@ Configurations (names as in the JSON; `--configs` picks some; the tokenizer pool
 runs of bench/results/stall_cpu_before.json used is gone):
     core           the engine core in its own process (`hyla serve`)
     thread         --no-engine-core-process
+    *_admitted     the same with --max-model-len 1048576: both requests are admitted (streamed,
+                   the client leaves when the stream starts, so the server aborts them)
 
     python3 bench/stall_cpu.py                   # writes bench/results/stall_cpu.json
     python3 bench/stall_cpu.py --configs core thread --reps 5 --no-save
@@ -48,6 +50,9 @@ from core_process_cpu import serve  # noqa: E402
 CONFIGS = {
     "core": [],
     "thread": ["--no-engine-core-process"],
+    # the same requests admitted (max_model_len 1M); the client leaves once the stream starts
+    "core_admitted": ["--max-model-len", "1048576"],
+    "thread_admitted": ["--max-model-len", "1048576", "--no-engine-core-process"],
 }
 SETTLE_S = 0.3  # after the answer: time for a stalled stream to show its gap
 
@@ -96,15 +101,17 @@ def sender(conn, model: str) -> None:  # noqa: ANN001
     conn.send({name: len(body) for name, (_, body) in bodies.items()})
     with httpx.Client(timeout=600) as client:
         while (job := conn.recv()) is not None:
-            url, name = job
+            url, name, admitted = job
             path, body = bodies[name]
+            if admitted:  # streamed: its response starts once the request is admitted
+                body = body[:-1] + b', "stream": true}'
+            headers = {"content-type": "application/json"}
             start = time.perf_counter()
-            r = client.post(url + path, content=body,
-                            headers={"content-type": "application/json"})  # fmt: skip
-            end = time.perf_counter()
-            param = None
-            if r.headers.get("content-type") == "application/json":
-                param = (r.json().get("error") or {}).get("param")
+            with client.stream("POST", url + path, content=body, headers=headers) as r:
+                end = time.perf_counter()  # headers in: admitted (or refused)
+                param = None
+                if r.headers.get("content-type") == "application/json":
+                    param = (json.loads(r.read()).get("error") or {}).get("param")
             conn.send((r.status_code, param, start, end))
 
 
@@ -126,7 +133,8 @@ def measure(name: str, reps: int, num_streams: int, parent, model: str) -> dict:
         proc, url = serve(CONFIGS[name], Path(tmp) / "serve.log")
         try:
             max_model_len = httpx.get(url + "/v1/models").json()["data"][0]["max_model_len"]
-            streams = [Stream(url, model, max_model_len - 64) for _ in range(num_streams)]
+            streams = [Stream(url, model, min(max_model_len, 1 << 15) - 64)
+                       for _ in range(num_streams)]  # fmt: skip
             for s in streams:
                 s.start()
             while min(len(s.times) for s in streams) < 50:
@@ -144,7 +152,7 @@ def measure(name: str, reps: int, num_streams: int, parent, model: str) -> dict:
                     t0 = time.perf_counter()
                     time.sleep(quiet)
                     windows.append(max_gap_ms(streams, t0, time.perf_counter()))
-                    parent.send((url, big))
+                    parent.send((url, big, name.endswith("_admitted")))
                     status, param, start, end = parent.recv()  # perf_counter is system-wide
                     time.sleep(SETTLE_S)
                     runs.append(
