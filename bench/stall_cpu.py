@@ -51,8 +51,9 @@ CONFIGS = {
     "core": [],
     "thread": ["--no-engine-core-process"],
     # the same requests admitted (max_model_len 1M); the client leaves once the stream starts
-    "core_admitted": ["--max-model-len", "1048576"],
-    "thread_admitted": ["--max-model-len", "1048576", "--no-engine-core-process"],
+    "core_admitted": ["--max-model-len", "1048576", "--kv-cache-memory", "3GiB"],
+    "thread_admitted": ["--max-model-len", "1048576", "--kv-cache-memory", "3GiB",
+                        "--no-engine-core-process"],
 }
 SETTLE_S = 0.3  # after the answer: time for a stalled stream to show its gap
 
