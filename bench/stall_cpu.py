@@ -50,9 +50,12 @@ from core_process_cpu import serve  # noqa: E402
 CONFIGS = {
     "core": [],
     "thread": ["--no-engine-core-process"],
-    # the same requests admitted (max_model_len 1M); the client leaves once the stream starts
-    "core_admitted": ["--max-model-len", "1048576", "--kv-cache-memory", "3GiB"],
+    # the same requests admitted (max_model_len 1M; 256-token steps keep the engine's own share of
+    # their prefill small); the client leaves once the stream starts
+    "core_admitted": ["--max-model-len", "1048576", "--kv-cache-memory", "3GiB",
+                      "--max-num-batched-tokens", "256"],
     "thread_admitted": ["--max-model-len", "1048576", "--kv-cache-memory", "3GiB",
+                        "--max-num-batched-tokens", "256",
                         "--no-engine-core-process"],
 }
 SETTLE_S = 0.3  # after the answer: time for a stalled stream to show its gap
